@@ -1,0 +1,73 @@
+#pragma once
+/// Layouts of q / k / v / o tensors and the default strides they imply.
+///
+/// attnref indexes every attention tensor through a 4-D view in the canonical index order
+/// (b, s, n, d) = (batch, sequence position, head, head dimension). A layout only decides the
+/// default strides of that view; padded, permuted or otherwise strided data work by passing a
+/// StridedView with explicit strides.
+///
+///   BSND  [B, S, N, D]  token-major (ATB "ND"/BSND, FlashInfer NHD)
+///   BSH   [B, S, N*D]   same memory as BSND with heads merged into the hidden dimension
+///   BNSD  [B, N, S, D]  head-major (ATB TYPE_BNSD, FlashInfer HND)
+///   TND   [T, N, D]     packed tokens of all sequences; the view has batch extent 1 and the
+///                       per-sequence token ranges come from cumulative offsets (SeqLens::*_cu)
+
+#include <string>
+
+#include "attnref/core/error.hpp"
+#include "attnref/core/view.hpp"
+
+namespace attnref {
+
+enum class Layout { BSND, BSH, BNSD, TND };
+
+inline const char* to_string(Layout layout) {
+  switch (layout) {
+    case Layout::BSND: return "BSND";
+    case Layout::BSH: return "BSH";
+    case Layout::BNSD: return "BNSD";
+    case Layout::TND: return "TND";
+  }
+  return "?";
+}
+
+/// View over BSND data [B, S, N, D].
+template <class T>
+StridedView<T, 4> bsnd_view(T* data, Index batch, Index seq, Index heads, Index head_size) {
+  return StridedView<T, 4>(data, {batch, seq, heads, head_size},
+                           {seq * heads * head_size, heads * head_size, head_size, 1});
+}
+
+/// View over BNSD data [B, N, S, D] (indexed as (b, s, n, d)).
+template <class T>
+StridedView<T, 4> bnsd_view(T* data, Index batch, Index heads, Index seq, Index head_size) {
+  return StridedView<T, 4>(data, {batch, seq, heads, head_size},
+                           {heads * seq * head_size, head_size, seq * head_size, 1});
+}
+
+/// View over packed TND data [T, N, D] (batch extent 1).
+template <class T>
+StridedView<T, 4> tnd_view(T* data, Index tokens, Index heads, Index head_size) {
+  return StridedView<T, 4>(data, {1, tokens, heads, head_size},
+                           {tokens * heads * head_size, heads * head_size, head_size, 1});
+}
+
+/// View over logical (B, S, N, D) data stored in `layout`. For TND, `batch` must be 1 and `seq`
+/// is the total token count T. BSH is BSND with N*D merged.
+template <class T>
+StridedView<T, 4> make_qkv_view(T* data, Layout layout, Index batch, Index seq, Index heads,
+                                 Index head_size) {
+  switch (layout) {
+    case Layout::BSND:
+    case Layout::BSH: return bsnd_view(data, batch, seq, heads, head_size);
+    case Layout::BNSD: return bnsd_view(data, batch, heads, seq, head_size);
+    case Layout::TND:
+      ATTNREF_CHECK(batch == 1, std::invalid_argument, "make_qkv_view", "batch",
+                    "must be 1 for layout TND (packed tokens)", 1, batch);
+      return tnd_view(data, seq, heads, head_size);
+  }
+  detail::raise<std::invalid_argument>("make_qkv_view", "layout", "unknown", "BSND|BSH|BNSD|TND",
+                                       static_cast<int>(layout));
+}
+
+}  // namespace attnref
