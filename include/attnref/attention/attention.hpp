@@ -1,0 +1,287 @@
+#pragma once
+/// attnref::attention — scaled dot-product attention on the one tiled engine.
+///
+///   O[b, i, h, :] = sum_j P[b, h, i, j] V[b, j, h / G, :]
+///   P[b, h, i, :] = softmax_j( logit(b, i, j, h) ),  logit = scale * q·k (+ additive mask)
+/// over the keys j visible to query i (causal mode, boolean mask, additive -inf), with
+/// G = N_q / N_kv (contiguous GQA groups). Shapes: attention/params.hpp.
+///
+/// Defined edge cases (never NaN from the engine itself):
+///   * kv length 0, or a query row with no visible key: output row 0, LSE -inf, probs row 0;
+///   * masked positions are never read after their score: NaN/Inf stored in a masked key or
+///     value cannot reach the output;
+///   * rows beyond a sequence's q length (padding of non-packed views) are not written.
+///
+/// Bad input throws std::invalid_argument before anything is written (message
+/// "attnref::attention: <argument> <what>: expected <x>, got <y>").
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "attnref/attention/params.hpp"
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/detail/engine.hpp"
+
+namespace attnref {
+
+namespace detail {
+
+template <class T, int R>
+inline std::string shape_str(const StridedView<T, R>& v) {
+  std::string s = "[";
+  for (int i = 0; i < R; ++i) s += (i ? ", " : "") + std::to_string(v.size(i));
+  return s + "]";
+}
+
+template <int R>
+inline std::string shape_str(const std::array<Index, R>& a) {
+  std::string s = "[";
+  for (int i = 0; i < R; ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
+
+inline void check_lengths(const char* fn, const char* name, const std::vector<Index>& lens,
+                          Index batch, Index extent, const char* extent_name) {
+  ATTNREF_CHECK(static_cast<Index>(lens.size()) == batch, std::invalid_argument, fn, name,
+                "size mismatch", batch, lens.size());
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const std::string arg = std::string(name) + "[" + std::to_string(b) + "]";
+    ATTNREF_CHECK(lens[b] >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", lens[b]);
+    ATTNREF_CHECK(lens[b] <= extent, std::invalid_argument, fn, arg,
+                  std::string("exceeds ") + extent_name, "<= " + std::to_string(extent), lens[b]);
+  }
+}
+
+inline void check_cu(const char* fn, const char* name, const std::vector<Index>& cu, Index batch,
+                     Index tokens, const char* tokens_name) {
+  ATTNREF_CHECK(static_cast<Index>(cu.size()) == batch + 1, std::invalid_argument, fn, name,
+                "size mismatch", batch + 1, cu.size());
+  ATTNREF_CHECK(cu[0] >= 0, std::invalid_argument, fn, std::string(name) + "[0]", "negative",
+                ">= 0", cu[0]);
+  for (size_t b = 1; b < cu.size(); ++b) {
+    const std::string arg = std::string(name) + "[" + std::to_string(b) + "]";
+    ATTNREF_CHECK(cu[b] >= cu[b - 1], std::invalid_argument, fn, arg, "not non-decreasing",
+                  ">= " + std::to_string(cu[b - 1]), cu[b]);
+  }
+  ATTNREF_CHECK(cu.back() <= tokens, std::invalid_argument, fn,
+                std::string(name) + "[" + std::to_string(batch) + "]",
+                std::string("exceeds ") + tokens_name, "<= " + std::to_string(tokens), cu.back());
+}
+
+template <class T, int R>
+inline void check_data(const char* fn, const char* name, const StridedView<T, R>& v) {
+  ATTNREF_CHECK(v.numel() == 0 || v.data() != nullptr, std::invalid_argument, fn, name,
+                "data is null", "a non-null pointer", "nullptr");
+}
+
+template <class A, int RA, class B, int RB>
+inline void check_no_overlap(const char* fn, const char* out_name, const StridedView<A, RA>& out,
+                             const char* in_name, const StridedView<B, RB>& in) {
+  ATTNREF_CHECK(!overlaps(out, in), std::invalid_argument, fn, out_name, "overlaps an input",
+                std::string("memory disjoint from ") + in_name, "overlapping memory");
+}
+
+template <class M>
+inline void check_mask(const char* fn, const char* name, const M& m, Index batch,
+                       Index num_heads, Index max_q, Index max_kv) {
+  if (m.absent()) return;
+  const std::string n(name);
+  ATTNREF_CHECK(m.size(0) == 1 || m.size(0) == batch, std::invalid_argument, fn, n + ".shape[0]",
+                "mismatch", "1 or " + std::to_string(batch), m.size(0));
+  ATTNREF_CHECK(m.size(1) == 1 || m.size(1) == num_heads, std::invalid_argument, fn,
+                n + ".shape[1]", "mismatch", "1 or " + std::to_string(num_heads), m.size(1));
+  ATTNREF_CHECK(m.size(2) >= max_q, std::invalid_argument, fn, n + ".shape[2]",
+                "smaller than the longest q sequence", ">= " + std::to_string(max_q), m.size(2));
+  ATTNREF_CHECK(m.size(3) >= max_kv, std::invalid_argument, fn, n + ".shape[3]",
+                "smaller than the longest kv sequence", ">= " + std::to_string(max_kv),
+                m.size(3));
+}
+
+/// Validates everything and resolves the geometry (throws before any output is written).
+template <class TQ, class TKV, class TO, class TS>
+Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
+                 const AttentionOutputs<TO, TS>& out) {
+  const auto& q = in.q;
+  const auto& k = in.k;
+  const auto& v = in.v;
+  const auto& seq = in.seq;
+  for (int d = 0; d < 4; ++d) {
+    const std::string i = "[" + std::to_string(d) + "]";
+    ATTNREF_CHECK(q.size(d) >= 0, std::invalid_argument, fn, "q.shape" + i, "negative", ">= 0",
+                  q.size(d));
+    ATTNREF_CHECK(k.size(d) >= 0, std::invalid_argument, fn, "k.shape" + i, "negative", ">= 0",
+                  k.size(d));
+    ATTNREF_CHECK(v.size(d) >= 0, std::invalid_argument, fn, "v.shape" + i, "negative", ">= 0",
+                  v.size(d));
+  }
+  Geometry g;
+  g.num_heads = q.size(2);
+  g.num_kv_heads = k.size(2);
+  g.head_size = q.size(3);
+  g.v_head_size = v.size(3);
+  ATTNREF_CHECK(g.num_heads > 0, std::invalid_argument, fn, "q.shape[2] (num_heads)",
+                "not positive", ">= 1", g.num_heads);
+  ATTNREF_CHECK(g.head_size > 0, std::invalid_argument, fn, "q.shape[3] (head_size)",
+                "not positive", ">= 1", g.head_size);
+  ATTNREF_CHECK(g.num_kv_heads > 0, std::invalid_argument, fn, "k.shape[2] (num_kv_heads)",
+                "not positive", ">= 1", g.num_kv_heads);
+  ATTNREF_CHECK(g.v_head_size > 0, std::invalid_argument, fn, "v.shape[3] (v_head_size)",
+                "not positive", ">= 1", g.v_head_size);
+  ATTNREF_CHECK(k.size(3) == g.head_size, std::invalid_argument, fn, "k.shape[3] (head_size)",
+                "mismatch with q", g.head_size, k.size(3));
+  ATTNREF_CHECK(v.size(2) == g.num_kv_heads, std::invalid_argument, fn,
+                "v.shape[2] (num_kv_heads)", "mismatch with k", g.num_kv_heads, v.size(2));
+  ATTNREF_CHECK(v.size(1) == k.size(1), std::invalid_argument, fn, "v.shape[1] (kv sequence)",
+                "mismatch with k", k.size(1), v.size(1));
+  ATTNREF_CHECK(v.size(0) == k.size(0), std::invalid_argument, fn, "v.shape[0] (batch)",
+                "mismatch with k", k.size(0), v.size(0));
+  ATTNREF_CHECK(g.num_heads % g.num_kv_heads == 0, std::invalid_argument, fn,
+                "q.shape[2] (num_heads)", "not a multiple of num_kv_heads",
+                "a multiple of " + std::to_string(g.num_kv_heads), g.num_heads);
+  g.group = g.num_heads / g.num_kv_heads;
+  ATTNREF_CHECK(std::isfinite(p.scale), std::invalid_argument, fn, "params.scale", "not finite",
+                "a finite value", p.scale);
+  ATTNREF_CHECK(p.num_threads >= 0, std::invalid_argument, fn, "params.num_threads", "negative",
+                ">= 0", p.num_threads);
+  ATTNREF_CHECK(p.q_tile >= 0, std::invalid_argument, fn, "params.q_tile", "negative", ">= 0",
+                p.q_tile);
+  ATTNREF_CHECK(p.kv_tile >= 0, std::invalid_argument, fn, "params.kv_tile", "negative", ">= 0",
+                p.kv_tile);
+
+  // Sequence structure.
+  const bool q_packed = !seq.q_cu.empty();
+  const bool kv_packed = !seq.kv_cu.empty();
+  if (q_packed) {
+    ATTNREF_CHECK(q.size(0) == 1, std::invalid_argument, fn, "q.shape[0]",
+                  "must be 1 for packed (TND) q with q_cu", 1, q.size(0));
+    ATTNREF_CHECK(seq.q.empty(), std::invalid_argument, fn, "seq.q",
+                  "given together with seq.q_cu", "empty", seq.q.size());
+    g.batch = static_cast<Index>(seq.q_cu.size()) - 1;
+    ATTNREF_CHECK(g.batch >= 0, std::invalid_argument, fn, "seq.q_cu", "size mismatch",
+                  ">= 1 entries", 0);
+    check_cu(fn, "seq.q_cu", seq.q_cu, g.batch, q.size(1), "q.shape[1] (tokens)");
+  } else {
+    g.batch = q.size(0);
+    if (!seq.q.empty()) check_lengths(fn, "seq.q", seq.q, g.batch, q.size(1), "q.shape[1]");
+  }
+  if (kv_packed) {
+    ATTNREF_CHECK(k.size(0) == 1, std::invalid_argument, fn, "k.shape[0]",
+                  "must be 1 for packed (TND) kv with kv_cu", 1, k.size(0));
+    ATTNREF_CHECK(seq.kv.empty(), std::invalid_argument, fn, "seq.kv",
+                  "given together with seq.kv_cu", "empty", seq.kv.size());
+    check_cu(fn, "seq.kv_cu", seq.kv_cu, g.batch, k.size(1), "k.shape[1] (tokens)");
+  } else {
+    ATTNREF_CHECK(k.size(0) == g.batch, std::invalid_argument, fn, "k.shape[0] (batch)",
+                  "mismatch with q", g.batch, k.size(0));
+    if (!seq.kv.empty()) check_lengths(fn, "seq.kv", seq.kv, g.batch, k.size(1), "k.shape[1]");
+  }
+  g.seqs.resize(static_cast<size_t>(g.batch));
+  Index max_q = 0, max_kv = 0;
+  for (Index b = 0; b < g.batch; ++b) {
+    ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
+    const size_t ub = static_cast<size_t>(b);
+    if (q_packed) s = {0, seq.q_cu[ub], seq.q_cu[ub + 1] - seq.q_cu[ub], 0, 0, 0};
+    else s = {b, 0, seq.q.empty() ? q.size(1) : seq.q[ub], 0, 0, 0};
+    if (kv_packed) {
+      s.kv_batch = 0;
+      s.kv_off = seq.kv_cu[ub];
+      s.kv_len = seq.kv_cu[ub + 1] - seq.kv_cu[ub];
+    } else {
+      s.kv_batch = b;
+      s.kv_off = 0;
+      s.kv_len = seq.kv.empty() ? k.size(1) : seq.kv[ub];
+    }
+    max_q = std::max(max_q, s.q_len);
+    max_kv = std::max(max_kv, s.kv_len);
+  }
+
+  // Outputs.
+  const std::array<Index, 4> o_shape{q.size(0), q.size(1), g.num_heads, g.v_head_size};
+  ATTNREF_CHECK(out.o.shape() == o_shape, std::invalid_argument, fn, "o.shape", "mismatch",
+                shape_str<4>(o_shape), shape_str(out.o));
+  check_data(fn, "q", q);
+  check_data(fn, "k", k);
+  check_data(fn, "v", v);
+  check_data(fn, "o", out.o);
+  if (!out.lse.absent()) {
+    const std::array<Index, 3> want{q.size(0), g.num_heads, q.size(1)};
+    ATTNREF_CHECK(out.lse.shape() == want, std::invalid_argument, fn, "lse.shape", "mismatch",
+                  shape_str<3>(want), shape_str(out.lse));
+  }
+  if (!out.probs.absent()) {
+    ATTNREF_CHECK(out.probs.size(0) == q.size(0) && out.probs.size(1) == g.num_heads &&
+                      out.probs.size(2) == q.size(1) && out.probs.size(3) >= max_kv,
+                  std::invalid_argument, fn, "probs.shape", "mismatch",
+                  "[" + std::to_string(q.size(0)) + ", " + std::to_string(g.num_heads) + ", " +
+                      std::to_string(q.size(1)) + ", >= " + std::to_string(max_kv) + "]",
+                  shape_str(out.probs));
+  }
+  check_mask(fn, "mask_add", in.mask_add, g.batch, g.num_heads, max_q, max_kv);
+  check_mask(fn, "mask_bool", in.mask_bool, g.batch, g.num_heads, max_q, max_kv);
+  check_no_overlap(fn, "o", out.o, "q", q);
+  check_no_overlap(fn, "o", out.o, "k", k);
+  check_no_overlap(fn, "o", out.o, "v", v);
+  check_no_overlap(fn, "o", out.o, "mask_add", in.mask_add);
+  check_no_overlap(fn, "o", out.o, "mask_bool", in.mask_bool);
+  check_no_overlap(fn, "lse", out.lse, "q", q);
+  check_no_overlap(fn, "lse", out.lse, "k", k);
+  check_no_overlap(fn, "lse", out.lse, "v", v);
+  check_no_overlap(fn, "lse", out.lse, "o", out.o);
+  check_no_overlap(fn, "probs", out.probs, "q", q);
+  check_no_overlap(fn, "probs", out.probs, "k", k);
+  check_no_overlap(fn, "probs", out.probs, "v", v);
+  check_no_overlap(fn, "probs", out.probs, "o", out.o);
+  check_no_overlap(fn, "probs", out.probs, "lse", out.lse);
+
+  // Tiling (depends on the problem only, never on threads).
+  g.q_tile = p.q_tile > 0 ? p.q_tile : std::max<Index>(1, 64 / g.group);
+  g.kv_tile = p.kv_tile > 0 ? p.kv_tile : 256;
+  g.kv_split = p.kv_split < 0 ? 0 : (p.kv_split > 0 ? p.kv_split : 512);
+  return g;
+}
+
+}  // namespace detail
+
+/// Checks inputs, params and outputs of attention() without computing anything.
+template <class TQ, class TKV, class TO, class TS>
+void validate(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params,
+              const AttentionOutputs<TO, TS>& out) {
+  (void)detail::resolve("attention", in, params, out);
+}
+
+/// Attention with the built-in hooks (causal mode and the inputs' custom masks).
+/// Acc = float (default) or double selects the compute type.
+template <class Acc = float, class TQ, class TKV, class TO, class TS>
+void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params,
+               const AttentionOutputs<TO, TS>& out) {
+  static_assert(is_compute_type_v<Acc>, "Acc must be float or double");
+  static_assert(std::is_floating_point_v<TS>, "lse / probs must be float or double");
+  const detail::Geometry g = detail::resolve("attention", in, params, out);
+  DefaultVariant var;
+  var.causal.mode = params.causal;
+  var.mask_add = in.mask_add;
+  var.mask_bool = in.mask_bool;
+  detail::run_attention<Acc>(in, params, out, var, g);
+}
+
+/// Attention with caller-supplied hooks (see attention/variant.hpp); operators map their
+/// parameters onto the engine this way. The variant replaces the built-in hooks entirely, so the
+/// inputs' custom masks and params.causal must be unset (the variant owns masking).
+template <class Acc = float, class Variant, class TQ, class TKV, class TO, class TS>
+void attention_with(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
+                    const AttentionParams& params, const AttentionOutputs<TO, TS>& out) {
+  static_assert(is_compute_type_v<Acc>, "Acc must be float or double");
+  const detail::Geometry g = detail::resolve("attention_with", in, params, out);
+  ATTNREF_CHECK(in.mask_add.absent() && in.mask_bool.absent(), std::invalid_argument,
+                "attention_with", "inputs.mask_add/mask_bool", "given with a custom variant",
+                "absent (the variant owns masking)", "present");
+  ATTNREF_CHECK(params.causal == CausalMode::None, std::invalid_argument, "attention_with",
+                "params.causal", "set with a custom variant", "CausalMode::None",
+                "a causal mode");
+  detail::run_attention<Acc>(in, params, out, variant, g);
+}
+
+}  // namespace attnref

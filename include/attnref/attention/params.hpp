@@ -1,0 +1,79 @@
+#pragma once
+/// Inputs, parameters and outputs of the attention engine.
+///
+/// Shape contract (canonical index order (b, s, n, d); see core/layout.hpp for the layouts):
+///   q:     [B, S_q, N_q, D]      (TND: [1, T_q, N_q, D] plus SeqLens::q_cu)
+///   k:     [B, S_kv, N_kv, D]    (TND: [1, T_kv, N_kv, D] plus SeqLens::kv_cu)
+///   v:     [B, S_kv, N_kv, D_v]
+///   o:     [B, S_q, N_q, D_v]    (same batch/sequence packing as q)
+///   lse:   [B, N_q, S_q]         optional, natural log (TND: [1, N_q, T_q])
+///   probs: [B, N_q, S_q, S_kv]   optional debug output of the normalised probabilities, indexed
+///                                by positions inside each sequence
+///   mask_add / mask_bool: [B | 1, N_q | 1, >= max q_len, >= max kv_len], indexed by positions
+///                                inside each sequence; an extent of 1 broadcasts.
+/// GQA: N_q must be a multiple of N_kv; q head h reads kv head h / (N_q / N_kv).
+
+#include <cstdint>
+#include <vector>
+
+#include "attnref/core/types.hpp"
+#include "attnref/core/view.hpp"
+
+namespace attnref {
+
+/// Causal masking, with its alignment when S_q != S_kv:
+///   TopLeft:     key j is visible to query i iff j <= i                 (PyTorch is_causal)
+///   BottomRight: key j is visible to query i iff j <= i + S_kv - S_q    (FlashAttention >= 2.1,
+///                FlashInfer, vLLM, ATB PREFIX_ENCODER; the last query sees every key)
+enum class CausalMode { None, TopLeft, BottomRight };
+
+/// Per-sequence lengths (varlen batches). Every vector is optional (empty).
+///   q / kv:       lengths [B]; absent means every sequence spans the view's S extent.
+///   q_cu / kv_cu: cumulative token offsets [B + 1] for packed (TND) views, whose batch extent
+///                 must be 1; sequence b occupies tokens [cu[b], cu[b + 1]). When q_cu is given,
+///                 q lengths must be absent (they are cu[b + 1] - cu[b]); same for kv.
+struct SeqLens {
+  std::vector<Index> q;
+  std::vector<Index> kv;
+  std::vector<Index> q_cu;
+  std::vector<Index> kv_cu;
+};
+
+/// Input views of one attention call. TQ / TKV: float, double, half or bfloat16.
+template <class TQ, class TKV = TQ>
+struct AttentionInputs {
+  StridedView<const TQ, 4> q;
+  StridedView<const TKV, 4> k;
+  StridedView<const TKV, 4> v;
+  SeqLens seq{};
+  /// Optional additive mask, added to the scaled score; -inf marks a masked position.
+  StridedView<const float, 4> mask_add{};
+  /// Optional boolean mask: nonzero = masked (the PyTorch/CANN "1 = masked" convention).
+  StridedView<const std::uint8_t, 4> mask_bool{};
+};
+
+/// Scalars and switches of the engine (no activations).
+struct AttentionParams {
+  /// Multiplies q·k (the softmax scale, typically 1/sqrt(D)). Must be finite.
+  double scale = 1.0;
+  CausalMode causal = CausalMode::None;
+  /// Worker threads; 0 = OpenMP's default. Results are bitwise identical for any value.
+  int num_threads = 0;
+  /// Tiling (0 = automatic). q_tile counts query positions per work item (each work item stacks
+  /// all q heads of one kv head); kv_tile counts keys per inner step; kv_split is the number of
+  /// keys per split-KV partial used when a sequence has a single q tile (decode). kv_split < 0
+  /// disables split-KV. Tiling changes rounding, never semantics; it never depends on threads.
+  Index q_tile = 0;
+  Index kv_tile = 0;
+  Index kv_split = 0;
+};
+
+/// Output views. TO: float, double, half or bfloat16. TS: float or double for lse / probs.
+template <class TO, class TS = float>
+struct AttentionOutputs {
+  StridedView<TO, 4> o;
+  StridedView<TS, 3> lse{};
+  StridedView<TS, 4> probs{};
+};
+
+}  // namespace attnref

@@ -1,0 +1,125 @@
+#pragma once
+/// Hooks of the attention engine ("variants", after FlashInfer's AttentionVariant).
+///
+/// The engine runs one tiled online-softmax loop; everything that makes one attention operator
+/// differ from another enters through a variant object with this interface (duck-typed):
+///
+///   bool has_transform() const;                      // false: transform() is never called
+///   KvRange kv_range(const SeqInfo& s, Index q_begin, Index q_end) const;
+///       // a superset of the keys visible to queries [q_begin, q_end) of sequence s
+///   TileMask classify(const SeqInfo& s, Index q_begin, Index q_end,
+///                     Index kv_begin, Index kv_end) const;
+///       // None: no position of the tile is masked; All: every position is masked (the tile is
+///       // skipped, never computed); Partial: masked() is asked for every position
+///   bool masked(const SeqInfo& s, const Coord& c) const;  // true = key c.kv hidden from c.q
+///   template <class Acc> Acc transform(const SeqInfo& s, const Coord& c, Acc score) const;
+///       // the scaled score -> the logit fed to softmax (bias, soft-cap, ...); called only for
+///       // visible positions
+///
+/// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
+/// counted from the start of the sequence. A masked position is never read after its score is
+/// computed: its probability is exactly 0 and NaN/Inf in its key or value cannot reach the output.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "attnref/attention/params.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/core/view.hpp"
+
+namespace attnref {
+
+/// One point of the score matrix.
+struct Coord {
+  Index batch;
+  Index q;
+  Index kv;
+  Index q_head;
+  Index kv_head;
+};
+
+/// One sequence of the batch as the hooks see it.
+struct SeqInfo {
+  Index batch;
+  Index q_len;
+  Index kv_len;
+};
+
+/// Half-open key range [begin, end).
+struct KvRange {
+  Index begin;
+  Index end;
+};
+
+enum class TileMask { None, All, Partial };
+
+/// Causal predicate and tile classification (one small, separately tested piece).
+struct CausalHook {
+  CausalMode mode = CausalMode::None;
+
+  /// Offset added to the query position: key j visible iff j <= i + offset.
+  Index offset(const SeqInfo& s) const {
+    return mode == CausalMode::BottomRight ? s.kv_len - s.q_len : 0;
+  }
+  bool masked(const SeqInfo& s, Index i, Index j) const {
+    return mode != CausalMode::None && j > i + offset(s);
+  }
+  KvRange kv_range(const SeqInfo& s, Index q_begin, Index q_end) const {
+    if (mode == CausalMode::None || q_end <= q_begin) return {0, s.kv_len};
+    const Index last = q_end - 1 + offset(s);  // last key visible to the last query
+    return {0, std::clamp<Index>(last + 1, 0, s.kv_len)};
+  }
+  TileMask classify(const SeqInfo& s, Index q_begin, Index q_end, Index kv_begin,
+                    Index kv_end) const {
+    if (mode == CausalMode::None) return TileMask::None;
+    const Index off = offset(s);
+    if (kv_begin > q_end - 1 + off) return TileMask::All;
+    if (kv_end - 1 <= q_begin + off) return TileMask::None;
+    return TileMask::Partial;
+  }
+};
+
+/// The engine's built-in variant: causal masking plus the optional custom masks of the inputs
+/// (boolean: nonzero = masked; additive: added to the scaled score, -inf = masked).
+struct DefaultVariant {
+  CausalHook causal{};
+  StridedView<const float, 4> mask_add{};
+  StridedView<const std::uint8_t, 4> mask_bool{};
+
+  bool has_custom_mask() const { return !mask_add.absent() || !mask_bool.absent(); }
+  bool has_transform() const { return !mask_add.absent(); }
+
+  KvRange kv_range(const SeqInfo& s, Index q_begin, Index q_end) const {
+    return causal.kv_range(s, q_begin, q_end);
+  }
+  TileMask classify(const SeqInfo& s, Index q_begin, Index q_end, Index kv_begin,
+                    Index kv_end) const {
+    const TileMask c = causal.classify(s, q_begin, q_end, kv_begin, kv_end);
+    if (c == TileMask::All || !has_custom_mask()) return c;
+    return TileMask::Partial;
+  }
+  bool masked(const SeqInfo& s, const Coord& c) const {
+    if (causal.masked(s, c.q, c.kv)) return true;
+    if (!mask_bool.absent() && at(mask_bool, c) != 0) return true;
+    if (!mask_add.absent() && at(mask_add, c) == -std::numeric_limits<float>::infinity())
+      return true;
+    return false;
+  }
+  template <class Acc>
+  Acc transform(const SeqInfo&, const Coord& c, Acc score) const {
+    if (mask_add.absent()) return score;
+    return score + static_cast<Acc>(at(mask_add, c));
+  }
+
+ private:
+  template <class V>
+  static typename V::value_type at(const V& m, const Coord& c) {
+    const Index b = m.size(0) == 1 ? 0 : c.batch;
+    const Index h = m.size(1) == 1 ? 0 : c.q_head;
+    return m(b, h, c.q, c.kv);
+  }
+};
+
+}  // namespace attnref

@@ -1,0 +1,11 @@
+#pragma once
+/// Umbrella header: everything public in attnref.
+#include "attnref/version.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/view.hpp"
+#include "attnref/core/layout.hpp"
+#include "attnref/core/softmax.hpp"
+#include "attnref/attention/params.hpp"
+#include "attnref/attention/variant.hpp"
+#include "attnref/attention/attention.hpp"

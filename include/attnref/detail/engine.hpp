@@ -1,0 +1,557 @@
+#pragma once
+/// The one tiled, online-softmax attention loop. Not part of the API: operators call
+/// attnref::attention / attnref::attention_with (attention/attention.hpp), which validate first.
+///
+/// Work decomposition (never depends on the thread count):
+///   item = (sequence b, kv head, q tile of `q_tile` positions, kv split)
+/// Each item stacks the G = N_q / N_kv query heads of its kv head into one row block
+/// (rows = G * q_tile), so every K/V tile is loaded (and converted from fp16/bf16) once per head
+/// group. Per kv tile: S = Q·Kᵀ (Eigen GEMM), mask / transform hooks, online-softmax update,
+/// O += P·V (Eigen GEMM). Sequences with a single q tile (decode) are split along kv into fixed
+/// `kv_split`-key partials that are merged in split order afterwards (split-KV).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "attnref/attention/params.hpp"
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/softmax.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/core/view.hpp"
+#include "attnref/detail/simd.hpp"
+#include "attnref/detail/threading.hpp"
+
+namespace attnref::detail {
+
+template <class Acc>
+using RowMatrix = Eigen::Matrix<Acc, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class Acc>
+using RowMap = Eigen::Map<RowMatrix<Acc>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class Acc>
+using ConstRowMap = Eigen::Map<const RowMatrix<Acc>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class Acc>
+using ArrayMap = Eigen::Map<Eigen::Array<Acc, Eigen::Dynamic, 1>>;
+template <class T>
+using AlignedVector = std::vector<T, Eigen::aligned_allocator<T>>;
+
+/// dst[i] = Acc(src[i * stride]) * mul for i < n (vectorised when stride == 1).
+template <class Acc, class T>
+inline void load_row(const T* src, Index stride, Index n, Acc* dst, Acc mul) {
+  if constexpr (std::is_same_v<Acc, float> &&
+                (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)) {
+    if (stride == 1 && simd::enabled()) {  // same bits as the portable conversion
+      simd::to_float(src, n, dst);  // exact, same bits as the portable path
+      if (mul != Acc(1)) ArrayMap<Acc>(dst, n) *= mul;
+      return;
+    }
+  }
+  if (stride == 1) {
+    using Src = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+    if constexpr (std::is_same_v<T, Acc>) {
+      if (mul == Acc(1)) ArrayMap<Acc>(dst, n) = Src(src, n);
+      else ArrayMap<Acc>(dst, n) = Src(src, n) * mul;
+    } else if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      // fp16/bf16 -> float is exact; one more cast for double.
+      if (mul == Acc(1)) ArrayMap<Acc>(dst, n) = Src(src, n).template cast<float>().template cast<Acc>();
+      else ArrayMap<Acc>(dst, n) = Src(src, n).template cast<float>().template cast<Acc>() * mul;
+    } else {
+      ArrayMap<Acc>(dst, n) = Src(src, n).template cast<Acc>() * mul;
+    }
+  } else {
+    for (Index i = 0; i < n; ++i) dst[i] = convert<Acc>(src[i * stride]) * mul;
+  }
+}
+
+template <class TO, class Acc>
+inline TO to_output(Acc x) {
+  if constexpr (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)
+    return TO(static_cast<float>(x));
+  else return static_cast<TO>(x);
+}
+
+/// Stores an Acc row into the output type.
+template <class TO, class Acc>
+inline void store_row(const Acc* src, Acc mul, Index n, TO* dst, Index stride) {
+  if (stride == 1) {
+    using Dst = Eigen::Map<Eigen::Array<TO, Eigen::Dynamic, 1>>;
+    using Src = Eigen::Map<const Eigen::Array<Acc, Eigen::Dynamic, 1>>;
+    if constexpr (std::is_same_v<TO, Acc>) Dst(dst, n) = Src(src, n) * mul;
+    else if constexpr (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)
+      Dst(dst, n) = (Src(src, n) * mul).template cast<float>().template cast<TO>();
+    else Dst(dst, n) = (Src(src, n) * mul).template cast<TO>();
+  } else {
+    for (Index i = 0; i < n; ++i) dst[i] = to_output<TO>(src[i] * mul);
+  }
+}
+
+/// A sequence resolved against its views: where its tokens start and how many there are.
+struct ResolvedSeq {
+  Index q_batch, q_off, q_len;     // view batch index, first token, length
+  Index kv_batch, kv_off, kv_len;
+};
+
+/// Problem sizes after validation.
+struct Geometry {
+  Index batch = 0, num_heads = 0, num_kv_heads = 0, group = 1, head_size = 0, v_head_size = 0;
+  Index q_tile = 0, kv_tile = 0, kv_split = 0;
+  std::vector<ResolvedSeq> seqs;
+};
+
+/// One unit of work: kv heads [head_begin, head_end) of one sequence, one q tile, one kv range.
+/// Sequences with a single q tile (decode) put all kv heads in one item, so each K/V row of a
+/// token-major cache is read head after head from the same pages; others use one head per item.
+struct WorkItem {
+  Index seq, head_begin, head_end, q_begin, q_end, kv_begin, kv_end;
+  Index partial;  // -1: single split, finalise directly; else index of its partial slot
+};
+
+/// The resolved problem: views, hooks and geometry.
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+struct Engine {
+  const AttentionInputs<TQ, TKV>& in;
+  const AttentionOutputs<TO, TS>& out;
+  const Variant& var;
+  const Geometry& g;
+  Acc scale;
+  Index max_heads;     // kv heads per item, at most
+  simd::Level level;   // hand-vectorised level in use for this call (Portable: none)
+
+  static constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  static constexpr bool kMapK = std::is_same_v<TKV, Acc>;
+  /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
+  /// whose packing and conversion buffers cost more than the products, and stream K/V rows
+  /// through the hand-vectorised kernels instead (when compiled in and enabled).
+  static constexpr Index kSmallRows = 8;
+  bool small(Index rows) const {
+    return std::is_same_v<Acc, float> && level != simd::Level::Portable && rows <= kSmallRows &&
+           in.k.stride(3) == 1 && in.v.stride(3) == 1;
+  }
+  /// Per-worker scratch, sized once per call (O(tile), independent of sequence lengths).
+  /// Aligned to Eigen's packet size: Eigen's vectorised reductions and exp peel unaligned heads
+  /// in scalar code, so an address-dependent alignment would make the bits depend on which
+  /// worker (and which allocation) ran an item.
+  struct Workspace {
+    AlignedVector<Acc> q, s, k, v, o;
+    std::vector<SoftmaxState<Acc>> st;
+    std::vector<std::uint8_t> flags;
+  };
+
+  /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
+  /// workspace (scores and flags: row stride kv_tile).
+  struct Head {
+    Index kv_head;
+    Acc* q;
+    Acc* o;
+    SoftmaxState<Acc>* st;
+    Acc* s;
+    std::uint8_t* f;
+  };
+
+  Index head_rows() const { return g.group * g.q_tile; }
+
+  Workspace make_workspace() const {
+    Workspace ws;
+    const Index rows = head_rows() * max_heads;
+    ws.q.resize(static_cast<size_t>(rows * g.head_size));
+    ws.o.resize(static_cast<size_t>(rows * g.v_head_size));
+    ws.st.resize(static_cast<size_t>(rows));
+    ws.s.resize(static_cast<size_t>(rows * g.kv_tile));
+    ws.flags.resize(static_cast<size_t>(rows * g.kv_tile));
+    if (!kMapK || in.k.stride(3) != 1) ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
+    if (!kMapK || in.v.stride(3) != 1)
+      ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
+    return ws;
+  }
+
+  Head head(Workspace& ws, const WorkItem& it, Index hkv) const {
+    const Index rows = g.group * (it.q_end - it.q_begin);
+    const Index k = (hkv - it.head_begin) * rows;
+    return {hkv,
+            ws.q.data() + k * g.head_size,
+            ws.o.data() + k * g.v_head_size,
+            ws.st.data() + k,
+            ws.s.data() + k * g.kv_tile,
+            ws.flags.data() + k * g.kv_tile};
+  }
+
+  /// K or V rows [j0, j0 + cols) of kv head h as an Acc matrix: a Map into the input when the
+  /// storage is Acc with a contiguous head dimension, else converted once into `buf`.
+  ConstRowMap<Acc> kv_tile(const StridedView<const TKV, 4>& x, const ResolvedSeq& s, Index h,
+                           Index j0, Index cols, Index width, AlignedVector<Acc>& buf) const {
+    const TKV* base = x.ptr(s.kv_batch, s.kv_off + j0, h, 0);
+    if constexpr (kMapK) {
+      if (x.stride(3) == 1)
+        return ConstRowMap<Acc>(base, cols, width, Eigen::OuterStride<>(x.stride(1)));
+    }
+    for (Index c = 0; c < cols; ++c)
+      load_row<Acc>(base + c * x.stride(1), x.stride(3), width, buf.data() + c * width, Acc(1));
+    return ConstRowMap<Acc>(buf.data(), cols, width, Eigen::OuterStride<>(width));
+  }
+
+  /// Raw scores q·k of one tile for heads [h0, h1) of an item. Small row blocks stream the keys
+  /// token by token across the heads (contiguous memory in token-major caches) through the
+  /// hand-vectorised kernels; larger ones use one Eigen GEMM per head.
+  void raw_scores(Workspace& ws, const WorkItem& it, const ResolvedSeq& s, Index h0, Index h1,
+                  Index rows, Index j0, Index cols) const {
+    if (small(rows)) {
+      if constexpr (std::is_same_v<Acc, float>) {
+        simd::with_vector(level, [&](auto vec) {
+        using V = decltype(vec);
+        simd::with_rows(rows, [&](auto R) {
+          constexpr int kTokens = R() <= 4 ? 2 : 1;  // tokens per step (16 accumulators max)
+          Index c = 0;
+          for (; c + kTokens <= cols; c += kTokens)
+            for (Index h = h0; h < h1; ++h) {
+              const Head hd = head(ws, it, h);
+              const TKV* k[kTokens];
+              for (int t = 0; t < kTokens; ++t) k[t] = in.k.ptr(s.kv_batch, s.kv_off + j0 + c + t, h, 0);
+              simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, g.kv_tile);
+            }
+          for (; c < cols; ++c)
+            for (Index h = h0; h < h1; ++h) {
+              const Head hd = head(ws, it, h);
+              const TKV* k[1] = {in.k.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0)};
+              simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, g.kv_tile);
+            }
+        });
+        });
+      }
+      return;
+    }
+    for (Index h = h0; h < h1; ++h) {
+      const Head hd = head(ws, it, h);
+      ConstRowMap<Acc> Q(hd.q, rows, g.head_size, Eigen::OuterStride<>(g.head_size));
+      RowMap<Acc> S(hd.s, rows, cols, Eigen::OuterStride<>(g.kv_tile));
+      auto K = kv_tile(in.k, s, h, j0, cols, g.head_size, ws.k);
+      S.noalias() = Q * K.transpose();
+    }
+  }
+
+  /// Mask and transform hooks on one head's raw scores: masked entries become -inf and are
+  /// flagged, visible ones go through the transform hook.
+  void apply_hooks(const Head& hd, const SeqInfo& si, Index q0, Index nq, Index j0, Index cols,
+                   TileMask tm) const {
+    const Index rows = g.group * nq;
+    const bool partial = tm == TileMask::Partial;
+    const bool transform = var.has_transform();
+    if (!partial && !transform) return;
+    for (Index r = 0; r < rows; ++r) {
+      const Index gi = r / nq;
+      const Index i = q0 + r % nq;
+      Acc* srow = hd.s + r * g.kv_tile;
+      std::uint8_t* frow = hd.f + r * g.kv_tile;
+      for (Index c = 0; c < cols; ++c) {
+        const Coord co{si.batch, i, j0 + c, hd.kv_head * g.group + gi, hd.kv_head};
+        if (partial && var.masked(si, co)) {
+          srow[c] = kNegInf;
+          frow[c] = 1;
+        } else {
+          frow[c] = 0;
+          if (transform) srow[c] = var.template transform<Acc>(si, co, srow[c]);
+        }
+      }
+    }
+  }
+
+  /// Gathers the q rows of one head into its workspace rows (pre-multiplied by the scale).
+  void load_q(const Head& hd, const ResolvedSeq& s, Index q0, Index nq) const {
+    for (Index gi = 0; gi < g.group; ++gi) {
+      const Index h = hd.kv_head * g.group + gi;
+      for (Index t = 0; t < nq; ++t) {
+        const TQ* src = in.q.ptr(s.q_batch, s.q_off + q0 + t, h, 0);
+        load_row<Acc>(src, in.q.stride(3), g.head_size, hd.q + (gi * nq + t) * g.head_size,
+                      scale);
+      }
+    }
+  }
+
+  /// Online-softmax update of one head with the scores of one tile; leaves P in hd.s.
+  void softmax_update(const Head& hd, Index rows, Index cols, bool partial) const {
+    const Index dv = g.v_head_size;
+    for (Index r = 0; r < rows; ++r) {
+      Acc* srow = hd.s + r * g.kv_tile;
+      ArrayMap<Acc> row(srow, cols);
+      SoftmaxState<Acc>& st = hd.st[r];
+      const Acc mx = row.maxCoeff();
+      const Acc m_new = std::max(st.m, mx);
+      if (m_new == kNegInf) {  // nothing visible to this row yet
+        row.setZero();
+        continue;
+      }
+      const Acc alpha = exp_diff(st.m, m_new);
+      row = (row - m_new).exp();
+      if (partial) {
+        const std::uint8_t* frow = hd.f + r * g.kv_tile;
+        for (Index c = 0; c < cols; ++c)
+          if (frow[c]) srow[c] = Acc(0);
+      }
+      st.l = st.l * alpha + row.sum();
+      st.m = m_new;
+      if (alpha != Acc(1)) ArrayMap<Acc>(hd.o + r * dv, dv) *= alpha;
+    }
+  }
+
+  /// O += P·V for heads [h0, h1) and one tile. A position masked for a row is never read for
+  /// that row, so NaN/Inf stored there cannot leak (0 * NaN would).
+  void accumulate_pv(Workspace& ws, const WorkItem& it, const ResolvedSeq& s, Index h0, Index h1,
+                     Index rows, Index j0, Index cols, bool partial) const {
+    const Index dv = g.v_head_size;
+    if (small(rows)) {  // stream V token by token across the heads, four tokens at a time
+      if constexpr (std::is_same_v<Acc, float>) {
+        auto vrow = [&](Index h, Index c) {
+          return in.v.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0);
+        };
+        auto seen_by = [&](const Head& hd, Index c) {
+          Index n = 0;
+          for (Index r = 0; r < rows; ++r) n += hd.f[r * g.kv_tile + c] == 0 ? 1 : 0;
+          return n;
+        };
+        simd::with_vector(level, [&](auto vec) {
+        using V = decltype(vec);
+        simd::with_rows(rows, [&](auto R) {
+          for (Index c = 0; c < cols; c += 4) {
+            const Index n = std::min<Index>(4, cols - c);
+            for (Index h = h0; h < h1; ++h) {
+              const Head hd = head(ws, it, h);
+              bool all = n == 4;
+              for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
+              if (all) {
+                const TKV* v4[4] = {vrow(h, c), vrow(h, c + 1), vrow(h, c + 2), vrow(h, c + 3)};
+                simd::axpy_rows<V, R(), 4>(hd.s + c, g.kv_tile, v4, dv, hd.o, dv);
+                continue;
+              }
+              for (Index k = c; k < c + n; ++k) {
+                const Index seen = partial ? seen_by(hd, k) : rows;
+                const TKV* v1[1] = {vrow(h, k)};
+                if (seen == rows) {
+                  simd::axpy_rows<V, R(), 1>(hd.s + k, g.kv_tile, v1, dv, hd.o, dv);
+                } else if (seen > 0) {
+                  for (Index r = 0; r < rows; ++r)
+                    if (hd.f[r * g.kv_tile + k] == 0)
+                      simd::axpy_rows<V, 1, 1>(hd.s + r * g.kv_tile + k, 0, v1, dv,
+                                            hd.o + r * dv, 0);
+                }
+              }
+            }
+          }
+        });
+        });
+      }
+      return;
+    }
+    for (Index h = h0; h < h1; ++h) {
+      const Head hd = head(ws, it, h);
+      ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(g.kv_tile));
+      RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
+      auto V = kv_tile(in.v, s, h, j0, cols, dv, ws.v);
+      if (partial && !V.allFinite()) {
+        for (Index r = 0; r < rows; ++r)
+          for (Index c = 0; c < cols; ++c)
+            if (hd.f[r * g.kv_tile + c] == 0) O.row(r) += P(r, c) * V.row(c);
+      } else {
+        O.noalias() += P * V;
+      }
+    }
+  }
+
+  /// Runs one item: online softmax over its kv range, leaving (state, unnormalised O) in ws.
+  void run_item(Workspace& ws, const WorkItem& it) const {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
+    const SeqInfo si{it.seq, s.q_len, s.kv_len};
+    const Index nq = it.q_end - it.q_begin;
+    const Index rows = g.group * nq;
+    const Index all_rows = rows * (it.head_end - it.head_begin);
+    std::fill(ws.st.begin(), ws.st.begin() + all_rows, SoftmaxState<Acc>{});
+    std::fill(ws.o.begin(), ws.o.begin() + all_rows * g.v_head_size, Acc(0));
+    if (it.kv_end <= it.kv_begin) return;
+    for (Index h = it.head_begin; h < it.head_end; ++h) load_q(head(ws, it, h), s, it.q_begin, nq);
+    // Small row blocks process all heads of the tile together (token-major streaming); GEMM
+    // blocks one head at a time (its scores stay in cache between the two products).
+    const Index step = small(rows) ? it.head_end - it.head_begin : 1;
+    for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
+      const Index cols = std::min(g.kv_tile, it.kv_end - j0);
+      const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
+      if (tm == TileMask::All) continue;
+      const bool partial = tm == TileMask::Partial;
+      for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
+        const Index h1 = h0 + step;
+        raw_scores(ws, it, s, h0, h1, rows, j0, cols);
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
+          softmax_update(hd, rows, cols, partial);
+        }
+        accumulate_pv(ws, it, s, h0, h1, rows, j0, cols, partial);
+      }
+    }
+  }
+
+  /// Writes the normalised output rows (and LSE) of a finished item; st / o hold its rows.
+  void finalize(const WorkItem& it, const SoftmaxState<Acc>* st, const Acc* o) const {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
+    const Index nq = it.q_end - it.q_begin;
+    Index r = 0;
+    for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
+      for (Index gi = 0; gi < g.group; ++gi) {
+        const Index h = hkv * g.group + gi;
+        for (Index t = 0; t < nq; ++t, ++r) {
+          const Index i = it.q_begin + t;
+          store_row<TO>(o + r * g.v_head_size, st[r].inv_l(), g.v_head_size,
+                        out.o.ptr(s.q_batch, s.q_off + i, h, 0), out.o.stride(3));
+          if (!out.lse.absent())
+            out.lse(s.q_batch, h, s.q_off + i) = static_cast<TS>(st[r].lse());
+        }
+      }
+  }
+
+  /// Debug pass after run_item: recomputes the scores and writes P = exp(s - m) / l.
+  void write_probs(Workspace& ws, const WorkItem& it) const {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
+    const SeqInfo si{it.seq, s.q_len, s.kv_len};
+    const Index nq = it.q_end - it.q_begin;
+    const Index rows = g.group * nq;
+    for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv) {
+      const Head hd = head(ws, it, hkv);
+      for (Index r = 0; r < rows; ++r) {
+        const Index h = hkv * g.group + r / nq;
+        const Index i = it.q_begin + r % nq;
+        for (Index j = 0; j < s.kv_len; ++j) out.probs(s.q_batch, h, s.q_off + i, j) = TS(0);
+      }
+      for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
+        const Index cols = std::min(g.kv_tile, it.kv_end - j0);
+        const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
+        if (tm == TileMask::All) continue;
+        raw_scores(ws, it, s, hkv, hkv + 1, rows, j0, cols);
+        apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
+        for (Index r = 0; r < rows; ++r) {
+          const SoftmaxState<Acc>& st = hd.st[r];
+          if (st.l == Acc(0)) continue;
+          const Index h = hkv * g.group + r / nq;
+          const Index i = it.q_begin + r % nq;
+          const Acc* srow = hd.s + r * g.kv_tile;
+          const std::uint8_t* frow = hd.f + r * g.kv_tile;
+          const Acc inv = st.inv_l();
+          for (Index c = 0; c < cols; ++c) {
+            if (tm == TileMask::Partial && frow[c]) continue;
+            out.probs(s.q_batch, h, s.q_off + i, j0 + c) =
+                static_cast<TS>(std::exp(srow[c] - st.m) * inv);
+          }
+        }
+      }
+    }
+  }
+};
+
+/// Builds the item list: sequences in order, then kv heads, q tiles and kv splits.
+inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, bool allow_split,
+                                        Index& max_heads) {
+  std::vector<WorkItem> items;
+  num_partials = 0;
+  max_heads = 1;
+  for (Index b = 0; b < static_cast<Index>(g.seqs.size()); ++b) {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
+    if (s.q_len == 0) continue;
+    const Index n_qt = (s.q_len + g.q_tile - 1) / g.q_tile;
+    const Index heads = n_qt == 1 ? g.num_kv_heads : 1;
+    max_heads = std::max(max_heads, heads);
+    const bool split = allow_split && g.kv_split > 0 && n_qt == 1 && s.kv_len > g.kv_split;
+    for (Index h = 0; h < g.num_kv_heads; h += heads) {
+      for (Index q0 = 0; q0 < s.q_len; q0 += g.q_tile) {
+        const Index q1 = std::min(s.q_len, q0 + g.q_tile);
+        if (!split) {
+          items.push_back({b, h, h + heads, q0, q1, 0, s.kv_len, -1});
+          continue;
+        }
+        for (Index k0 = 0; k0 < s.kv_len; k0 += g.kv_split)
+          items.push_back({b, h, h + heads, q0, q1, k0, std::min(s.kv_len, k0 + g.kv_split),
+                           num_partials++});
+      }
+    }
+  }
+  return items;
+}
+
+/// Runs the engine on validated inputs.
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
+                   const AttentionOutputs<TO, TS>& out, const Variant& var, const Geometry& g) {
+  using E = Engine<Acc, TQ, TKV, TO, TS, Variant>;
+  const int threads = resolve_threads(p.num_threads);
+  const bool want_probs = !out.probs.absent();
+  Index num_partials = 0, max_heads = 1;
+  std::vector<WorkItem> items =
+      make_items(g, num_partials, /*allow_split=*/!want_probs, max_heads);
+  const E eng{in, out, var, g, static_cast<Acc>(p.scale), max_heads, simd::level()};
+
+  // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
+  // own range clipped to it.
+  for (WorkItem& it : items) {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
+    const KvRange r = var.kv_range(SeqInfo{it.seq, s.q_len, s.kv_len}, it.q_begin, it.q_end);
+    it.kv_begin = std::max(it.kv_begin, std::max<Index>(r.begin, 0));
+    it.kv_end = std::min(it.kv_end, std::min(r.end, s.kv_len));
+  }
+
+  const Index rows = eng.head_rows() * max_heads;  // rows of one partial slot
+  const Index dv = g.v_head_size;
+  // Partials of split items: unnormalised O rows then (m, l) per row.
+  std::vector<Acc> part_o(static_cast<size_t>(num_partials * rows * dv));
+  std::vector<SoftmaxState<Acc>> part_st(static_cast<size_t>(num_partials * rows));
+
+  parallel_for(
+      threads, static_cast<Index>(items.size()), [&] { return eng.make_workspace(); },
+      [&](typename E::Workspace& ws, Index idx) {
+        const WorkItem& it = items[static_cast<size_t>(idx)];
+        eng.run_item(ws, it);
+        if (it.partial < 0) {
+          eng.finalize(it, ws.st.data(), ws.o.data());
+          if (want_probs) eng.write_probs(ws, it);
+        } else {
+          const Index n = g.group * (it.q_end - it.q_begin) * (it.head_end - it.head_begin);
+          std::copy(ws.o.begin(), ws.o.begin() + n * dv,
+                    part_o.begin() + it.partial * rows * dv);
+          std::copy(ws.st.begin(), ws.st.begin() + n, part_st.begin() + it.partial * rows);
+        }
+      });
+  if (num_partials == 0) return;
+
+  // Merge split partials in split order (fixed, so the bits never depend on threads).
+  std::vector<Index> first;  // index in `items` of the first split of each split group
+  for (Index i = 0; i < static_cast<Index>(items.size()); ++i) {
+    const WorkItem& it = items[static_cast<size_t>(i)];
+    if (it.partial >= 0 && (i == 0 || items[static_cast<size_t>(i - 1)].partial < 0 ||
+                            items[static_cast<size_t>(i - 1)].head_begin != it.head_begin ||
+                            items[static_cast<size_t>(i - 1)].seq != it.seq ||
+                            items[static_cast<size_t>(i - 1)].q_begin != it.q_begin))
+      first.push_back(i);
+  }
+  parallel_for(
+      threads, static_cast<Index>(first.size()),
+      [&] { return std::vector<Acc>(static_cast<size_t>(rows * dv)); },
+      [&](std::vector<Acc>& acc, Index fi) {
+        const Index i0 = first[static_cast<size_t>(fi)];
+        const WorkItem& head = items[static_cast<size_t>(i0)];
+        const Index n = g.group * (head.q_end - head.q_begin) * (head.head_end - head.head_begin);
+        std::vector<SoftmaxState<Acc>> st(static_cast<size_t>(n));
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        for (Index i = i0; i < static_cast<Index>(items.size()); ++i) {
+          const WorkItem& it = items[static_cast<size_t>(i)];
+          if (it.partial < 0 || it.seq != head.seq || it.head_begin != head.head_begin ||
+              it.q_begin != head.q_begin)
+            break;
+          for (Index r = 0; r < n; ++r)
+            merge_partial(st[static_cast<size_t>(r)], acc.data() + r * dv,
+                          part_st[static_cast<size_t>(it.partial * rows + r)],
+                          part_o.data() + (it.partial * rows + r) * dv, dv);
+        }
+        eng.finalize(head, st.data(), acc.data());
+      });
+}
+
+}  // namespace attnref::detail

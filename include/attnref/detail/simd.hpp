@@ -1,0 +1,219 @@
+#pragma once
+/// Hand-vectorised helpers with a portable fallback.
+///
+/// The SIMD code is compiled in only when the translation unit targets the instruction set
+/// (e.g. -march=native; attnref never adds flags itself) and the level in use is selectable at
+/// run time, so the tests run every compiled level and the portable path:
+///   Level::Portable  Eigen GEMMs and scalar/Eigen conversions only;
+///   Level::Avx2      AVX2 + FMA + F16C small-row kernels (8 lanes) and conversions;
+///   Level::Avx512    AVX-512F small-row kernels (16 lanes).
+/// Conversions fp16/bf16 -> float give the same bits at every level; the small-row kernels sum in
+/// a level-dependent order (each level is deterministic and thread-count independent).
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "attnref/core/types.hpp"
+
+#if defined(__AVX2__) || defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace attnref::detail::simd {
+
+enum class Level { Portable = 0, Avx2 = 1, Avx512 = 2 };
+
+inline const char* to_string(Level l) {
+  switch (l) {
+    case Level::Portable: return "portable";
+    case Level::Avx2: return "avx2";
+    case Level::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+/// Highest level compiled into this translation unit.
+constexpr Level compiled_level() {
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  return Level::Avx512;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  return Level::Avx2;
+#else
+  return Level::Portable;
+#endif
+}
+
+inline std::atomic<int>& level_flag() {
+  static std::atomic<int> flag{static_cast<int>(compiled_level())};
+  return flag;
+}
+
+/// Level in use (never above the compiled one).
+inline Level level() { return static_cast<Level>(level_flag().load(std::memory_order_relaxed)); }
+
+/// Selects the level (clamped to the compiled one); returns the previous level.
+inline Level set_level(Level l) {
+  const int v = std::min(static_cast<int>(l), static_cast<int>(compiled_level()));
+  return static_cast<Level>(level_flag().exchange(v));
+}
+
+/// True when any hand-vectorised path is in use.
+inline bool enabled() { return level() != Level::Portable; }
+
+// ------------------------------------------------------------------------------------------
+// Vector traits: one small struct per instruction set, used by the kernels below.
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+struct V8 {
+  using reg = __m256;
+  static constexpr int kWidth = 8;
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static reg load(const half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static reg load(const bfloat16* p) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+  }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(reg v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
+};
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+struct V16 {
+  using reg = __m512;
+  static constexpr int kWidth = 16;
+  static reg zero() { return _mm512_setzero_ps(); }
+  static reg set1(float x) { return _mm512_set1_ps(x); }
+  static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static reg load(const half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static reg load(const bfloat16* p) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  }
+  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(reg v) {
+    const __m256 lo = _mm512_castps512_ps256(v);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return V8::sum(_mm256_add_ps(lo, hi));
+  }
+};
+#endif
+
+// ------------------------------------------------------------------------------------------
+// Conversions (exact at every level).
+
+/// fp16 / bf16 -> float, n elements.
+template <class T>
+inline void to_float(const T* src, Index n, float* dst) {
+  Index i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable)
+    for (; i + 8 <= n; i += 8) V8::store(dst + i, V8::load(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// ------------------------------------------------------------------------------------------
+// Small-row micro-kernels (decode): R <= 8 query rows against K/V rows streamed from memory,
+// converted from fp16/bf16 in registers. Compute type float.
+
+/// out[r * out_stride + c] = dot(q + r * q_stride, k[c]), r < R, c < C, over n elements.
+template <class V, int R, int C, class T>
+inline void dot_rows(const float* q, Index q_stride, const T* const* k, Index n, float* out,
+                     Index out_stride) {
+  typename V::reg acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = V::zero();
+  Index i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    typename V::reg kk[C];
+    for (int c = 0; c < C; ++c) kk[c] = V::load(k[c] + i);
+    for (int r = 0; r < R; ++r) {
+      const typename V::reg qq = V::load(q + r * q_stride + i);
+      for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(qq, kk[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = V::sum(acc[r][c]);
+      for (Index t = i; t < n; ++t) s += q[r * q_stride + t] * static_cast<float>(k[c][t]);
+      out[r * out_stride + c] = s;
+    }
+}
+
+/// o + r * o_stride += sum_{c < C} p[r * p_stride + c] * v[c], r < R, over n elements.
+template <class V, int R, int C, class T>
+inline void axpy_rows(const float* p, Index p_stride, const T* const* v, Index n, float* o,
+                      Index o_stride) {
+  typename V::reg a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = V::set1(p[r * p_stride + c]);
+  Index i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    typename V::reg vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = V::load(v[c] + i);
+    for (int r = 0; r < R; ++r) {
+      typename V::reg acc = V::load(o + r * o_stride + i);
+      for (int c = 0; c < C; ++c) acc = V::fmadd(a[r][c], vv[c], acc);
+      V::store(o + r * o_stride + i, acc);
+    }
+  }
+  for (; i < n; ++i)
+    for (int r = 0; r < R; ++r) {
+      float acc = o[r * o_stride + i];
+      for (int c = 0; c < C; ++c) acc += p[r * p_stride + c] * static_cast<float>(v[c][i]);
+      o[r * o_stride + i] = acc;
+    }
+}
+
+/// Calls f(V{}) with the vector traits of the level in use; returns false (and does nothing)
+/// at Level::Portable.
+template <class F>
+inline bool with_vector(Level l, F&& f) {
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (l == Level::Avx512) {
+    f(V16{});
+    return true;
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (l != Level::Portable) {
+    f(V8{});
+    return true;
+  }
+#endif
+  (void)l;
+  (void)f;
+  return false;
+}
+
+/// Runtime row count (1..8) -> f(std::integral_constant<int, R>).
+template <class F>
+inline void with_rows(Index rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+}  // namespace attnref::detail::simd
