@@ -1,0 +1,229 @@
+// Core pieces: views, layouts, the softmax state and merge, the error format, the causal hook.
+
+#include <gtest/gtest.h>
+
+#include <attnref/attnref.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using attnref::Index;
+
+TEST(StridedView, PackedViewHasRowMajorStrides) {
+  std::vector<float> buf(2 * 3 * 4);
+  auto v = attnref::make_view<3>(buf.data(), {2, 3, 4});
+  EXPECT_EQ(v.stride(0), 12);
+  EXPECT_EQ(v.stride(1), 4);
+  EXPECT_EQ(v.stride(2), 1);
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_EQ(&v(1, 2, 3), &buf[23]);
+  attnref::StridedView<const float, 3> c = v;  // mutable -> const
+  EXPECT_EQ(c.data(), buf.data());
+}
+
+TEST(Layout, BnsdViewIndexesHeadMajorMemory) {
+  // [B=2, N=3, S=4, D=5]: element (b, s, n, d) lives at ((b*3 + n)*4 + s)*5 + d.
+  std::vector<int> buf(2 * 3 * 4 * 5);
+  auto v = attnref::bnsd_view(buf.data(), 2, 3, 4, 5);
+  for (int b = 0; b < 2; ++b)
+    for (int s = 0; s < 4; ++s)
+      for (int n = 0; n < 3; ++n)
+        for (int d = 0; d < 5; ++d) EXPECT_EQ(v.offset(b, s, n, d), ((b * 3 + n) * 4 + s) * 5 + d);
+  auto t = attnref::tnd_view(buf.data(), 6, 4, 5);
+  EXPECT_EQ(t.size(0), 1);
+  EXPECT_EQ(t.offset(0, 2, 3, 1), (2 * 4 + 3) * 5 + 1);
+  auto m = attnref::make_qkv_view(buf.data(), attnref::Layout::BNSD, 2, 4, 3, 5);
+  EXPECT_EQ(m.strides(), v.strides());
+}
+
+TEST(StridedView, OverlapDetection) {
+  std::vector<float> buf(100);
+  attnref::StridedView<float, 1> a(buf.data(), {10});
+  attnref::StridedView<float, 1> b(buf.data() + 10, {10});
+  attnref::StridedView<float, 1> c(buf.data() + 9, {2});
+  EXPECT_FALSE(attnref::detail::overlaps(a, b));
+  EXPECT_TRUE(attnref::detail::overlaps(a, c));
+  EXPECT_TRUE(attnref::detail::overlaps(b, c));
+  attnref::StridedView<float, 1> empty;
+  EXPECT_FALSE(attnref::detail::overlaps(a, empty));
+}
+
+TEST(Softmax, MergeOfTwoHalvesEqualsWhole) {
+  std::mt19937 rng(7);
+  std::normal_distribution<double> nd(0, 3);
+  const int n = 50, d = 3;
+  std::vector<double> s(n), v(n * d);
+  for (auto& x : s) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  auto partial = [&](int lo, int hi, std::vector<double>& o) {
+    attnref::SoftmaxState<double> st;
+    for (int j = lo; j < hi; ++j) st.m = std::max(st.m, s[j]);
+    o.assign(d, 0.0);
+    for (int j = lo; j < hi; ++j) {
+      const double p = std::exp(s[j] - st.m);
+      st.l += p;
+      for (int e = 0; e < d; ++e) o[e] += p * v[j * d + e];
+    }
+    return st;
+  };
+  std::vector<double> ow, oa, ob;
+  const auto whole = partial(0, n, ow);
+  auto a = partial(0, 17, oa);
+  const auto b = partial(17, n, ob);
+  attnref::merge_partial(a, oa.data(), b, ob.data(), d);
+  EXPECT_NEAR(a.lse(), whole.lse(), 1e-12);
+  for (int e = 0; e < d; ++e) EXPECT_NEAR(oa[e] * a.inv_l(), ow[e] * whole.inv_l(), 1e-12);
+  // Merging with an empty partial changes nothing; an empty state has lse -inf and 1/l = 0.
+  attnref::SoftmaxState<double> empty;
+  std::vector<double> oe(d, 0.0);
+  EXPECT_EQ(empty.lse(), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(empty.inv_l(), 0.0);
+  const auto before = a;
+  attnref::merge_partial(a, oa.data(), empty, oe.data(), d);
+  EXPECT_EQ(a.m, before.m);
+  EXPECT_EQ(a.l, before.l);
+  attnref::merge_partial(empty, oe.data(), a, oa.data(), d);
+  EXPECT_EQ(empty.l, a.l);
+}
+
+TEST(Softmax, ExpDiffOfMinusInfinityIsExactlyZero) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(attnref::exp_diff(-inf, -inf), 0.0f);
+  EXPECT_EQ(attnref::exp_diff(-inf, 3.0f), 0.0f);
+  EXPECT_FLOAT_EQ(attnref::exp_diff(1.0f, 2.0f), std::exp(-1.0f));
+  EXPECT_DOUBLE_EQ(attnref::lse_to_base2(std::log(8.0)), 3.0);
+  EXPECT_DOUBLE_EQ(attnref::lse_from_base2(3.0), std::log(8.0));
+}
+
+TEST(Error, MessageFollowsTheCanonicalFormat) {
+  try {
+    ATTNREF_CHECK(1 == 2, std::out_of_range, "paged_attention", "block_table[2][5]",
+                  "out of range", "[0, 64)", 97);
+    FAIL() << "no throw";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(),
+                 "attnref::paged_attention: block_table[2][5] out of range: expected [0, 64), "
+                 "got 97");
+  }
+  EXPECT_NO_THROW(ATTNREF_CHECK(true, std::invalid_argument, "f", "a", "w", 1, 2));
+}
+
+// The tile classification must agree with the per-position predicate, for every tile.
+TEST(CausalHook, ClassificationAgreesWithPredicate) {
+  for (auto mode : {attnref::CausalMode::None, attnref::CausalMode::TopLeft,
+                    attnref::CausalMode::BottomRight}) {
+    attnref::CausalHook hook{mode};
+    for (Index ql : {1, 3, 7, 12})
+      for (Index kl : {0, 1, 5, 12, 20}) {
+        const attnref::SeqInfo s{0, ql, kl};
+        for (Index q0 = 0; q0 < ql; ++q0)
+          for (Index q1 = q0 + 1; q1 <= ql; ++q1) {
+            const auto range = hook.kv_range(s, q0, q1);
+            for (Index i = q0; i < q1; ++i)
+              for (Index j = 0; j < kl; ++j)
+                if (!hook.masked(s, i, j)) {
+                  EXPECT_GE(j, range.begin);
+                  EXPECT_LT(j, range.end);
+                }
+            for (Index j0 = 0; j0 < kl; ++j0)
+              for (Index j1 = j0 + 1; j1 <= kl; ++j1) {
+                const auto tm = hook.classify(s, q0, q1, j0, j1);
+                bool any = false, all = true;
+                for (Index i = q0; i < q1; ++i)
+                  for (Index j = j0; j < j1; ++j) {
+                    const bool m = hook.masked(s, i, j);
+                    any = any || m;
+                    all = all && m;
+                  }
+                if (tm == attnref::TileMask::None) {
+                  EXPECT_FALSE(any);
+                }
+                if (tm == attnref::TileMask::All) {
+                  EXPECT_TRUE(all);
+                }
+              }
+          }
+      }
+  }
+}
+
+TEST(CausalHook, AlignmentDefinitions) {
+  const attnref::SeqInfo s{0, 2, 5};  // 2 queries, 5 keys
+  attnref::CausalHook tl{attnref::CausalMode::TopLeft};
+  attnref::CausalHook br{attnref::CausalMode::BottomRight};
+  EXPECT_FALSE(tl.masked(s, 0, 0));
+  EXPECT_TRUE(tl.masked(s, 0, 1));
+  EXPECT_FALSE(br.masked(s, 0, 3));  // query 0 sees keys 0..3
+  EXPECT_TRUE(br.masked(s, 0, 4));
+  EXPECT_FALSE(br.masked(s, 1, 4));  // the last query sees every key
+}
+
+}  // namespace
+
+namespace {
+
+namespace simd = attnref::detail::simd;
+
+// Runs `body` at every compiled level, then restores the level in use.
+template <class F>
+void at_every_level(F&& body) {
+  const simd::Level previous = simd::level();
+  for (auto l : {simd::Level::Portable, simd::Level::Avx2, simd::Level::Avx512}) {
+    if (l > simd::compiled_level()) continue;
+    simd::set_level(l);
+    SCOPED_TRACE(simd::to_string(l));
+    body();
+  }
+  simd::set_level(previous);
+}
+
+TEST(Simd, HalfToFloatIsExactForEveryBitPattern) {
+  at_every_level([] {
+  std::vector<attnref::half> h(65536);
+  for (int i = 0; i < 65536; ++i) h[static_cast<size_t>(i)] = Eigen::numext::bit_cast<attnref::half>(static_cast<std::uint16_t>(i));
+  std::vector<float> fast(h.size()), slow(h.size());
+  attnref::detail::simd::to_float(h.data(), static_cast<Index>(h.size()), fast.data());
+  for (size_t i = 0; i < h.size(); ++i) slow[i] = static_cast<float>(h[i]);
+  // Every value converts to the same bits; NaNs stay NaN (F16C quietens signalling NaNs).
+  for (size_t i = 0; i < h.size(); ++i) {
+    if (std::isnan(slow[i])) {
+      ASSERT_TRUE(std::isnan(fast[i])) << "bits 0x" << std::hex << i;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(&fast[i], &slow[i], sizeof(float)), 0) << "bits 0x" << std::hex << i;
+  }
+  });
+}
+
+TEST(Simd, BfloatToFloatIsExactForEveryBitPattern) {
+  at_every_level([] {
+  std::vector<attnref::bfloat16> b(65536);
+  for (int i = 0; i < 65536; ++i) b[static_cast<size_t>(i)] = Eigen::numext::bit_cast<attnref::bfloat16>(static_cast<std::uint16_t>(i));
+  std::vector<float> fast(b.size()), slow(b.size());
+  attnref::detail::simd::to_float(b.data(), static_cast<Index>(b.size()), fast.data());
+  for (size_t i = 0; i < b.size(); ++i) slow[i] = static_cast<float>(b[i]);
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::isnan(slow[i])) {
+      ASSERT_TRUE(std::isnan(fast[i])) << "bits 0x" << std::hex << i;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(&fast[i], &slow[i], sizeof(float)), 0) << "bits 0x" << std::hex << i;
+  }
+  });
+}
+
+TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
+  const simd::Level previous = simd::set_level(simd::Level::Portable);
+  EXPECT_FALSE(simd::enabled());
+  EXPECT_EQ(simd::set_level(simd::Level::Avx512), simd::Level::Portable);
+  EXPECT_EQ(simd::level(), simd::compiled_level());
+  simd::set_level(previous);
+  EXPECT_EQ(simd::level(), previous);
+}
+
+}  // namespace
