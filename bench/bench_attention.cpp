@@ -1,0 +1,125 @@
+// attnref_bench: prefill and decode throughput of the attention engine, next to the naive
+// reference. Names are stable (other families add their own):
+//   prefill/<kv dtype>/<dense|causal>/S:<S>/threads:<T>   B=1, Hq=32, Hkv=8, D=128
+//   decode/<kv dtype>/B:<B>/KV:<kv>/threads:<T>           same heads, one query token
+//   reference/<dense|causal>/S:<S>                          naive double loops, small sizes
+// Counters: GFLOPS = useful FLOPs per second (4*B*Hq*Sq*Skv*D dense; causal counts unmasked pairs
+// only); decode also GBps = K and V bytes read per second.
+
+#include <benchmark/benchmark.h>
+
+#include <attnref/attnref.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../tests/reference/naive_attention.hpp"
+
+namespace {
+
+using attnref::Index;
+
+constexpr Index kHeads = 32, kKvHeads = 8, kHeadSize = 128;
+
+template <class T>
+std::vector<T> random_vector(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(nd(rng));
+  return v;
+}
+
+template <class T>
+void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal, int threads) {
+  const auto q = random_vector<T>(static_cast<size_t>(batch * sq * kHeads * kHeadSize), 1);
+  const auto k = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 2);
+  const auto v = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 3);
+  std::vector<T> o(q.size());
+  attnref::AttentionInputs<T> in{attnref::bsnd_view(q.data(), batch, sq, kHeads, kHeadSize),
+                                 attnref::bsnd_view(k.data(), batch, skv, kKvHeads, kHeadSize),
+                                 attnref::bsnd_view(v.data(), batch, skv, kKvHeads, kHeadSize)};
+  attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, sq, kHeads, kHeadSize)};
+  attnref::AttentionParams p;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
+  p.causal = causal ? attnref::CausalMode::BottomRight : attnref::CausalMode::None;
+  p.num_threads = threads;
+  for (auto _ : state) {
+    attnref::attention(in, p, out);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  // Useful pairs: causal bottom-right, query i sees skv - sq + i + 1 keys.
+  double pairs = static_cast<double>(sq) * static_cast<double>(skv);
+  if (causal) {
+    pairs = 0;
+    for (Index i = 0; i < sq; ++i) pairs += static_cast<double>(std::min(skv, skv - sq + i + 1));
+  }
+  const double flops = 4.0 * batch * kHeads * pairs * kHeadSize;
+  state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (sq == 1) {
+    const double bytes = 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T);
+    state.counters["GBps"] =
+        benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  }
+}
+
+void reference(benchmark::State& state, Index s, bool causal) {
+  ref::Problem pr;
+  pr.num_heads = 4;
+  pr.num_kv_heads = 2;
+  pr.head_size = 64;
+  pr.v_head_size = 64;
+  pr.q_len = {static_cast<int>(s)};
+  pr.kv_len = {static_cast<int>(s)};
+  pr.scale = 0.125;
+  pr.causal = causal ? ref::Causal::kBottomRight : ref::Causal::kNone;
+  const auto q = random_vector<double>(static_cast<size_t>(s * 4 * 64), 1);
+  const auto k = random_vector<double>(static_cast<size_t>(s * 2 * 64), 2);
+  const auto v = random_vector<double>(static_cast<size_t>(s * 2 * 64), 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ref::attention(pr, {q}, {k}, {v}));
+  double pairs = causal ? static_cast<double>(s) * static_cast<double>(s + 1) / 2.0
+                        : static_cast<double>(s) * static_cast<double>(s);
+  state.counters["GFLOPS"] = benchmark::Counter(4.0 * 4 * pairs * 64 * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class T>
+void register_dtype() {
+  const std::string dt = attnref::dtype_name<T>();
+  for (bool causal : {false, true})
+    for (Index s : {512, 1024, 2048})
+      for (int t : {1, 2}) {
+        const std::string name = "prefill/" + dt + (causal ? "/causal" : "/dense") +
+                                 "/S:" + std::to_string(s) + "/threads:" + std::to_string(t);
+        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+          run<T>(st, 1, s, s, causal, t);
+        })->UseRealTime()->Unit(benchmark::kMillisecond);
+      }
+  for (Index b : {1, 8})
+    for (int t : {1, 2}) {
+      const std::string name = "decode/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" +
+                               std::to_string(t);
+      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+        run<T>(st, b, 1, 4096, false, t);
+      })->UseRealTime()->Unit(benchmark::kMillisecond);
+    }
+}
+
+const bool registered = [] {
+  register_dtype<float>();
+  register_dtype<attnref::half>();
+  register_dtype<attnref::bfloat16>();
+  for (bool causal : {false, true})
+    for (Index s : {64, 256}) {
+      const std::string name =
+          std::string("reference/") + (causal ? "causal" : "dense") + "/S:" + std::to_string(s);
+      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+        reference(st, s, causal);
+      })->Unit(benchmark::kMillisecond);
+    }
+  return true;
+}();
+
+}  // namespace
