@@ -84,8 +84,9 @@ int main() {
   params.causal = attnref::CausalMode::BottomRight;
   attnref::AttentionOutputs<float> out{attnref::tnd_view(o.data(), total, kHeads, kHeadSize)};
 
+  attnref::attention(in, params, out);  // first call: thread start-up and first-touch pages
   auto t0 = Clock::now();
-  attnref::attention(in, params, out);
+  attnref::attention(in, params, out);  // timed call (same inputs, same outputs)
   const double t_prefill = seconds_since(t0);
 
   ref::Problem pr;

@@ -61,8 +61,9 @@ struct AttentionParams {
   int num_threads = 0;
   /// Tiling (0 = automatic). q_tile counts query positions per work item (each work item stacks
   /// all q heads of one kv head); kv_tile counts keys per inner step; kv_split is the number of
-  /// keys per split-KV partial used when a sequence has a single q tile (decode). kv_split < 0
-  /// disables split-KV. Tiling changes rounding, never semantics; it never depends on threads.
+  /// keys per split-KV partial used when a sequence has a single q tile (decode), at most 32
+  /// partials per sequence (longer sequences get longer splits). kv_split < 0 disables split-KV.
+  /// Tiling changes rounding, never semantics; it never depends on threads.
   Index q_tile = 0;
   Index kv_tile = 0;
   Index kv_split = 0;

@@ -448,6 +448,9 @@ struct Engine {
   }
 };
 
+/// Most split-KV partials of one sequence.
+inline constexpr Index kMaxSplits = 32;
+
 /// Builds the item list: sequences in order, then kv heads, q tiles and kv splits.
 inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, bool allow_split,
                                         Index& max_heads) {
@@ -468,8 +471,12 @@ inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, 
           items.push_back({b, h, h + heads, q0, q1, 0, s.kv_len, -1});
           continue;
         }
-        for (Index k0 = 0; k0 < s.kv_len; k0 += g.kv_split)
-          items.push_back({b, h, h + heads, q0, q1, k0, std::min(s.kv_len, k0 + g.kv_split),
+        // At most kMaxSplits partials per sequence, so the partial buffers do not grow with
+        // the kv length; the split length depends on the problem only.
+        const Index n_split = std::min(kMaxSplits, (s.kv_len + g.kv_split - 1) / g.kv_split);
+        const Index len = (s.kv_len + n_split - 1) / n_split;
+        for (Index k0 = 0; k0 < s.kv_len; k0 += len)
+          items.push_back({b, h, h + heads, q0, q1, k0, std::min(s.kv_len, k0 + len),
                            num_partials++});
       }
     }
