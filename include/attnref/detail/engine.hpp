@@ -143,7 +143,7 @@ struct Engine {
   };
 
   /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
-  /// workspace (scores and flags: row stride kv_tile).
+  /// workspace (scores and flags: row stride ld()).
   struct Head {
     Index kv_head;
     Acc* q;
@@ -154,6 +154,9 @@ struct Engine {
   };
 
   Index head_rows() const { return g.group * g.q_tile; }
+  /// Row stride of the score and flag buffers: the tile width rounded up to 16 plus 16, so
+  /// consecutive rows never sit a power of two apart (which maps them onto the same cache sets).
+  Index ld() const { return (g.kv_tile + 15) / 16 * 16 + 16; }
 
   Workspace make_workspace() const {
     Workspace ws;
@@ -161,8 +164,8 @@ struct Engine {
     ws.q.resize(static_cast<size_t>(rows * g.head_size));
     ws.o.resize(static_cast<size_t>(rows * g.v_head_size));
     ws.st.resize(static_cast<size_t>(rows));
-    ws.s.resize(static_cast<size_t>(rows * g.kv_tile));
-    ws.flags.resize(static_cast<size_t>(rows * g.kv_tile));
+    ws.s.resize(static_cast<size_t>(rows * ld()));
+    ws.flags.resize(static_cast<size_t>(rows * ld()));
     if (!kMapK || in.k.stride(3) != 1) ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
     if (!kMapK || in.v.stride(3) != 1)
       ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
@@ -176,8 +179,8 @@ struct Engine {
             ws.q.data() + k * g.head_size,
             ws.o.data() + k * g.v_head_size,
             ws.st.data() + k,
-            ws.s.data() + k * g.kv_tile,
-            ws.flags.data() + k * g.kv_tile};
+            ws.s.data() + k * ld(),
+            ws.flags.data() + k * ld()};
   }
 
   /// K or V rows [j0, j0 + cols) of kv head h as an Acc matrix: a Map into the input when the
@@ -211,13 +214,13 @@ struct Engine {
               const Head hd = head(ws, it, h);
               const TKV* k[kTokens];
               for (int t = 0; t < kTokens; ++t) k[t] = in.k.ptr(s.kv_batch, s.kv_off + j0 + c + t, h, 0);
-              simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, g.kv_tile);
+              simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
             }
           for (; c < cols; ++c)
             for (Index h = h0; h < h1; ++h) {
               const Head hd = head(ws, it, h);
               const TKV* k[1] = {in.k.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0)};
-              simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, g.kv_tile);
+              simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
             }
         });
         });
@@ -227,7 +230,7 @@ struct Engine {
     for (Index h = h0; h < h1; ++h) {
       const Head hd = head(ws, it, h);
       ConstRowMap<Acc> Q(hd.q, rows, g.head_size, Eigen::OuterStride<>(g.head_size));
-      RowMap<Acc> S(hd.s, rows, cols, Eigen::OuterStride<>(g.kv_tile));
+      RowMap<Acc> S(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
       auto K = kv_tile(in.k, s, h, j0, cols, g.head_size, ws.k);
       S.noalias() = Q * K.transpose();
     }
@@ -244,8 +247,8 @@ struct Engine {
     for (Index r = 0; r < rows; ++r) {
       const Index gi = r / nq;
       const Index i = q0 + r % nq;
-      Acc* srow = hd.s + r * g.kv_tile;
-      std::uint8_t* frow = hd.f + r * g.kv_tile;
+      Acc* srow = hd.s + r * ld();
+      std::uint8_t* frow = hd.f + r * ld();
       for (Index c = 0; c < cols; ++c) {
         const Coord co{si.batch, i, j0 + c, hd.kv_head * g.group + gi, hd.kv_head};
         if (partial && var.masked(si, co)) {
@@ -275,7 +278,7 @@ struct Engine {
   void softmax_update(const Head& hd, Index rows, Index cols, bool partial) const {
     const Index dv = g.v_head_size;
     for (Index r = 0; r < rows; ++r) {
-      Acc* srow = hd.s + r * g.kv_tile;
+      Acc* srow = hd.s + r * ld();
       ArrayMap<Acc> row(srow, cols);
       SoftmaxState<Acc>& st = hd.st[r];
       const Acc mx = row.maxCoeff();
@@ -287,7 +290,7 @@ struct Engine {
       const Acc alpha = exp_diff(st.m, m_new);
       row = (row - m_new).exp();
       if (partial) {
-        const std::uint8_t* frow = hd.f + r * g.kv_tile;
+        const std::uint8_t* frow = hd.f + r * ld();
         for (Index c = 0; c < cols; ++c)
           if (frow[c]) srow[c] = Acc(0);
       }
@@ -309,7 +312,7 @@ struct Engine {
         };
         auto seen_by = [&](const Head& hd, Index c) {
           Index n = 0;
-          for (Index r = 0; r < rows; ++r) n += hd.f[r * g.kv_tile + c] == 0 ? 1 : 0;
+          for (Index r = 0; r < rows; ++r) n += hd.f[r * ld() + c] == 0 ? 1 : 0;
           return n;
         };
         simd::with_vector(level, [&](auto vec) {
@@ -323,18 +326,18 @@ struct Engine {
               for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
               if (all) {
                 const TKV* v4[4] = {vrow(h, c), vrow(h, c + 1), vrow(h, c + 2), vrow(h, c + 3)};
-                simd::axpy_rows<V, R(), 4>(hd.s + c, g.kv_tile, v4, dv, hd.o, dv);
+                simd::axpy_rows<V, R(), 4>(hd.s + c, ld(), v4, dv, hd.o, dv);
                 continue;
               }
               for (Index k = c; k < c + n; ++k) {
                 const Index seen = partial ? seen_by(hd, k) : rows;
                 const TKV* v1[1] = {vrow(h, k)};
                 if (seen == rows) {
-                  simd::axpy_rows<V, R(), 1>(hd.s + k, g.kv_tile, v1, dv, hd.o, dv);
+                  simd::axpy_rows<V, R(), 1>(hd.s + k, ld(), v1, dv, hd.o, dv);
                 } else if (seen > 0) {
                   for (Index r = 0; r < rows; ++r)
-                    if (hd.f[r * g.kv_tile + k] == 0)
-                      simd::axpy_rows<V, 1, 1>(hd.s + r * g.kv_tile + k, 0, v1, dv,
+                    if (hd.f[r * ld() + k] == 0)
+                      simd::axpy_rows<V, 1, 1>(hd.s + r * ld() + k, 0, v1, dv,
                                             hd.o + r * dv, 0);
                 }
               }
@@ -347,13 +350,13 @@ struct Engine {
     }
     for (Index h = h0; h < h1; ++h) {
       const Head hd = head(ws, it, h);
-      ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(g.kv_tile));
+      ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
       RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
       auto V = kv_tile(in.v, s, h, j0, cols, dv, ws.v);
       if (partial && !V.allFinite()) {
         for (Index r = 0; r < rows; ++r)
           for (Index c = 0; c < cols; ++c)
-            if (hd.f[r * g.kv_tile + c] == 0) O.row(r) += P(r, c) * V.row(c);
+            if (hd.f[r * ld() + c] == 0) O.row(r) += P(r, c) * V.row(c);
       } else {
         O.noalias() += P * V;
       }
@@ -434,8 +437,8 @@ struct Engine {
           if (st.l == Acc(0)) continue;
           const Index h = hkv * g.group + r / nq;
           const Index i = it.q_begin + r % nq;
-          const Acc* srow = hd.s + r * g.kv_tile;
-          const std::uint8_t* frow = hd.f + r * g.kv_tile;
+          const Acc* srow = hd.s + r * ld();
+          const std::uint8_t* frow = hd.f + r * ld();
           const Acc inv = st.inv_l();
           for (Index c = 0; c < cols; ++c) {
             if (tm == TileMask::Partial && frow[c]) continue;
