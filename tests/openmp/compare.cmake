@@ -1,0 +1,10 @@
+# Runs the OpenMP and the serial digest programs and fails unless they print the same digest.
+execute_process(COMMAND ${OMP} OUTPUT_VARIABLE a RESULT_VARIABLE ra)
+execute_process(COMMAND ${SERIAL} OUTPUT_VARIABLE b RESULT_VARIABLE rb)
+if(NOT ra EQUAL 0 OR NOT rb EQUAL 0)
+  message(FATAL_ERROR "digest programs failed: ${ra} ${rb}")
+endif()
+if(NOT a STREQUAL b)
+  message(FATAL_ERROR "OpenMP and serial builds differ: ${a} vs ${b}")
+endif()
+message(STATUS "OpenMP and serial digests agree: ${a}")
