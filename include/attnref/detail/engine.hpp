@@ -541,15 +541,24 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
                             items[static_cast<size_t>(i - 1)].q_begin != it.q_begin))
       first.push_back(i);
   }
+  struct MergeState {
+    std::vector<Acc> o;
+    std::vector<SoftmaxState<Acc>> st;
+  };
   parallel_for(
       threads, static_cast<Index>(first.size()),
-      [&] { return std::vector<Acc>(static_cast<size_t>(rows * dv)); },
-      [&](std::vector<Acc>& acc, Index fi) {
+      [&] {
+        return MergeState{std::vector<Acc>(static_cast<size_t>(rows * dv)),
+                          std::vector<SoftmaxState<Acc>>(static_cast<size_t>(rows))};
+      },
+      [&](MergeState& ms, Index fi) {
         const Index i0 = first[static_cast<size_t>(fi)];
         const WorkItem& head = items[static_cast<size_t>(i0)];
         const Index n = g.group * (head.q_end - head.q_begin) * (head.head_end - head.head_begin);
-        std::vector<SoftmaxState<Acc>> st(static_cast<size_t>(n));
+        std::vector<Acc>& acc = ms.o;
+        std::vector<SoftmaxState<Acc>>& st = ms.st;
         std::fill(acc.begin(), acc.end(), Acc(0));
+        std::fill(st.begin(), st.end(), SoftmaxState<Acc>{});
         for (Index i = i0; i < static_cast<Index>(items.size()); ++i) {
           const WorkItem& it = items[static_cast<size_t>(i)];
           if (it.partial < 0 || it.seq != head.seq || it.head_begin != head.head_begin ||
