@@ -207,7 +207,9 @@ struct Engine {
         simd::with_vector(level, [&](auto vec) {
         using V = decltype(vec);
         simd::with_rows(rows, [&](auto R) {
-          constexpr int kTokens = R() <= 4 ? 2 : 1;  // tokens per step (16 accumulators max)
+          // Tokens per step: R * kTokens accumulators, at most half the vector registers.
+          constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
+          constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
           Index c = 0;
           for (; c + kTokens <= cols; c += kTokens)
             for (Index h = h0; h < h1; ++h) {
