@@ -149,3 +149,64 @@ TEST(EdgeCases, ZeroBatchIsANoOp) {
 }
 
 }  // namespace
+
+namespace {
+
+// int8 storage is read as exact integer values (the quantized operators add their scales).
+TEST(Int8Storage, IntegerValuedInputsMatchReference) {
+  using attnref::Index;
+  const int B = 2, Sq = 5, Skv = 37, N = 4, Nkv = 2, D = 24;
+  std::vector<std::int8_t> q(B * Sq * N * D), k(B * Skv * Nkv * D), v(B * Skv * Nkv * D);
+  std::uint32_t st = 7;
+  auto next = [&] {
+    st = st * 1103515245u + 12345u;
+    return static_cast<std::int8_t>(static_cast<int>((st >> 16) % 255) - 127);
+  };
+  for (auto* x : {&q, &k, &v})
+    for (auto& e : *x) e = next();
+  for (auto level :
+       {attnref::detail::simd::Level::Portable, attnref::detail::simd::compiled_level()}) {
+    const auto previous = attnref::detail::simd::set_level(level);
+    for (Index sq : {Index(1), Index(Sq)}) {
+      // q rows of each sequence packed for this q length (the first sq rows of the Sq ones).
+      std::vector<std::int8_t> qp;
+      ref::Seqs rq(B), rk(B), rv(B);
+      for (int b = 0; b < B; ++b) {
+        for (Index i = 0; i < sq * N * D; ++i) {
+          qp.push_back(q[static_cast<size_t>(b * Sq * N * D + i)]);
+          rq[b].push_back(qp.back());
+        }
+        for (int i = 0; i < Skv * Nkv * D; ++i) {
+          rk[b].push_back(k[static_cast<size_t>(b * Skv * Nkv * D + i)]);
+          rv[b].push_back(v[static_cast<size_t>(b * Skv * Nkv * D + i)]);
+        }
+      }
+      std::vector<float> o(static_cast<size_t>(B * sq * N * D));
+      attnref::AttentionInputs<std::int8_t> in{
+          attnref::bsnd_view<const std::int8_t>(qp.data(), B, sq, N, D),
+          attnref::bsnd_view<const std::int8_t>(k.data(), B, Skv, Nkv, D),
+          attnref::bsnd_view<const std::int8_t>(v.data(), B, Skv, Nkv, D)};
+      attnref::AttentionParams p;
+      p.scale = 1.0 / (std::sqrt(static_cast<double>(D)) * 127.0 * 40.0);
+      p.causal = attnref::CausalMode::BottomRight;
+      attnref::attention(
+          in, p, attnref::AttentionOutputs<float>{attnref::bsnd_view(o.data(), B, sq, N, D)});
+      ref::Problem pr;
+      pr.num_heads = N;
+      pr.num_kv_heads = Nkv;
+      pr.head_size = D;
+      pr.v_head_size = D;
+      pr.q_len = {static_cast<int>(sq), static_cast<int>(sq)};
+      pr.kv_len = {Skv, Skv};
+      pr.scale = p.scale;
+      pr.causal = ref::Causal::kBottomRight;
+      const ref::Result want = ref::attention(pr, rq, rk, rv);
+      std::vector<double> got(o.begin(), o.end());
+      EXPECT_TRUE(support::all_close(support::flat(want.o), got, {1e-4, 1e-5}))
+          << "sq " << sq << " level " << attnref::detail::simd::to_string(level);
+    }
+    attnref::detail::simd::set_level(previous);
+  }
+}
+
+}  // namespace

@@ -100,6 +100,19 @@ inline void check_mask(const char* fn, const char* name, const M& m, Index batch
                 m.size(3));
 }
 
+/// Compile-time element-type rules of the engine. int8 inputs are taken as their integer
+/// values (exact in float: |q·k| <= 127² · D stays below 2^24 for D <= 1024); the quantized
+/// operators apply their scales through the hooks.
+template <class Acc, class TQ, class TKV, class TO, class TS>
+constexpr void check_types() {
+  static_assert(is_compute_type_v<Acc>, "Acc must be float or double");
+  static_assert(is_storage_type_v<TQ> && is_storage_type_v<TKV>,
+                "q/k/v storage: float, double, half, bfloat16 or int8");
+  static_assert(is_storage_type_v<TO> && !std::is_same_v<TO, std::int8_t>,
+                "o storage: float, double, half or bfloat16");
+  static_assert(std::is_floating_point_v<TS>, "lse / probs must be float or double");
+}
+
 /// Validates everything and resolves the geometry (throws before any output is written).
 template <class TQ, class TKV, class TO, class TS>
 Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
@@ -257,8 +270,7 @@ void validate(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params,
 template <class Acc = float, class TQ, class TKV, class TO, class TS>
 void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params,
                const AttentionOutputs<TO, TS>& out) {
-  static_assert(is_compute_type_v<Acc>, "Acc must be float or double");
-  static_assert(std::is_floating_point_v<TS>, "lse / probs must be float or double");
+  detail::check_types<Acc, TQ, TKV, TO, TS>();
   const detail::Geometry g = detail::resolve("attention", in, params, out);
   DefaultVariant var;
   var.causal.mode = params.causal;
@@ -273,7 +285,7 @@ void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params
 template <class Acc = float, class Variant, class TQ, class TKV, class TO, class TS>
 void attention_with(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
                     const AttentionParams& params, const AttentionOutputs<TO, TS>& out) {
-  static_assert(is_compute_type_v<Acc>, "Acc must be float or double");
+  detail::check_types<Acc, TQ, TKV, TO, TS>();
   const detail::Geometry g = detail::resolve("attention_with", in, params, out);
   ATTNREF_CHECK(in.mask_add.absent() && in.mask_bool.absent(), std::invalid_argument,
                 "attention_with", "inputs.mask_add/mask_bool", "given with a custom variant",
