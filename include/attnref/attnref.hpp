@@ -9,3 +9,4 @@
 #include "attnref/attention/params.hpp"
 #include "attnref/attention/variant.hpp"
 #include "attnref/attention/attention.hpp"
+#include "attnref/atb/self_attention_params.hpp"
