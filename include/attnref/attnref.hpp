@@ -10,3 +10,4 @@
 #include "attnref/attention/variant.hpp"
 #include "attnref/attention/attention.hpp"
 #include "attnref/atb/self_attention_params.hpp"
+#include "attnref/atb/self_attention.hpp"
