@@ -9,7 +9,6 @@
 #include <benchmark/benchmark.h>
 
 #include <attnref/attnref.hpp>
-
 #include <random>
 #include <string>
 #include <vector>
@@ -57,7 +56,8 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
     for (Index i = 0; i < sq; ++i) pairs += static_cast<double>(std::min(skv, skv - sq + i + 1));
   }
   const double flops = 4.0 * batch * kHeads * pairs * kHeadSize;
-  state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   if (sq == 1) {
     const double bytes = 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T);
     state.counters["GBps"] =
@@ -93,17 +93,19 @@ void register_dtype() {
       for (int t : {1, 2}) {
         const std::string name = "prefill/" + dt + (causal ? "/causal" : "/dense") +
                                  "/S:" + std::to_string(s) + "/threads:" + std::to_string(t);
-        benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
-          run<T>(st, 1, s, s, causal, t);
-        })->UseRealTime()->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [=](benchmark::State& st) { run<T>(st, 1, s, s, causal, t); })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
       }
   for (Index b : {1, 8})
     for (int t : {1, 2}) {
-      const std::string name = "decode/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" +
-                               std::to_string(t);
-      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
-        run<T>(st, b, 1, 4096, false, t);
-      })->UseRealTime()->Unit(benchmark::kMillisecond);
+      const std::string name =
+          "decode/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [=](benchmark::State& st) { run<T>(st, b, 1, 4096, false, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     }
 }
 

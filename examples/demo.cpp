@@ -8,7 +8,6 @@
 // throughput of the engine is printed.
 
 #include <attnref/attnref.hpp>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -46,7 +45,8 @@ int main() {
   auto append_kv = [&](Index b, Index pos) {
     for (Index h = 0; h < kKvHeads; ++h)
       for (Index d = 0; d < kHeadSize; ++d) {
-        const size_t idx = static_cast<size_t>(((b * kMaxSeq + pos) * kKvHeads + h) * kHeadSize + d);
+        const size_t idx =
+            static_cast<size_t>(((b * kMaxSeq + pos) * kKvHeads + h) * kHeadSize + d);
         k_cache[idx] = half(nd(rng));
         v_cache[idx] = half(nd(rng));
         ref_k[b].push_back(static_cast<float>(k_cache[idx]));
@@ -57,12 +57,13 @@ int main() {
     return attnref::bsnd_view<const half>(c.data(), batch, kMaxSeq, kKvHeads, kHeadSize);
   };
 
-  std::printf("attnref %d.%d.%d demo: GQA layer, %ld q heads / %ld kv heads, head size %ld, "
-              "fp16 KV cache [%ld, %ld, %ld, %ld]\n",
-              attnref::kVersionMajor, attnref::kVersionMinor, attnref::kVersionPatch,
-              static_cast<long>(kHeads), static_cast<long>(kKvHeads), static_cast<long>(kHeadSize),
-              static_cast<long>(batch), static_cast<long>(kMaxSeq), static_cast<long>(kKvHeads),
-              static_cast<long>(kHeadSize));
+  std::printf(
+      "attnref %d.%d.%d demo: GQA layer, %ld q heads / %ld kv heads, head size %ld, "
+      "fp16 KV cache [%ld, %ld, %ld, %ld]\n",
+      attnref::kVersionMajor, attnref::kVersionMinor, attnref::kVersionPatch,
+      static_cast<long>(kHeads), static_cast<long>(kKvHeads), static_cast<long>(kHeadSize),
+      static_cast<long>(batch), static_cast<long>(kMaxSeq), static_cast<long>(kKvHeads),
+      static_cast<long>(kHeadSize));
 
   // ---- prefill: packed (TND) queries of both prompts, causal ----
   Index total = 0;
@@ -107,14 +108,17 @@ int main() {
   double max_err = 0.0;
   for (Index b = 0; b < batch; ++b)
     for (size_t i = 0; i < want.o[b].size(); ++i)
-      max_err = std::max(max_err, std::fabs(want.o[b][i] - o[static_cast<size_t>(q_cu[b] * kHeads * kHeadSize) + i]));
+      max_err = std::max(
+          max_err,
+          std::fabs(want.o[b][i] - o[static_cast<size_t>(q_cu[b] * kHeads * kHeadSize) + i]));
   double pairs = 0;
   for (Index len : prompt) pairs += static_cast<double>(len) * static_cast<double>(len + 1) / 2.0;
-  std::printf("prefill  q [T=%ld, %ld, %ld] (TND, lengths %ld and %ld), causal: %.2f ms, "
-              "%.1f GFLOPS, max |err| vs reference %.2e\n",
-              static_cast<long>(total), static_cast<long>(kHeads), static_cast<long>(kHeadSize),
-              static_cast<long>(prompt[0]), static_cast<long>(prompt[1]), t_prefill * 1e3,
-              4.0 * kHeads * pairs * kHeadSize / t_prefill * 1e-9, max_err);
+  std::printf(
+      "prefill  q [T=%ld, %ld, %ld] (TND, lengths %ld and %ld), causal: %.2f ms, "
+      "%.1f GFLOPS, max |err| vs reference %.2e\n",
+      static_cast<long>(total), static_cast<long>(kHeads), static_cast<long>(kHeadSize),
+      static_cast<long>(prompt[0]), static_cast<long>(prompt[1]), t_prefill * 1e3,
+      4.0 * kHeads * pairs * kHeadSize / t_prefill * 1e-9, max_err);
   bool ok = max_err < 1e-4;
 
   // ---- decode: one new token per sequence per step ----
@@ -128,7 +132,8 @@ int main() {
         attnref::bsnd_view<const float>(qd.data(), batch, 1, kHeads, kHeadSize),
         cache_view(k_cache), cache_view(v_cache)};
     din.seq.kv = len;
-    attnref::AttentionOutputs<float> dout{attnref::bsnd_view(od.data(), batch, 1, kHeads, kHeadSize)};
+    attnref::AttentionOutputs<float> dout{
+        attnref::bsnd_view(od.data(), batch, 1, kHeads, kHeadSize)};
     t0 = Clock::now();
     attnref::attention(din, params, dout);
     const double t = seconds_since(t0);
@@ -144,12 +149,13 @@ int main() {
     double err = 0.0;
     for (Index b = 0; b < batch; ++b)
       for (size_t i = 0; i < dw.o[b].size(); ++i)
-        err = std::max(err, std::fabs(dw.o[b][i] - od[static_cast<size_t>(b * kHeads * kHeadSize) + i]));
+        err = std::max(err,
+                       std::fabs(dw.o[b][i] - od[static_cast<size_t>(b * kHeads * kHeadSize) + i]));
     double bytes = 0;
     for (Index l : len) bytes += 2.0 * static_cast<double>(l) * kKvHeads * kHeadSize * sizeof(half);
-    std::printf("decode %d  kv lengths %ld, %ld: %.3f ms, %.2f GB/s of KV, max |err| %.2e\n",
-                step, static_cast<long>(len[0]), static_cast<long>(len[1]), t * 1e3,
-                bytes / t * 1e-9, err);
+    std::printf("decode %d  kv lengths %ld, %ld: %.3f ms, %.2f GB/s of KV, max |err| %.2e\n", step,
+                static_cast<long>(len[0]), static_cast<long>(len[1]), t * 1e3, bytes / t * 1e-9,
+                err);
     ok = ok && err < 1e-4;
   }
   std::printf("%s\n", ok ? "OK: every step matches the reference" : "FAILED: error above 1e-4");

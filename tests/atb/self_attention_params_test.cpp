@@ -3,9 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include <attnref/atb/self_attention_params.hpp>
-
 #include <algorithm>
+#include <attnref/atb/self_attention_params.hpp>
 #include <set>
 #include <string>
 
@@ -116,8 +115,8 @@ Built build(const std::set<int>& want) {
   if (has(F::Mla)) p.mla_v_head_size = 64;
   if (has(F::Swa)) {
     p.window_size = 16;
-    p.mask_type = has(F::CompressMask) ? P::MaskType::SlidingWindowCompress
-                                       : P::MaskType::SlidingWindowNorm;
+    p.mask_type =
+        has(F::CompressMask) ? P::MaskType::SlidingWindowCompress : P::MaskType::SlidingWindowNorm;
   }
   b.features = f;
   return b;
@@ -204,8 +203,7 @@ TEST(SelfAttentionParams, PerFeatureConstraints) {
         p.clamp_max = 1;
       },
       "params.clamp_min/clamp_max not an interval");
-  expect_rejected([](P& p) { p.quant_type = P::QuantType::DequantFusion; },
-                  "reserved by ATB");
+  expect_rejected([](P& p) { p.quant_type = P::QuantType::DequantFusion; }, "reserved by ATB");
   expect_rejected([](P& p) { p.mask_type = static_cast<P::MaskType>(10); },
                   "params.mask_type out of range: expected [0, 9], got 10");
   expect_rejected(

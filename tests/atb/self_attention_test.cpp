@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <attnref/atb/self_attention.hpp>
-
 #include <cmath>
 #include <random>
 #include <string>
@@ -66,7 +65,8 @@ Result run_case(const Case& c) {
             T(hide ? (c.mask == Mask::NormAdditive ? -10000.0f : 1.0f) : 0.0f);
       }
   std::vector<float> log_n(static_cast<size_t>(max_seq));
-  for (int i = 0; i < max_seq; ++i) log_n[static_cast<size_t>(i)] = 1.0f + 0.05f * static_cast<float>(i % 7);
+  for (int i = 0; i < max_seq; ++i)
+    log_n[static_cast<size_t>(i)] = 1.0f + 0.05f * static_cast<float>(i % 7);
 
   P p;
   p.num_heads = nh;
@@ -84,15 +84,16 @@ Result run_case(const Case& c) {
   p.mask_type = c.mask == Mask::None     ? P::MaskType::Undefined
                 : c.mask == Mask::Causal ? P::MaskType::CausalMask
                                          : P::MaskType::Norm;
-  attnref::SelfAttentionInputs<T> in{
-      attnref::StridedView<const T, 3>(q.data(), {tokens, nh, d}),
-      attnref::StridedView<const T, 3>(k.data(), {tokens, nkv, d}),
-      attnref::StridedView<const T, 3>(v.data(), {tokens, nkv, dv}),
-      std::vector<Index>(c.seq_len.begin(), c.seq_len.end())};
+  attnref::SelfAttentionInputs<T> in{attnref::StridedView<const T, 3>(q.data(), {tokens, nh, d}),
+                                     attnref::StridedView<const T, 3>(k.data(), {tokens, nkv, d}),
+                                     attnref::StridedView<const T, 3>(v.data(), {tokens, nkv, dv}),
+                                     std::vector<Index>(c.seq_len.begin(), c.seq_len.end())};
   if (p.mask_type == P::MaskType::Norm)
     in.mask = attnref::StridedView<const T, 3>(mask.data(), {nb, max_seq, max_seq});
   if (c.log_n) in.log_n = attnref::StridedView<const float, 1>(log_n.data(), {max_seq});
-  attnref::self_attention(p, in, attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o.data(), {tokens, nh, dv})});
+  attnref::self_attention(
+      p, in,
+      attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o.data(), {tokens, nh, dv})});
 
   ref::AtbSelfAttention r;
   r.num_heads = nh;
@@ -107,12 +108,15 @@ Result run_case(const Case& c) {
   r.clamp_min = -1.5;
   r.clamp_max = 1.0;
   if (c.log_n) r.log_n = log_n;
-  r.to_dtype = [](double x) { return static_cast<double>(static_cast<float>(T(static_cast<float>(x)))); };
+  r.to_dtype = [](double x) {
+    return static_cast<double>(static_cast<float>(T(static_cast<float>(x))));
+  };
   const bool binary = c.bf16 || c.high_precision;
   if (c.mask == Mask::Causal) r.mask = [](int, int i, int j) { return j > i ? -3e38 : 0.0; };
   if (c.mask == Mask::NormBinary || c.mask == Mask::NormAdditive)
     r.mask = [&mask, max_seq, binary](int b, int i, int j) {
-      const double m = static_cast<float>(mask[static_cast<size_t>((b * max_seq + i) * max_seq + j)]);
+      const double m =
+          static_cast<float>(mask[static_cast<size_t>((b * max_seq + i) * max_seq + j)]);
       return binary ? m * -3e38 : m;
     };
   std::vector<std::vector<double>> rq(nb), rk(nb), rv(nb);
@@ -120,9 +124,12 @@ Result run_case(const Case& c) {
   for (int b = 0; b < nb; ++b) {
     const int l = c.seq_len[static_cast<size_t>(b)];
     for (int t = t0; t < t0 + l; ++t) {
-      for (int e = 0; e < nh * d; ++e) rq[b].push_back(static_cast<float>(q[static_cast<size_t>(t * nh * d + e)]));
-      for (int e = 0; e < nkv * d; ++e) rk[b].push_back(static_cast<float>(k[static_cast<size_t>(t * nkv * d + e)]));
-      for (int e = 0; e < nkv * dv; ++e) rv[b].push_back(static_cast<float>(v[static_cast<size_t>(t * nkv * dv + e)]));
+      for (int e = 0; e < nh * d; ++e)
+        rq[b].push_back(static_cast<float>(q[static_cast<size_t>(t * nh * d + e)]));
+      for (int e = 0; e < nkv * d; ++e)
+        rk[b].push_back(static_cast<float>(k[static_cast<size_t>(t * nkv * d + e)]));
+      for (int e = 0; e < nkv * dv; ++e)
+        rv[b].push_back(static_cast<float>(v[static_cast<size_t>(t * nkv * dv + e)]));
     }
     t0 += l;
   }
@@ -135,7 +142,8 @@ Result run_case(const Case& c) {
 
 const char* const kMaskNames[] = {"NoMask", "NormBinary", "NormAdditive", "Causal"};
 
-using Param = std::tuple<bool, bool, Mask, int, bool, bool>;  // bf16, HP, mask, group, clamp, qScale
+using Param =
+    std::tuple<bool, bool, Mask, int, bool, bool>;  // bf16, HP, mask, group, clamp, qScale
 
 class SelfAttentionPaEncoder : public ::testing::TestWithParam<Param> {};
 
@@ -152,24 +160,25 @@ TEST_P(SelfAttentionPaEncoder, MatchesReference) {
   c.q_scale = qs ? 0.5f : 1.0f;
   c.log_n = hp && !bf16 && group == 4;  // logN (PaEncoder needs high precision)
   const Result r = bf16 ? run_case<attnref::bfloat16>(c) : run_case<attnref::half>(c);
-  const support::Tolerance tol = bf16 ? support::tolerance(support::Kind::BF16)
-                                      : support::tolerance(support::Kind::F16);
+  const support::Tolerance tol =
+      bf16 ? support::tolerance(support::Kind::BF16) : support::tolerance(support::Kind::F16);
   EXPECT_TRUE(support::all_close(r.want, r.got, tol));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DtypesKernelsMasks, SelfAttentionPaEncoder,
-    ::testing::Combine(::testing::Bool(), ::testing::Bool(),
-                       ::testing::Values(Mask::None, Mask::NormBinary, Mask::NormAdditive,
-                                         Mask::Causal),
-                       ::testing::Values(1, 4), ::testing::Bool(), ::testing::Bool()),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) ? "Bf16" : "Fp16") +
-             (std::get<1>(info.param) ? "HighPrecision" : "Default") +
-             kMaskNames[static_cast<int>(std::get<2>(info.param))] + "G" +
-             std::to_string(std::get<3>(info.param)) + (std::get<4>(info.param) ? "Clamp" : "") +
-             (std::get<5>(info.param) ? "QScale" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(DtypesKernelsMasks, SelfAttentionPaEncoder,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Values(Mask::None, Mask::NormBinary,
+                                                              Mask::NormAdditive, Mask::Causal),
+                                            ::testing::Values(1, 4), ::testing::Bool(),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Bf16" : "Fp16") +
+                                  (std::get<1>(info.param) ? "HighPrecision" : "Default") +
+                                  kMaskNames[static_cast<int>(std::get<2>(info.param))] + "G" +
+                                  std::to_string(std::get<3>(info.param)) +
+                                  (std::get<4>(info.param) ? "Clamp" : "") +
+                                  (std::get<5>(info.param) ? "QScale" : "");
+                         });
 
 TEST(SelfAttentionPaEncoder, Fp16OverflowGivesNanInDefaultAndFiniteInHighPrecision) {
   Case c;
@@ -197,7 +206,8 @@ TEST(SelfAttentionPaEncoder, CausalMaskEqualsTheBinaryTriangle) {
     for (auto& e : *x) e = T(nd(rng));
   std::vector<T> tri(tokens * tokens);
   for (int i = 0; i < tokens; ++i)
-    for (int j = 0; j < tokens; ++j) tri[static_cast<size_t>(i * tokens + j)] = T(j > i ? 1.0f : 0.0f);
+    for (int j = 0; j < tokens; ++j)
+      tri[static_cast<size_t>(i * tokens + j)] = T(j > i ? 1.0f : 0.0f);
   P p;
   p.num_heads = nh;
   p.calc_type = P::CalcType::PaEncoder;
@@ -206,12 +216,18 @@ TEST(SelfAttentionPaEncoder, CausalMaskEqualsTheBinaryTriangle) {
                                      attnref::StridedView<const T, 3>(v.data(), {tokens, nh, d}),
                                      {tokens}};
   p.mask_type = P::MaskType::CausalMask;
-  attnref::self_attention(p, in, attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o1.data(), {tokens, nh, d})});
+  attnref::self_attention(
+      p, in,
+      attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o1.data(), {tokens, nh, d})});
   p.mask_type = P::MaskType::Norm;
   in.mask = attnref::StridedView<const T, 3>(tri.data(), {1, tokens, tokens});
-  attnref::self_attention(p, in, attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o2.data(), {tokens, nh, d})});
+  attnref::self_attention(
+      p, in,
+      attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o2.data(), {tokens, nh, d})});
   for (size_t i = 0; i < o1.size(); ++i)
-    ASSERT_EQ(Eigen::numext::bit_cast<std::uint16_t>(o1[i]), Eigen::numext::bit_cast<std::uint16_t>(o2[i])) << i;
+    ASSERT_EQ(Eigen::numext::bit_cast<std::uint16_t>(o1[i]),
+              Eigen::numext::bit_cast<std::uint16_t>(o2[i]))
+        << i;
 }
 
 TEST(SelfAttentionPaEncoder, FullyMaskedRowIsTheUniformAverageAsOnTheNpu) {
@@ -234,7 +250,9 @@ TEST(SelfAttentionPaEncoder, FullyMaskedRowIsTheUniformAverageAsOnTheNpu) {
                                      attnref::StridedView<const T, 3>(v.data(), {tokens, 1, d}),
                                      {tokens}};
   in.mask = attnref::StridedView<const T, 3>(mask.data(), {1, tokens, tokens});
-  attnref::self_attention(p, in, attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o.data(), {tokens, 1, d})});
+  attnref::self_attention(
+      p, in,
+      attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(o.data(), {tokens, 1, d})});
   for (int e = 0; e < d; ++e) {
     double mean = 0;
     for (int j = 0; j < tokens; ++j) mean += static_cast<float>(v[static_cast<size_t>(j * d + e)]);

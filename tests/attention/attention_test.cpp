@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <attnref/attnref.hpp>
-
 #include <tuple>
 
 #include "support/case.hpp"
@@ -17,10 +16,14 @@ using support::Spec;
 
 ::testing::AssertionResult check(const Spec& s, Dtype t) {
   switch (t) {
-    case Dtype::F32: return support::check_against_reference<float>(s);
-    case Dtype::F64: return support::check_against_reference<double>(s);
-    case Dtype::F16: return support::check_against_reference<attnref::half>(s);
-    case Dtype::BF16: return support::check_against_reference<attnref::bfloat16>(s);
+    case Dtype::F32:
+      return support::check_against_reference<float>(s);
+    case Dtype::F64:
+      return support::check_against_reference<double>(s);
+    case Dtype::F16:
+      return support::check_against_reference<attnref::half>(s);
+    case Dtype::BF16:
+      return support::check_against_reference<attnref::bfloat16>(s);
   }
   return ::testing::AssertionFailure() << "unknown dtype";
 }
@@ -53,8 +56,8 @@ TEST_P(ShapeGrid, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(HeadSizesTimesLengths, ShapeGrid,
                          ::testing::Combine(::testing::Values(1, 16, 40, 64, 128, 192, 256),
-                                            ::testing::Values(1, 2, 3, 7, 15, 16, 17, 31, 113,
-                                                              255, 256, 257, 1000)),
+                                            ::testing::Values(1, 2, 3, 7, 15, 16, 17, 31, 113, 255,
+                                                              256, 257, 1000)),
                          [](const auto& info) {
                            return "D" + std::to_string(std::get<0>(info.param)) + "S" +
                                   std::to_string(std::get<1>(info.param));
@@ -70,9 +73,12 @@ struct MaskCase {
   MaskKind mask;
 };
 const MaskCase kMasks[] = {
-    {ref::Causal::kNone, MaskKind::None},         {ref::Causal::kTopLeft, MaskKind::None},
-    {ref::Causal::kBottomRight, MaskKind::None},  {ref::Causal::kNone, MaskKind::Bool},
-    {ref::Causal::kNone, MaskKind::BoolPerHead},  {ref::Causal::kNone, MaskKind::Additive},
+    {ref::Causal::kNone, MaskKind::None},
+    {ref::Causal::kTopLeft, MaskKind::None},
+    {ref::Causal::kBottomRight, MaskKind::None},
+    {ref::Causal::kNone, MaskKind::Bool},
+    {ref::Causal::kNone, MaskKind::BoolPerHead},
+    {ref::Causal::kNone, MaskKind::Additive},
     {ref::Causal::kBottomRight, MaskKind::Additive},
 };
 constexpr int kNumMasks = sizeof(kMasks) / sizeof(kMasks[0]);
@@ -195,7 +201,8 @@ TEST_P(SimdPaths, DecodeShapesMatchReference) {
       s.kv_split = 96;
       s.seed = static_cast<unsigned>(100 + group * 10 + mi);
       for (Dtype dt : {Dtype::F32, Dtype::F16, Dtype::BF16})
-        EXPECT_TRUE(check(s, dt)) << "group " << group << " mask " << mi << " " << support::name(dt);
+        EXPECT_TRUE(check(s, dt)) << "group " << group << " mask " << mi << " "
+                                  << support::name(dt);
     }
   simd::set_level(previous);
 }

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <attnref/attnref.hpp>
-
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -18,10 +17,17 @@ struct Buffers {
   Index B, Sq, Skv, N, Nkv, D;
   std::vector<float> q, k, v, o, lse;
   Buffers(Index b, Index sq, Index skv, Index n, Index nkv, Index d)
-      : B(b), Sq(sq), Skv(skv), N(n), Nkv(nkv), D(d),
-        q(static_cast<size_t>(b * sq * n * d)), k(static_cast<size_t>(b * skv * nkv * d) + 1),
+      : B(b),
+        Sq(sq),
+        Skv(skv),
+        N(n),
+        Nkv(nkv),
+        D(d),
+        q(static_cast<size_t>(b * sq * n * d)),
+        k(static_cast<size_t>(b * skv * nkv * d) + 1),
         v(static_cast<size_t>(b * skv * nkv * d) + 1),
-        o(static_cast<size_t>(b * sq * n * d), 777.0f), lse(static_cast<size_t>(b * n * sq)) {
+        o(static_cast<size_t>(b * sq * n * d), 777.0f),
+        lse(static_cast<size_t>(b * n * sq)) {
     for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * static_cast<float>(i));
     for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.11f * static_cast<float>(i));
     for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.05f * static_cast<float>(i) + 1.0f);
@@ -51,8 +57,7 @@ TEST(EdgeCases, EmptyKvInOneSequenceOfAVarlenBatch) {
   in.seq.kv = {0, 5};
   attnref::attention(in, attnref::AttentionParams{}, b.outputs());
   for (Index i = 0; i < 3 * 2 * 4; ++i) EXPECT_EQ(b.o[static_cast<size_t>(i)], 0.0f);
-  for (Index i = 3 * 2 * 4; i < 2 * 3 * 2 * 4; ++i)
-    EXPECT_NE(b.o[static_cast<size_t>(i)], 0.0f);
+  for (Index i = 3 * 2 * 4; i < 2 * 3 * 2 * 4; ++i) EXPECT_NE(b.o[static_cast<size_t>(i)], 0.0f);
 }
 
 TEST(EdgeCases, FullyMaskedRowGivesZeroAndMinusInf) {

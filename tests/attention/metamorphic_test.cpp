@@ -8,9 +8,9 @@
 
 namespace {
 
+using attnref::Index;
 using support::Lay;
 using support::Spec;
-using attnref::Index;
 
 Spec base_spec() {
   Spec s;
@@ -149,8 +149,8 @@ TEST(Metamorphic, NoMaskEqualsAllZeroBooleanMask) {
   s.mask = support::MaskKind::Bool;
   d.mbool.assign(static_cast<size_t>(s.batch()) * s.max_q() * s.max_kv(), 0);
   d.mask_heads = 1;
-  EXPECT_TRUE(support::all_close(plain, support::flat(support::run_lib<float>(s, d).o),
-                                 {1e-6, 1e-6}));
+  EXPECT_TRUE(
+      support::all_close(plain, support::flat(support::run_lib<float>(s, d).o), {1e-6, 1e-6}));
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <attnref/attnref.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -102,8 +101,8 @@ TEST(Softmax, ExpDiffOfMinusInfinityIsExactlyZero) {
 
 TEST(Error, MessageFollowsTheCanonicalFormat) {
   try {
-    ATTNREF_CHECK(1 == 2, std::out_of_range, "paged_attention", "block_table[2][5]",
-                  "out of range", "[0, 64)", 97);
+    ATTNREF_CHECK(1 == 2, std::out_of_range, "paged_attention", "block_table[2][5]", "out of range",
+                  "[0, 64)", 97);
     FAIL() << "no throw";
   } catch (const std::out_of_range& e) {
     EXPECT_STREQ(e.what(),
@@ -205,9 +204,7 @@ void expect_exact_conversion() {
 
 TEST(Simd, HalfToFloatIsExactForEveryBitPattern) { expect_exact_conversion<attnref::half>(); }
 
-TEST(Simd, BfloatToFloatIsExactForEveryBitPattern) {
-  expect_exact_conversion<attnref::bfloat16>();
-}
+TEST(Simd, BfloatToFloatIsExactForEveryBitPattern) { expect_exact_conversion<attnref::bfloat16>(); }
 
 TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
   const simd::Level previous = simd::set_level(simd::Level::Portable);

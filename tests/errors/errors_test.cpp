@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <attnref/attnref.hpp>
-
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -127,9 +126,7 @@ TEST(Errors, ZeroOrNegativeSizes) {
       [](Fixture& s) { s.in.q = attnref::bsnd_view<const float>(s.q.data(), 2, -3, 4, 8); },
       "q.shape[1] negative: expected >= 0, got -3");
   expect_error<IA>(
-      [](Fixture& s) {
-        s.in.k = attnref::bsnd_view<const float>(s.k.data(), 2, 5, 0, 8);
-      },
+      [](Fixture& s) { s.in.k = attnref::bsnd_view<const float>(s.k.data(), 2, 5, 0, 8); },
       "k.shape[2] (num_kv_heads) not positive");
   expect_error<IA>(
       [](Fixture& s) { s.in.v = attnref::bsnd_view<const float>(s.v.data(), 2, 5, 2, 0); },
@@ -150,10 +147,16 @@ TEST(Errors, NegativeTuning) {
 }
 
 TEST(Errors, SequenceLengthsBeyondExtents) {
-  expect_error<IA>([](Fixture& s) { s.in.seq.q = {3, 4}; },
-                   "seq.q[1] exceeds q.shape[1]: expected <= 3, got 4");
-  expect_error<IA>([](Fixture& s) { s.in.seq.kv = {6, 1}; },
-                   "seq.kv[0] exceeds k.shape[1]: expected <= 5, got 6");
+  expect_error<IA>(
+      [](Fixture& s) {
+        s.in.seq.q = {3, 4};
+      },
+      "seq.q[1] exceeds q.shape[1]: expected <= 3, got 4");
+  expect_error<IA>(
+      [](Fixture& s) {
+        s.in.seq.kv = {6, 1};
+      },
+      "seq.kv[0] exceeds k.shape[1]: expected <= 5, got 6");
   expect_error<IA>([](Fixture& s) { s.in.seq.q = {1}; }, "seq.q size mismatch: expected 2, got 1");
   expect_error<IA>([](Fixture& s) { s.in.seq.kv = {-1, 2}; }, "seq.kv[0] negative");
 }
@@ -214,7 +217,9 @@ TEST(Errors, OutputShape) {
   expect_error<IA>([](Fixture& s) { s.out.o = attnref::bsnd_view(s.o.data(), 2, 3, 4, 5); },
                    "o.shape mismatch: expected [2, 3, 4, 6], got [2, 3, 4, 5]");
   expect_error<IA>(
-      [](Fixture& s) { s.out.lse = attnref::StridedView<float, 3>(s.lse.data(), {2, 3, 4}); },
+      [](Fixture& s) {
+        s.out.lse = attnref::StridedView<float, 3>(s.lse.data(), {2, 3, 4});
+      },
       "lse.shape mismatch: expected [2, 4, 3], got [2, 3, 4]");
   expect_error<IA>(
       [](Fixture& s) {
@@ -232,20 +237,17 @@ TEST(Errors, NullData) {
 TEST(Errors, MaskShapes) {
   expect_error<IA>(
       [](Fixture& s) {
-        s.in.mask_bool =
-            attnref::StridedView<const std::uint8_t, 4>(s.mask.data(), {3, 1, 3, 5});
+        s.in.mask_bool = attnref::StridedView<const std::uint8_t, 4>(s.mask.data(), {3, 1, 3, 5});
       },
       "mask_bool.shape[0] mismatch: expected 1 or 2, got 3");
   expect_error<IA>(
       [](Fixture& s) {
-        s.in.mask_bool =
-            attnref::StridedView<const std::uint8_t, 4>(s.mask.data(), {1, 3, 3, 5});
+        s.in.mask_bool = attnref::StridedView<const std::uint8_t, 4>(s.mask.data(), {1, 3, 3, 5});
       },
       "mask_bool.shape[1] mismatch: expected 1 or 4, got 3");
   expect_error<IA>(
       [](Fixture& s) {
-        s.in.mask_bool =
-            attnref::StridedView<const std::uint8_t, 4>(s.mask.data(), {2, 1, 2, 5});
+        s.in.mask_bool = attnref::StridedView<const std::uint8_t, 4>(s.mask.data(), {2, 1, 2, 5});
       },
       "mask_bool.shape[2] smaller than the longest q sequence: expected >= 3, got 2");
   expect_error<IA>(
@@ -263,7 +265,9 @@ TEST(Errors, OutputOverlappingAnInput) {
       },
       "o overlaps an input: expected memory disjoint from q");
   expect_error<IA>(
-      [](Fixture& s) { s.out.lse = attnref::StridedView<float, 3>(s.o.data() + 1, {2, 4, 3}); },
+      [](Fixture& s) {
+        s.out.lse = attnref::StridedView<float, 3>(s.o.data() + 1, {2, 4, 3});
+      },
       "lse overlaps an input: expected memory disjoint from o");
 }
 

@@ -1,6 +1,5 @@
 // Translation unit A of the ODR test: the umbrella header plus one instantiation of the engine.
 #include <attnref/attnref.hpp>
-
 #include <vector>
 
 float odr_a() {

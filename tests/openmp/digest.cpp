@@ -2,7 +2,6 @@
 // ctest checks that both print the same digest (the library gives identical bits either way).
 
 #include <attnref/attnref.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>

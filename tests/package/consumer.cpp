@@ -1,6 +1,5 @@
 // A downstream program: includes attnref, runs one small attention, prints a marker ctest checks.
 #include <attnref/attnref.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <vector>

@@ -4,7 +4,6 @@
 // Eigen's half and with float. Does not include attnref.
 
 #include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -27,13 +26,15 @@ struct AtbSelfAttention {
   std::function<double(double)> to_dtype = [](double x) { return x; };
 };
 
-inline double round_fp16(double x) { return static_cast<double>(static_cast<float>(Eigen::half(static_cast<float>(x)))); }
+inline double round_fp16(double x) {
+  return static_cast<double>(static_cast<float>(Eigen::half(static_cast<float>(x))));
+}
 
-// q[b]: [len][num_heads][D]; k[b], v[b]: [len][num_kv_heads][D or Dv]. Returns o[b]: [len][num_heads][Dv].
-inline std::vector<std::vector<double>> atb_self_attention(const AtbSelfAttention& pr,
-                                                          const std::vector<std::vector<double>>& q,
-                                                          const std::vector<std::vector<double>>& k,
-                                                          const std::vector<std::vector<double>>& v) {
+// q[b]: [len][num_heads][D]; k[b], v[b]: [len][num_kv_heads][D or Dv]. Returns o[b]:
+// [len][num_heads][Dv].
+inline std::vector<std::vector<double>> atb_self_attention(
+    const AtbSelfAttention& pr, const std::vector<std::vector<double>>& q,
+    const std::vector<std::vector<double>>& k, const std::vector<std::vector<double>>& v) {
   const int G = pr.num_heads / pr.num_kv_heads;
   const int D = pr.head_size, Dv = pr.v_head_size, N = pr.num_heads, Nk = pr.num_kv_heads;
   std::vector<std::vector<double>> o(pr.seq_len.size());
@@ -60,8 +61,10 @@ inline std::vector<std::vector<double>> atb_self_attention(const AtbSelfAttentio
           if (pr.clamp) x = round_fp16(std::min(std::max(x, pr.clamp_min), pr.clamp_max));
           const double m = pr.mask ? pr.mask(static_cast<int>(b), i, j) : 0.0;
           // The NPU adds the mask in fp16 (DEFAULT) or fp32: -3e38 absorbs the score in fp32.
-          if (pr.fp16_scores) x = round_fp16(x + round_fp16(m));
-          else x = static_cast<double>(static_cast<float>(x) + static_cast<float>(m));
+          if (pr.fp16_scores)
+            x = round_fp16(x + round_fp16(m));
+          else
+            x = static_cast<double>(static_cast<float>(x) + static_cast<float>(m));
           s[j] = x;
         }
         double mx = -INFINITY;

@@ -31,8 +31,8 @@ struct Problem {
   std::vector<int> kv_len;  // one entry per sequence
   double scale = 1.0;
   Causal causal = Causal::kNone;
-  std::function<bool(int b, int h, int i, int j)> hidden;    // optional boolean mask
-  std::function<double(int b, int h, int i, int j)> bias;    // optional additive mask
+  std::function<bool(int b, int h, int i, int j)> hidden;  // optional boolean mask
+  std::function<double(int b, int h, int i, int j)> bias;  // optional additive mask
 };
 
 using Seqs = std::vector<std::vector<double>>;  // one dense array per sequence

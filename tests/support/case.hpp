@@ -3,7 +3,6 @@
 // attnref::attention, unpacked into the reference's per-sequence arrays.
 
 #include <attnref/attnref.hpp>
-
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -23,46 +22,65 @@ enum class MaskKind { None, Bool, BoolPerHead, Additive };
 
 inline const char* name(Dtype t) {
   switch (t) {
-    case Dtype::F32: return "f32";
-    case Dtype::F64: return "f64";
-    case Dtype::F16: return "f16";
-    case Dtype::BF16: return "bf16";
+    case Dtype::F32:
+      return "f32";
+    case Dtype::F64:
+      return "f64";
+    case Dtype::F16:
+      return "f16";
+    case Dtype::BF16:
+      return "bf16";
   }
   return "?";
 }
 inline const char* name(Lay l) {
   switch (l) {
-    case Lay::BSND: return "BSND";
-    case Lay::BNSD: return "BNSD";
-    case Lay::TND: return "TND";
-    case Lay::Padded: return "Padded";
+    case Lay::BSND:
+      return "BSND";
+    case Lay::BNSD:
+      return "BNSD";
+    case Lay::TND:
+      return "TND";
+    case Lay::Padded:
+      return "Padded";
   }
   return "?";
 }
 inline const char* name(MaskKind m) {
   switch (m) {
-    case MaskKind::None: return "NoMask";
-    case MaskKind::Bool: return "Bool";
-    case MaskKind::BoolPerHead: return "BoolPerHead";
-    case MaskKind::Additive: return "Additive";
+    case MaskKind::None:
+      return "NoMask";
+    case MaskKind::Bool:
+      return "Bool";
+    case MaskKind::BoolPerHead:
+      return "BoolPerHead";
+    case MaskKind::Additive:
+      return "Additive";
   }
   return "?";
 }
 inline const char* name(ref::Causal c) {
   switch (c) {
-    case ref::Causal::kNone: return "Dense";
-    case ref::Causal::kTopLeft: return "CausalTL";
-    case ref::Causal::kBottomRight: return "CausalBR";
+    case ref::Causal::kNone:
+      return "Dense";
+    case ref::Causal::kTopLeft:
+      return "CausalTL";
+    case ref::Causal::kBottomRight:
+      return "CausalBR";
   }
   return "?";
 }
 
 template <class T>
 constexpr Kind kind_of() {
-  if constexpr (std::is_same_v<T, double>) return Kind::F64;
-  else if constexpr (std::is_same_v<T, float>) return Kind::F32;
-  else if constexpr (std::is_same_v<T, attnref::half>) return Kind::F16;
-  else return Kind::BF16;
+  if constexpr (std::is_same_v<T, double>)
+    return Kind::F64;
+  else if constexpr (std::is_same_v<T, float>)
+    return Kind::F32;
+  else if constexpr (std::is_same_v<T, attnref::half>)
+    return Kind::F16;
+  else
+    return Kind::BF16;
 }
 
 struct Spec {
@@ -92,8 +110,10 @@ struct Spec {
 
 template <class T>
 double round_to(double x) {
-  if constexpr (std::is_same_v<T, double>) return x;
-  else return static_cast<double>(static_cast<float>(T(static_cast<float>(x))));
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return static_cast<double>(static_cast<float>(T(static_cast<float>(x))));
 }
 
 /// Reference problem + data (values already rounded to the storage type T).
@@ -182,7 +202,8 @@ template <class T>
 T poison() {
   if constexpr (std::is_same_v<T, attnref::half> || std::is_same_v<T, attnref::bfloat16>)
     return T(std::numeric_limits<float>::quiet_NaN());
-  else return std::numeric_limits<T>::quiet_NaN();
+  else
+    return std::numeric_limits<T>::quiet_NaN();
 }
 
 template <class T>
@@ -222,8 +243,10 @@ Packed<T> pack_layout(Lay layout, const std::vector<int>& len, int heads, int di
 
 template <class T>
 T from_double(double x) {
-  if constexpr (std::is_same_v<T, double>) return x;
-  else return T(static_cast<float>(x));
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return T(static_cast<float>(x));
 }
 
 template <class T>
@@ -240,8 +263,10 @@ Packed<T> pack(Lay layout, const ref::Seqs& x, const std::vector<int>& len, int 
 
 template <class T>
 double to_double(T x) {
-  if constexpr (std::is_same_v<T, double>) return x;
-  else return static_cast<double>(static_cast<float>(x));
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return static_cast<double>(static_cast<float>(x));
 }
 
 /// Library results unpacked into the reference's shapes.
@@ -266,8 +291,8 @@ LibResult run_lib(const Spec& s, const Data& d, Packed<T>* keep_o = nullptr) {
   }
   const int mq = s.max_q(), mkv = s.max_kv();
   if (!d.mbool.empty())
-    in.mask_bool = attnref::StridedView<const std::uint8_t, 4>(d.mbool.data(),
-                                                               {B, d.mask_heads, mq, mkv});
+    in.mask_bool =
+        attnref::StridedView<const std::uint8_t, 4>(d.mbool.data(), {B, d.mask_heads, mq, mkv});
   if (!d.madd.empty())
     in.mask_add = attnref::StridedView<const float, 4>(d.madd.data(), {B, 1, mq, mkv});
   attnref::AttentionParams p;
@@ -349,12 +374,12 @@ template <class T>
   const LibResult got = run_lib<T>(s, d);
   auto r = all_close(flat(want.o), flat(got.o), tolerance(kind_of<T>()), o_where(s));
   if (!r) return r << " [o]";
-  const Tolerance lt = kind_of<T>() == Kind::F64 ? Tolerance{1e-11, 1e-11}
-                                                 : Tolerance{1e-4, 1e-5};
+  const Tolerance lt = kind_of<T>() == Kind::F64 ? Tolerance{1e-11, 1e-11} : Tolerance{1e-4, 1e-5};
   r = all_close(flat(want.lse), flat(got.lse), lt);
   if (!r) return r << " [lse]";
   if (s.want_probs) {
-    r = all_close(flat(want.p), flat(got.p), kind_of<T>() == Kind::F64 ? lt : Tolerance{1e-5, 1e-4});
+    r = all_close(flat(want.p), flat(got.p),
+                  kind_of<T>() == Kind::F64 ? lt : Tolerance{1e-5, 1e-4});
     if (!r) return r << " [probs]";
   }
   return ::testing::AssertionSuccess();

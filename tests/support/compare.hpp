@@ -30,10 +30,14 @@ enum class Kind { F64, F32, F16, BF16 };
 
 inline Tolerance tolerance(Kind out) {
   switch (out) {
-    case Kind::F64: return {1e-12, 1e-12};
-    case Kind::F32: return {2e-5, 2e-5};
-    case Kind::F16: return {1e-3, 1e-3};
-    case Kind::BF16: return {8e-3, 8e-3};
+    case Kind::F64:
+      return {1e-12, 1e-12};
+    case Kind::F32:
+      return {2e-5, 2e-5};
+    case Kind::F16:
+      return {1e-3, 1e-3};
+    case Kind::BF16:
+      return {8e-3, 8e-3};
   }
   return {0, 0};
 }
@@ -87,9 +91,10 @@ inline ::testing::AssertionResult all_close(const std::vector<double>& expected,
   os.precision(10);
   os << bad << " of " << expected.size() << " elements outside atol " << tol.atol << " + rtol "
      << tol.rtol;
-  if (bad) os << "; worst " << at(worst) << " (|diff| " << std::fabs(expected[worst] - actual[worst]) << ")";
-  if (nan_mismatch)
-    os << "; " << nan_mismatch << " NaN/Inf mismatches, first " << at(first_nan);
+  if (bad)
+    os << "; worst " << at(worst) << " (|diff| " << std::fabs(expected[worst] - actual[worst])
+       << ")";
+  if (nan_mismatch) os << "; " << nan_mismatch << " NaN/Inf mismatches, first " << at(first_nan);
   return ::testing::AssertionFailure() << os.str();
 }
 
@@ -106,10 +111,9 @@ template <class T>
     }
   }
   if (diff == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << diff << " of " << a.size()
-                                       << " elements differ bitwise; first at " << first << ": "
-                                       << static_cast<double>(a[first]) << " vs "
-                                       << static_cast<double>(b[first]);
+  return ::testing::AssertionFailure()
+         << diff << " of " << a.size() << " elements differ bitwise; first at " << first << ": "
+         << static_cast<double>(a[first]) << " vs " << static_cast<double>(b[first]);
 }
 
 }  // namespace support

@@ -48,9 +48,9 @@ struct SelfAttentionInputs {
   StridedView<const T, 3> query;
   StridedView<const T, 3> key;
   StridedView<const T, 3> value;
-  std::vector<Index> seq_len;          ///< seqLen [batch]
-  StridedView<const T, 3> mask{};      ///< NORM mask (see above)
-  StridedView<const float, 1> log_n{}; ///< logN (scaleType LOGN)
+  std::vector<Index> seq_len;           ///< seqLen [batch]
+  StridedView<const T, 3> mask{};       ///< NORM mask (see above)
+  StridedView<const float, 1> log_n{};  ///< logN (scaleType LOGN)
 };
 
 template <class T>
@@ -112,8 +112,7 @@ template <class T>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
                     const SelfAttentionOutputs<T>& out) {
   using P = SelfAttentionParams;
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> ||
-                    std::is_same_v<T, float>,
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "self_attention data: half, bfloat16 or float");
   constexpr const char* fn = "self_attention";
   validate(params);
@@ -144,9 +143,9 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   const Index want_kv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
   ATTNREF_CHECK(nkv == want_kv, std::invalid_argument, fn, "key.shape[1]",
                 "mismatch with params.num_kv_heads", want_kv, nkv);
-  ATTNREF_CHECK(in.key.size(0) == tokens && in.value.size(0) == tokens, std::invalid_argument,
-                fn, "key/value.shape[0]", "mismatch with query (PaEncoder: q_len == kv_len)",
-                tokens, in.key.size(0));
+  ATTNREF_CHECK(in.key.size(0) == tokens && in.value.size(0) == tokens, std::invalid_argument, fn,
+                "key/value.shape[0]", "mismatch with query (PaEncoder: q_len == kv_len)", tokens,
+                in.key.size(0));
   const Index batch = static_cast<Index>(in.seq_len.size());
   ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "seq_len", "empty", ">= 1 sequence", 0);
   std::vector<Index> cu(1, 0);
@@ -160,15 +159,14 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   }
   ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
                 "sum mismatch with query.shape[0]", tokens, cu.back());
-  const bool fp16_scores =
-      std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
+  const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
   if (params.mask_type == P::MaskType::Norm) {
     ATTNREF_CHECK(!in.mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM",
                   "a [maxSeq, maxSeq] or [batch, maxSeq, maxSeq] mask", "none");
     ATTNREF_CHECK(in.mask.size(0) == 1 || in.mask.size(0) == batch, std::invalid_argument, fn,
                   "mask.shape[0]", "mismatch", "1 or " + std::to_string(batch), in.mask.size(0));
-    ATTNREF_CHECK(in.mask.size(1) >= max_seq && in.mask.size(2) >= max_seq,
-                  std::invalid_argument, fn, "mask.shape[1:]", "smaller than the longest sequence",
+    ATTNREF_CHECK(in.mask.size(1) >= max_seq && in.mask.size(2) >= max_seq, std::invalid_argument,
+                  fn, "mask.shape[1:]", "smaller than the longest sequence",
                   ">= " + std::to_string(max_seq), std::min(in.mask.size(1), in.mask.size(2)));
   }
   if (params.scale_type == P::ScaleType::LogN) {
@@ -179,8 +177,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
                   in.log_n.size(0));
   }
   const std::array<Index, 3> out_shape{tokens, nh, dv};
-  ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape",
-                "mismatch", detail::shape_str<3>(out_shape), detail::shape_str(out.out));
+  ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape", "mismatch",
+                detail::shape_str<3>(out_shape), detail::shape_str(out.out));
 
   // Map onto the engine: packed (TND) views with a unit batch dimension.
   auto tnd = [](auto v) {

@@ -83,10 +83,10 @@ struct SelfAttentionParams {
     Swa = 1    ///< CACHE_TYPE_SWA: rolling cache of window_size slots
   };
 
-  int num_heads = 0;     ///< headNum
-  int num_kv_heads = 0;  ///< kvHeadNum (0: same as num_heads)
-  float q_scale = 1.0f;  ///< qScale: multiplies q
-  float qk_scale = 1.0f; ///< qkScale ("tor"): multiplies q·k
+  int num_heads = 0;                     ///< headNum
+  int num_kv_heads = 0;                  ///< kvHeadNum (0: same as num_heads)
+  float q_scale = 1.0f;                  ///< qScale: multiplies q
+  float qk_scale = 1.0f;                 ///< qkScale ("tor"): multiplies q·k
   bool batch_run_status_enable = false;  ///< batchRunStatusEnable
   std::uint32_t is_triu_mask = 0;        ///< isTriuMask
   CalcType calc_type = CalcType::Undefined;
@@ -102,31 +102,32 @@ struct SelfAttentionParams {
   InputLayout input_layout = InputLayout::BSND;
   std::int64_t mla_v_head_size = 0;  ///< mlaVHeadSize, [0, 576]
   CacheType cache_type = CacheType::Norm;
-  std::int64_t window_size = 0;      ///< windowSize (> 0 enables sliding-window attention)
+  std::int64_t window_size = 0;  ///< windowSize (> 0 enables sliding-window attention)
 };
 
 /// The features of the vendor's co-existence table, in its order.
 enum class SelfAttentionFeature : int {
-  BatchRun = 0,       ///< batchRunStatus (batch_run_status_enable)
-  EncDec,             ///< encoder/decoder split (calc_type Encoder or Decoder)
-  HighPrecision,      ///< kernel_type HighPrecision
-  Clamp,              ///< clamp_type MinMax
-  CompressMask,       ///< is_triu_mask, or a *Compress mask type
-  KvBypass,           ///< kvcache_cfg KBypassVBypass
-  LogN,               ///< scale_type LogN
-  QkvQuant,           ///< quant_type QkvOffline / QkvOnline
-  BNSD,               ///< input_layout BNSD
-  KvTensorList,       ///< caches passed as one tensor per batch
-  Mla,                ///< mla_v_head_size > 0
-  Swa,                ///< window_size > 0 (sliding-window attention)
+  BatchRun = 0,   ///< batchRunStatus (batch_run_status_enable)
+  EncDec,         ///< encoder/decoder split (calc_type Encoder or Decoder)
+  HighPrecision,  ///< kernel_type HighPrecision
+  Clamp,          ///< clamp_type MinMax
+  CompressMask,   ///< is_triu_mask, or a *Compress mask type
+  KvBypass,       ///< kvcache_cfg KBypassVBypass
+  LogN,           ///< scale_type LogN
+  QkvQuant,       ///< quant_type QkvOffline / QkvOnline
+  BNSD,           ///< input_layout BNSD
+  KvTensorList,   ///< caches passed as one tensor per batch
+  Mla,            ///< mla_v_head_size > 0
+  Swa,            ///< window_size > 0 (sliding-window attention)
 };
 inline constexpr int kNumSelfAttentionFeatures = 12;
 
 inline const char* to_string(SelfAttentionFeature f) {
   static constexpr const char* kNames[kNumSelfAttentionFeatures] = {
-      "batchRunStatus",  "encoder/decoder split", "high precision", "clamp",
-      "compressed mask", "kv-bypass",             "logN scaling",   "qkv full quantization",
-      "BNSD input",      "kv tensorlist",         "MLA merged kv cache", "SWA"};
+      "batchRunStatus", "encoder/decoder split", "high precision",
+      "clamp",          "compressed mask",       "kv-bypass",
+      "logN scaling",   "qkv full quantization", "BNSD input",
+      "kv tensorlist",  "MLA merged kv cache",   "SWA"};
   return kNames[static_cast<int>(f)];
 }
 
@@ -195,8 +196,8 @@ namespace detail {
 template <class E>
 inline void check_enum(const char* field, E value, int lo, int hi) {
   const int v = static_cast<int>(value);
-  ATTNREF_CHECK(v >= lo && v <= hi, std::invalid_argument, "self_attention", field,
-                "out of range", "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+  ATTNREF_CHECK(v >= lo && v <= hi, std::invalid_argument, "self_attention", field, "out of range",
+                "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
 }
 
 inline void require(bool ok, const char* field, const char* what, const std::string& expected,
@@ -224,23 +225,19 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
   const int od = static_cast<int>(p.out_data_type);
   require(od == -1 || od == 1 || od == 27, "params.out_data_type", "not supported",
           "Undefined (-1), Float16 (1) or BFloat16 (27)", std::to_string(od));
-  require(p.num_heads > 0, "params.num_heads", "not positive", ">= 1",
-          std::to_string(p.num_heads));
+  require(p.num_heads > 0, "params.num_heads", "not positive", ">= 1", std::to_string(p.num_heads));
   require(p.num_kv_heads >= 0, "params.num_kv_heads", "negative", ">= 0",
           std::to_string(p.num_kv_heads));
   if (p.num_kv_heads > 0)
-    require(p.num_heads % p.num_kv_heads == 0, "params.num_heads",
-            "not a multiple of num_kv_heads", "a multiple of " + std::to_string(p.num_kv_heads),
-            std::to_string(p.num_heads));
+    require(p.num_heads % p.num_kv_heads == 0, "params.num_heads", "not a multiple of num_kv_heads",
+            "a multiple of " + std::to_string(p.num_kv_heads), std::to_string(p.num_heads));
   require(std::isfinite(p.q_scale), "params.q_scale", "not finite", "a finite value",
           std::to_string(p.q_scale));
   require(std::isfinite(p.qk_scale), "params.qk_scale", "not finite", "a finite value",
           std::to_string(p.qk_scale));
   if (p.clamp_type == P::ClampType::MinMax)
-    require(std::isfinite(p.clamp_min) && std::isfinite(p.clamp_max) &&
-                p.clamp_min <= p.clamp_max,
-            "params.clamp_min/clamp_max", "not an interval",
-            "finite clamp_min <= clamp_max",
+    require(std::isfinite(p.clamp_min) && std::isfinite(p.clamp_max) && p.clamp_min <= p.clamp_max,
+            "params.clamp_min/clamp_max", "not an interval", "finite clamp_min <= clamp_max",
             std::to_string(p.clamp_min) + " and " + std::to_string(p.clamp_max));
   require(p.quant_type != P::QuantType::DequantFusion, "params.quant_type",
           "reserved by ATB (TYPE_DEQUANT_FUSION)", "Unquant, QkvOffline or QkvOnline",
@@ -264,12 +261,10 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
   const char* calc_names[] = {"Undefined", "Encoder", "Decoder", "PaEncoder", "PrefixEncoder"};
   const std::string calc = calc_names[static_cast<int>(p.calc_type)];
   if (p.batch_run_status_enable)
-    require(!pa, "params.calc_type", "not supported with batchRunStatus",
-            "not PaEncoder", calc);
+    require(!pa, "params.calc_type", "not supported with batchRunStatus", "not PaEncoder", calc);
   if (p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass)
     require(!pa, "params.calc_type", "not supported with kv-bypass", "not PaEncoder", calc);
-  if (p.mask_type == P::MaskType::AlibiCompress ||
-      p.mask_type == P::MaskType::AlibiCompressSqrt ||
+  if (p.mask_type == P::MaskType::AlibiCompress || p.mask_type == P::MaskType::AlibiCompressSqrt ||
       p.mask_type == P::MaskType::AlibiCompressLeftAlign)
     require(pa || p.calc_type == P::CalcType::PrefixEncoder, "params.calc_type",
             "not supported with a compressed ALiBi mask", "PaEncoder or PrefixEncoder", calc);
@@ -278,25 +273,22 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
             "not supported with logN scaling", "Decoder or PaEncoder", calc);
     if (pa)
       require(p.kernel_type == P::KernelType::HighPrecision, "params.kernel_type",
-              "must be HighPrecision for logN scaling with PaEncoder", "HighPrecision",
-              "Default");
+              "must be HighPrecision for logN scaling with PaEncoder", "HighPrecision", "Default");
   }
   if (p.quant_type == P::QuantType::QkvOffline || p.quant_type == P::QuantType::QkvOnline) {
-    require(pa, "params.calc_type", "not supported with qkv full quantization", "PaEncoder",
-            calc);
+    require(pa, "params.calc_type", "not supported with qkv full quantization", "PaEncoder", calc);
     require(p.out_data_type != P::OutDataType::Undefined, "params.out_data_type",
             "required by qkv full quantization", "Float16 or BFloat16", "Undefined");
   }
   if (p.input_layout == P::InputLayout::BNSD) {
     require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
             "must be KBypassVBypass for BNSD input", "KBypassVBypass", "KCacheVCache");
-    require(p.mask_type != P::MaskType::Undefined, "params.mask_type",
-            "must be set for BNSD input", "not Undefined", "Undefined");
+    require(p.mask_type != P::MaskType::Undefined, "params.mask_type", "must be set for BNSD input",
+            "not Undefined", "Undefined");
   }
   if (kv_tensor_list) {
     require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
-            "must be KBypassVBypass for kv tensorlist input", "KBypassVBypass",
-            "KCacheVCache");
+            "must be KBypassVBypass for kv tensorlist input", "KBypassVBypass", "KCacheVCache");
     require(p.calc_type == P::CalcType::Decoder, "params.calc_type",
             "must be Decoder for kv tensorlist input", "Decoder", calc);
   }
@@ -313,9 +305,8 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
             "SlidingWindowNorm or SlidingWindowCompress",
             std::to_string(static_cast<int>(p.mask_type)));
   if (swa_mask)
-    require(p.window_size > 0, "params.window_size",
-            "must be positive with a sliding-window mask", "> 0",
-            std::to_string(p.window_size));
+    require(p.window_size > 0, "params.window_size", "must be positive with a sliding-window mask",
+            "> 0", std::to_string(p.window_size));
   if (p.cache_type == P::CacheType::Swa)
     require(p.window_size > 0, "params.cache_type", "Swa needs sliding-window attention",
             "window_size > 0", std::to_string(p.window_size));

@@ -85,8 +85,8 @@ inline void check_no_overlap(const char* fn, const char* out_name, const Strided
 }
 
 template <class M>
-inline void check_mask(const char* fn, const char* name, const M& m, Index batch,
-                       Index num_heads, Index max_q, Index max_kv) {
+inline void check_mask(const char* fn, const char* name, const M& m, Index batch, Index num_heads,
+                       Index max_q, Index max_kv) {
   if (m.absent()) return;
   const std::string n(name);
   ATTNREF_CHECK(m.size(0) == 1 || m.size(0) == batch, std::invalid_argument, fn, n + ".shape[0]",
@@ -96,8 +96,7 @@ inline void check_mask(const char* fn, const char* name, const M& m, Index batch
   ATTNREF_CHECK(m.size(2) >= max_q, std::invalid_argument, fn, n + ".shape[2]",
                 "smaller than the longest q sequence", ">= " + std::to_string(max_q), m.size(2));
   ATTNREF_CHECK(m.size(3) >= max_kv, std::invalid_argument, fn, n + ".shape[3]",
-                "smaller than the longest kv sequence", ">= " + std::to_string(max_kv),
-                m.size(3));
+                "smaller than the longest kv sequence", ">= " + std::to_string(max_kv), m.size(3));
 }
 
 /// Compile-time element-type rules of the engine. int8 inputs are taken as their integer
@@ -145,8 +144,8 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
                 "not positive", ">= 1", g.v_head_size);
   ATTNREF_CHECK(k.size(3) == g.head_size, std::invalid_argument, fn, "k.shape[3] (head_size)",
                 "mismatch with q", g.head_size, k.size(3));
-  ATTNREF_CHECK(v.size(2) == g.num_kv_heads, std::invalid_argument, fn,
-                "v.shape[2] (num_kv_heads)", "mismatch with k", g.num_kv_heads, v.size(2));
+  ATTNREF_CHECK(v.size(2) == g.num_kv_heads, std::invalid_argument, fn, "v.shape[2] (num_kv_heads)",
+                "mismatch with k", g.num_kv_heads, v.size(2));
   ATTNREF_CHECK(v.size(1) == k.size(1), std::invalid_argument, fn, "v.shape[1] (kv sequence)",
                 "mismatch with k", k.size(1), v.size(1));
   ATTNREF_CHECK(v.size(0) == k.size(0), std::invalid_argument, fn, "v.shape[0] (batch)",
@@ -170,8 +169,8 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   if (q_packed) {
     ATTNREF_CHECK(q.size(0) == 1, std::invalid_argument, fn, "q.shape[0]",
                   "must be 1 for packed (TND) q with q_cu", 1, q.size(0));
-    ATTNREF_CHECK(seq.q.empty(), std::invalid_argument, fn, "seq.q",
-                  "given together with seq.q_cu", "empty", seq.q.size());
+    ATTNREF_CHECK(seq.q.empty(), std::invalid_argument, fn, "seq.q", "given together with seq.q_cu",
+                  "empty", seq.q.size());
     g.batch = static_cast<Index>(seq.q_cu.size()) - 1;
     ATTNREF_CHECK(g.batch >= 0, std::invalid_argument, fn, "seq.q_cu", "size mismatch",
                   ">= 1 entries", 0);
@@ -196,8 +195,10 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   for (Index b = 0; b < g.batch; ++b) {
     ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
     const size_t ub = static_cast<size_t>(b);
-    if (q_packed) s = {0, seq.q_cu[ub], seq.q_cu[ub + 1] - seq.q_cu[ub], 0, 0, 0};
-    else s = {b, 0, seq.q.empty() ? q.size(1) : seq.q[ub], 0, 0, 0};
+    if (q_packed)
+      s = {0, seq.q_cu[ub], seq.q_cu[ub + 1] - seq.q_cu[ub], 0, 0, 0};
+    else
+      s = {b, 0, seq.q.empty() ? q.size(1) : seq.q[ub], 0, 0, 0};
     if (kv_packed) {
       s.kv_batch = 0;
       s.kv_off = seq.kv_cu[ub];
@@ -291,8 +292,7 @@ void attention_with(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
                 "attention_with", "inputs.mask_add/mask_bool", "given with a custom variant",
                 "absent (the variant owns masking)", "present");
   ATTNREF_CHECK(params.causal == CausalMode::None, std::invalid_argument, "attention_with",
-                "params.causal", "set with a custom variant", "CausalMode::None",
-                "a causal mode");
+                "params.causal", "set with a custom variant", "CausalMode::None", "a causal mode");
   detail::run_attention<Acc>(in, params, out, variant, g);
 }
 

@@ -36,7 +36,7 @@ template <class Exception, class Expected, class Got>
 
 /// ATTNREF_CHECK(cond, std::invalid_argument, "attention", "q.shape[2]", "mismatch", 8, 7)
 /// throws `Exception` with the canonical message when `cond` is false.
-#define ATTNREF_CHECK(cond, Exception, function, argument, what, expected, got)     \
-  do {                                                                              \
+#define ATTNREF_CHECK(cond, Exception, function, argument, what, expected, got)                \
+  do {                                                                                         \
     if (!(cond)) ::attnref::detail::raise<Exception>(function, argument, what, expected, got); \
   } while (false)

@@ -23,10 +23,14 @@ enum class Layout { BSND, BSH, BNSD, TND };
 
 inline const char* to_string(Layout layout) {
   switch (layout) {
-    case Layout::BSND: return "BSND";
-    case Layout::BSH: return "BSH";
-    case Layout::BNSD: return "BNSD";
-    case Layout::TND: return "TND";
+    case Layout::BSND:
+      return "BSND";
+    case Layout::BSH:
+      return "BSH";
+    case Layout::BNSD:
+      return "BNSD";
+    case Layout::TND:
+      return "TND";
   }
   return "?";
 }
@@ -56,11 +60,13 @@ StridedView<T, 4> tnd_view(T* data, Index tokens, Index heads, Index head_size) 
 /// is the total token count T. BSH is BSND with N*D merged.
 template <class T>
 StridedView<T, 4> make_qkv_view(T* data, Layout layout, Index batch, Index seq, Index heads,
-                                 Index head_size) {
+                                Index head_size) {
   switch (layout) {
     case Layout::BSND:
-    case Layout::BSH: return bsnd_view(data, batch, seq, heads, head_size);
-    case Layout::BNSD: return bnsd_view(data, batch, heads, seq, head_size);
+    case Layout::BSH:
+      return bsnd_view(data, batch, seq, heads, head_size);
+    case Layout::BNSD:
+      return bnsd_view(data, batch, heads, seq, head_size);
     case Layout::TND:
       ATTNREF_CHECK(batch == 1, std::invalid_argument, "make_qkv_view", "batch",
                     "must be 1 for layout TND (packed tokens)", 1, batch);

@@ -31,9 +31,7 @@ struct SoftmaxState {
   Acc l = Acc(0);
 
   /// Natural-log LSE of the keys seen so far; -inf when none was visible.
-  Acc lse() const {
-    return l > Acc(0) ? m + std::log(l) : -std::numeric_limits<Acc>::infinity();
-  }
+  Acc lse() const { return l > Acc(0) ? m + std::log(l) : -std::numeric_limits<Acc>::infinity(); }
   /// 1 / l, or 0 when no key was visible (so the normalised output is 0).
   Acc inv_l() const { return l > Acc(0) ? Acc(1) / l : Acc(0); }
 };

@@ -6,7 +6,6 @@
 /// tile, never per element in an inner loop.
 
 #include <Eigen/Core>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -33,23 +32,33 @@ inline constexpr bool is_compute_type_v = std::is_same_v<T, float> || std::is_sa
 template <class T>
 constexpr const char* dtype_name() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return "f32";
-  else if constexpr (std::is_same_v<U, double>) return "f64";
-  else if constexpr (std::is_same_v<U, half>) return "f16";
-  else if constexpr (std::is_same_v<U, bfloat16>) return "bf16";
-  else if constexpr (std::is_same_v<U, std::int8_t>) return "i8";
-  else if constexpr (std::is_same_v<U, std::uint8_t>) return "u8";
-  else if constexpr (std::is_same_v<U, std::int32_t>) return "i32";
-  else return "?";
+  if constexpr (std::is_same_v<U, float>)
+    return "f32";
+  else if constexpr (std::is_same_v<U, double>)
+    return "f64";
+  else if constexpr (std::is_same_v<U, half>)
+    return "f16";
+  else if constexpr (std::is_same_v<U, bfloat16>)
+    return "bf16";
+  else if constexpr (std::is_same_v<U, std::int8_t>)
+    return "i8";
+  else if constexpr (std::is_same_v<U, std::uint8_t>)
+    return "u8";
+  else if constexpr (std::is_same_v<U, std::int32_t>)
+    return "i32";
+  else
+    return "?";
 }
 
 /// Converts a storage value to a compute type (exact for every supported pair).
 template <class To, class From>
 inline To convert(From x) {
-  if constexpr (std::is_same_v<To, From>) return x;
+  if constexpr (std::is_same_v<To, From>)
+    return x;
   else if constexpr (std::is_same_v<From, half> || std::is_same_v<From, bfloat16>)
     return static_cast<To>(static_cast<float>(x));
-  else return static_cast<To>(x);
+  else
+    return static_cast<To>(x);
 }
 
 }  // namespace attnref

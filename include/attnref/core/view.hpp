@@ -112,8 +112,10 @@ std::array<std::uintptr_t, 2> byte_range(const StridedView<T, Rank>& v) {
   Index lo = 0, hi = 0;
   for (int d = 0; d < Rank; ++d) {
     const Index span = (v.size(d) - 1) * v.stride(d);
-    if (span < 0) lo += span;
-    else hi += span;
+    if (span < 0)
+      lo += span;
+    else
+      hi += span;
   }
   const auto base = reinterpret_cast<std::uintptr_t>(v.data());
   const auto esz = static_cast<Index>(sizeof(T));

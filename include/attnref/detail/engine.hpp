@@ -10,14 +10,13 @@
 /// O += P·V (Eigen GEMM). Sequences with a single q tile (decode) are split along kv into fixed
 /// `kv_split`-key partials that are merged in split order afterwards (split-KV).
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
-
-#include <Eigen/Core>
 
 #include "attnref/attention/params.hpp"
 #include "attnref/attention/variant.hpp"
@@ -46,7 +45,7 @@ inline void load_row(const T* src, Index stride, Index n, Acc* dst, Acc mul) {
   if constexpr (std::is_same_v<Acc, float> &&
                 (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)) {
     if (stride == 1 && simd::enabled()) {  // same bits as the portable conversion
-      simd::to_float(src, n, dst);  // exact, same bits as the portable path
+      simd::to_float(src, n, dst);         // exact, same bits as the portable path
       if (mul != Acc(1)) ArrayMap<Acc>(dst, n) *= mul;
       return;
     }
@@ -54,12 +53,16 @@ inline void load_row(const T* src, Index stride, Index n, Acc* dst, Acc mul) {
   if (stride == 1) {
     using Src = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
     if constexpr (std::is_same_v<T, Acc>) {
-      if (mul == Acc(1)) ArrayMap<Acc>(dst, n) = Src(src, n);
-      else ArrayMap<Acc>(dst, n) = Src(src, n) * mul;
+      if (mul == Acc(1))
+        ArrayMap<Acc>(dst, n) = Src(src, n);
+      else
+        ArrayMap<Acc>(dst, n) = Src(src, n) * mul;
     } else if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       // fp16/bf16 -> float is exact; one more cast for double.
-      if (mul == Acc(1)) ArrayMap<Acc>(dst, n) = Src(src, n).template cast<float>().template cast<Acc>();
-      else ArrayMap<Acc>(dst, n) = Src(src, n).template cast<float>().template cast<Acc>() * mul;
+      if (mul == Acc(1))
+        ArrayMap<Acc>(dst, n) = Src(src, n).template cast<float>().template cast<Acc>();
+      else
+        ArrayMap<Acc>(dst, n) = Src(src, n).template cast<float>().template cast<Acc>() * mul;
     } else {
       ArrayMap<Acc>(dst, n) = Src(src, n).template cast<Acc>() * mul;
     }
@@ -72,7 +75,8 @@ template <class TO, class Acc>
 inline TO to_output(Acc x) {
   if constexpr (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)
     return TO(static_cast<float>(x));
-  else return static_cast<TO>(x);
+  else
+    return static_cast<TO>(x);
 }
 
 /// Stores an Acc row into the output type.
@@ -81,10 +85,12 @@ inline void store_row(const Acc* src, Acc mul, Index n, TO* dst, Index stride) {
   if (stride == 1) {
     using Dst = Eigen::Map<Eigen::Array<TO, Eigen::Dynamic, 1>>;
     using Src = Eigen::Map<const Eigen::Array<Acc, Eigen::Dynamic, 1>>;
-    if constexpr (std::is_same_v<TO, Acc>) Dst(dst, n) = Src(src, n) * mul;
+    if constexpr (std::is_same_v<TO, Acc>)
+      Dst(dst, n) = Src(src, n) * mul;
     else if constexpr (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)
       Dst(dst, n) = (Src(src, n) * mul).template cast<float>().template cast<TO>();
-    else Dst(dst, n) = (Src(src, n) * mul).template cast<TO>();
+    else
+      Dst(dst, n) = (Src(src, n) * mul).template cast<TO>();
   } else {
     for (Index i = 0; i < n; ++i) dst[i] = to_output<TO>(src[i] * mul);
   }
@@ -92,7 +98,7 @@ inline void store_row(const Acc* src, Acc mul, Index n, TO* dst, Index stride) {
 
 /// A sequence resolved against its views: where its tokens start and how many there are.
 struct ResolvedSeq {
-  Index q_batch, q_off, q_len;     // view batch index, first token, length
+  Index q_batch, q_off, q_len;  // view batch index, first token, length
   Index kv_batch, kv_off, kv_len;
 };
 
@@ -119,8 +125,8 @@ struct Engine {
   const Variant& var;
   const Geometry& g;
   Acc scale;
-  Index max_heads;     // kv heads per item, at most
-  simd::Level level;   // hand-vectorised level in use for this call (Portable: none)
+  Index max_heads;    // kv heads per item, at most
+  simd::Level level;  // hand-vectorised level in use for this call (Portable: none)
 
   static constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   static constexpr bool kMapK = std::is_same_v<TKV, Acc>;
@@ -167,8 +173,7 @@ struct Engine {
     ws.s.resize(static_cast<size_t>(rows * ld()));
     ws.flags.resize(static_cast<size_t>(rows * ld()));
     if (!kMapK || in.k.stride(3) != 1) ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
-    if (!kMapK || in.v.stride(3) != 1)
-      ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
+    if (!kMapK || in.v.stride(3) != 1) ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
     return ws;
   }
 
@@ -205,26 +210,27 @@ struct Engine {
     if (small(rows)) {
       if constexpr (std::is_same_v<Acc, float>) {
         simd::with_vector(level, [&](auto vec) {
-        using V = decltype(vec);
-        simd::with_rows(rows, [&](auto R) {
-          // Tokens per step: R * kTokens accumulators, at most half the vector registers.
-          constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
-          constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
-          Index c = 0;
-          for (; c + kTokens <= cols; c += kTokens)
-            for (Index h = h0; h < h1; ++h) {
-              const Head hd = head(ws, it, h);
-              const TKV* k[kTokens];
-              for (int t = 0; t < kTokens; ++t) k[t] = in.k.ptr(s.kv_batch, s.kv_off + j0 + c + t, h, 0);
-              simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
-            }
-          for (; c < cols; ++c)
-            for (Index h = h0; h < h1; ++h) {
-              const Head hd = head(ws, it, h);
-              const TKV* k[1] = {in.k.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0)};
-              simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
-            }
-        });
+          using V = decltype(vec);
+          simd::with_rows(rows, [&](auto R) {
+            // Tokens per step: R * kTokens accumulators, at most half the vector registers.
+            constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
+            constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
+            Index c = 0;
+            for (; c + kTokens <= cols; c += kTokens)
+              for (Index h = h0; h < h1; ++h) {
+                const Head hd = head(ws, it, h);
+                const TKV* k[kTokens];
+                for (int t = 0; t < kTokens; ++t)
+                  k[t] = in.k.ptr(s.kv_batch, s.kv_off + j0 + c + t, h, 0);
+                simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
+              }
+            for (; c < cols; ++c)
+              for (Index h = h0; h < h1; ++h) {
+                const Head hd = head(ws, it, h);
+                const TKV* k[1] = {in.k.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0)};
+                simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
+              }
+          });
         });
       }
       return;
@@ -270,8 +276,7 @@ struct Engine {
       const Index h = hd.kv_head * g.group + gi;
       for (Index t = 0; t < nq; ++t) {
         const TQ* src = in.q.ptr(s.q_batch, s.q_off + q0 + t, h, 0);
-        load_row<Acc>(src, in.q.stride(3), g.head_size, hd.q + (gi * nq + t) * g.head_size,
-                      scale);
+        load_row<Acc>(src, in.q.stride(3), g.head_size, hd.q + (gi * nq + t) * g.head_size, scale);
       }
     }
   }
@@ -309,43 +314,40 @@ struct Engine {
     const Index dv = g.v_head_size;
     if (small(rows)) {  // stream V token by token across the heads, four tokens at a time
       if constexpr (std::is_same_v<Acc, float>) {
-        auto vrow = [&](Index h, Index c) {
-          return in.v.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0);
-        };
+        auto vrow = [&](Index h, Index c) { return in.v.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0); };
         auto seen_by = [&](const Head& hd, Index c) {
           Index n = 0;
           for (Index r = 0; r < rows; ++r) n += hd.f[r * ld() + c] == 0 ? 1 : 0;
           return n;
         };
         simd::with_vector(level, [&](auto vec) {
-        using V = decltype(vec);
-        simd::with_rows(rows, [&](auto R) {
-          for (Index c = 0; c < cols; c += 4) {
-            const Index n = std::min<Index>(4, cols - c);
-            for (Index h = h0; h < h1; ++h) {
-              const Head hd = head(ws, it, h);
-              bool all = n == 4;
-              for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
-              if (all) {
-                const TKV* v4[4] = {vrow(h, c), vrow(h, c + 1), vrow(h, c + 2), vrow(h, c + 3)};
-                simd::axpy_rows<V, R(), 4>(hd.s + c, ld(), v4, dv, hd.o, dv);
-                continue;
-              }
-              for (Index k = c; k < c + n; ++k) {
-                const Index seen = partial ? seen_by(hd, k) : rows;
-                const TKV* v1[1] = {vrow(h, k)};
-                if (seen == rows) {
-                  simd::axpy_rows<V, R(), 1>(hd.s + k, ld(), v1, dv, hd.o, dv);
-                } else if (seen > 0) {
-                  for (Index r = 0; r < rows; ++r)
-                    if (hd.f[r * ld() + k] == 0)
-                      simd::axpy_rows<V, 1, 1>(hd.s + r * ld() + k, 0, v1, dv,
-                                            hd.o + r * dv, 0);
+          using V = decltype(vec);
+          simd::with_rows(rows, [&](auto R) {
+            for (Index c = 0; c < cols; c += 4) {
+              const Index n = std::min<Index>(4, cols - c);
+              for (Index h = h0; h < h1; ++h) {
+                const Head hd = head(ws, it, h);
+                bool all = n == 4;
+                for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
+                if (all) {
+                  const TKV* v4[4] = {vrow(h, c), vrow(h, c + 1), vrow(h, c + 2), vrow(h, c + 3)};
+                  simd::axpy_rows<V, R(), 4>(hd.s + c, ld(), v4, dv, hd.o, dv);
+                  continue;
+                }
+                for (Index k = c; k < c + n; ++k) {
+                  const Index seen = partial ? seen_by(hd, k) : rows;
+                  const TKV* v1[1] = {vrow(h, k)};
+                  if (seen == rows) {
+                    simd::axpy_rows<V, R(), 1>(hd.s + k, ld(), v1, dv, hd.o, dv);
+                  } else if (seen > 0) {
+                    for (Index r = 0; r < rows; ++r)
+                      if (hd.f[r * ld() + k] == 0)
+                        simd::axpy_rows<V, 1, 1>(hd.s + r * ld() + k, 0, v1, dv, hd.o + r * dv, 0);
+                  }
                 }
               }
             }
-          }
-        });
+          });
         });
       }
       return;
@@ -409,8 +411,7 @@ struct Engine {
           const Index i = it.q_begin + t;
           store_row<TO>(o + r * g.v_head_size, st[r].inv_l(), g.v_head_size,
                         out.o.ptr(s.q_batch, s.q_off + i, h, 0), out.o.stride(3));
-          if (!out.lse.absent())
-            out.lse(s.q_batch, h, s.q_off + i) = static_cast<TS>(st[r].lse());
+          if (!out.lse.absent()) out.lse(s.q_batch, h, s.q_off + i) = static_cast<TS>(st[r].lse());
         }
       }
   }
@@ -481,8 +482,8 @@ inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, 
         const Index n_split = std::min(kMaxSplits, (s.kv_len + g.kv_split - 1) / g.kv_split);
         const Index len = (s.kv_len + n_split - 1) / n_split;
         for (Index k0 = 0; k0 < s.kv_len; k0 += len)
-          items.push_back({b, h, h + heads, q0, q1, k0, std::min(s.kv_len, k0 + len),
-                           num_partials++});
+          items.push_back(
+              {b, h, h + heads, q0, q1, k0, std::min(s.kv_len, k0 + len), num_partials++});
       }
     }
   }
@@ -497,8 +498,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
   const int threads = resolve_threads(p.num_threads);
   const bool want_probs = !out.probs.absent();
   Index num_partials = 0, max_heads = 1;
-  std::vector<WorkItem> items =
-      make_items(g, num_partials, /*allow_split=*/!want_probs, max_heads);
+  std::vector<WorkItem> items = make_items(g, num_partials, /*allow_split=*/!want_probs, max_heads);
   const E eng{in, out, var, g, static_cast<Acc>(p.scale), max_heads, simd::level()};
 
   // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
@@ -526,8 +526,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
           if (want_probs) eng.write_probs(ws, it);
         } else {
           const Index n = g.group * (it.q_end - it.q_begin) * (it.head_end - it.head_begin);
-          std::copy(ws.o.begin(), ws.o.begin() + n * dv,
-                    part_o.begin() + it.partial * rows * dv);
+          std::copy(ws.o.begin(), ws.o.begin() + n * dv, part_o.begin() + it.partial * rows * dv);
           std::copy(ws.st.begin(), ws.st.begin() + n, part_st.begin() + it.partial * rows);
         }
       });
