@@ -293,7 +293,7 @@ TEST(SelfAttentionPaEncoder, BadInputIsRejectedBeforeWriting) {
   p.num_heads = 4;
   expect("query.shape[1] mismatch with params.num_heads: expected 4, got 2");
   p.num_heads = 2;
-  p.calc_type = P::CalcType::Encoder;
+  p.calc_type = P::CalcType::PrefixEncoder;
   expect("params.calc_type not implemented yet");
 }
 

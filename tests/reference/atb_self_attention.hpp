@@ -13,12 +13,14 @@ namespace ref {
 
 struct AtbSelfAttention {
   int num_heads = 1, num_kv_heads = 1, head_size = 1, v_head_size = 1;
-  std::vector<int> seq_len;
+  std::vector<int> seq_len;  // queries per sequence
+  std::vector<int> kv_len;   // keys per sequence (empty: = seq_len)
   double q_scale = 1.0, qk_scale = 1.0;
   bool fp16_scores = false;  // kernelType DEFAULT with fp16 data
   bool clamp = false;
   double clamp_min = 0.0, clamp_max = 0.0;
-  std::vector<float> log_n;  // empty: scaleType TOR
+  std::vector<float> log_n;      // empty: scaleType TOR
+  bool log_n_per_batch = false;  // DECODER: log_n[b], else log_n[query position]
   // Mask term added to the score of (sequence b, query i, key j), already multiplied by the
   // encoding's coefficient (binary x -3e38, or the additive fp16 value).
   std::function<double(int b, int i, int j)> mask;
@@ -40,12 +42,14 @@ inline std::vector<std::vector<double>> atb_self_attention(
   std::vector<std::vector<double>> o(pr.seq_len.size());
   for (size_t b = 0; b < pr.seq_len.size(); ++b) {
     const int L = pr.seq_len[b];
+    const int KL = pr.kv_len.empty() ? L : pr.kv_len[b];
     o[b].assign(static_cast<size_t>(L) * N * Dv, 0.0);
+    if (KL == 0) continue;
     for (int h = 0; h < N; ++h) {
       const int hk = h / G;
       for (int i = 0; i < L; ++i) {
-        std::vector<double> s(L);
-        for (int j = 0; j < L; ++j) {
+        std::vector<double> s(KL);
+        for (int j = 0; j < KL; ++j) {
           double dot = 0.0;
           for (int d = 0; d < D; ++d)
             dot += pr.to_dtype(q[b][(static_cast<size_t>(i) * N + h) * D + d] * pr.q_scale) *
@@ -55,7 +59,8 @@ inline std::vector<std::vector<double>> atb_self_attention(
             x = round_fp16(x);
             x = round_fp16(x * round_fp16(pr.qk_scale));
           } else {
-            if (!pr.log_n.empty()) x *= pr.log_n[static_cast<size_t>(i)];
+            if (!pr.log_n.empty())
+              x *= pr.log_n[static_cast<size_t>(pr.log_n_per_batch ? static_cast<int>(b) : i)];
             x *= pr.qk_scale;
           }
           if (pr.clamp) x = round_fp16(std::min(std::max(x, pr.clamp_min), pr.clamp_max));
@@ -71,7 +76,7 @@ inline std::vector<std::vector<double>> atb_self_attention(
         for (double x : s) mx = std::max(mx, x);
         double sum = 0.0;
         for (double& x : s) sum += (x = std::exp(x - mx));
-        for (int j = 0; j < L; ++j)
+        for (int j = 0; j < KL; ++j)
           for (int e = 0; e < Dv; ++e)
             o[b][(static_cast<size_t>(i) * N + h) * Dv + e] +=
                 s[j] / sum * v[b][(static_cast<size_t>(j) * Nk + hk) * Dv + e];

@@ -1,18 +1,26 @@
 #pragma once
 /// attnref::self_attention — ATB SelfAttentionOperation on the attention engine.
 ///
-/// Implemented so far: calcType PA_ENCODER (packed tokens, no cache) with maskType UNDEFINED,
+/// Implemented so far: calcType PA_ENCODER (packed tokens, no cache) and ENCODER / DECODER /
+/// UNDEFINED (KV caches, written then read; kv-bypass; batchRunStatus) with maskType UNDEFINED,
 /// NORM and CAUSAL_MASK, qScale, qkScale, logN (scaleType LOGN), clamp, GQA, kernelType DEFAULT
 /// (fp16 score path) and HIGH_PRECISION. Every other calcType / mask / feature is validated
 /// (attnref::validate(SelfAttentionParams)) and then rejected as not implemented yet.
 ///
-/// Shapes (PA_ENCODER, BSND):
-///   query  [nTokens, headNum, headSize]      tokens of all sequences packed by seq_len
-///   key    [nTokens, kvHeadNum, headSize]
-///   value  [nTokens, kvHeadNum, headSizeV]
-///   mask   NORM: [maxSeq, maxSeq] (as [1, maxSeq, maxSeq]) or [batch, maxSeq, maxSeq]
-///   log_n  LOGN: [maxSeqLen] float, row i of each sequence is scaled by log_n[i]
-///   out    [nTokens, headNum, headSizeV]
+/// Shapes (BSND):
+///   query        [nTokens, headNum, headSize]   tokens of all sequences packed by seq_len
+///   key, value   [nTokens, kvHeadNum, headSize(V)] the new tokens (absent with kv-bypass)
+///   key_cache,   [layerNum, batch, maxSeqLen, kvHeadNum * headSize(V)] (ENCODER / DECODER /
+///   value_cache   UNDEFINED): the new tokens of sequence b go to rows
+///                 token_offset[b] - seq_len[b] + j of layer layer_id, then attention runs over
+///                 rows [0, token_offset[b]); with kv-bypass nothing is written
+///   mask         NORM: [maxSeq, maxSeq] (as [1, maxSeq, maxSeq]), [batch, maxSeq, maxSeq], or
+///                decoder [batch, 1, maxSeq]; sliced top-left (rows = query positions, columns =
+///                key positions of the sequence)
+///   log_n        LOGN: float, [maxSeqLen] per query position (PA_ENCODER) or [batch] (DECODER)
+///   out          [nTokens, headNum, headSizeV]
+/// batchRunStatus (batch_run_status_enable): a sequence with status 0 gets zero output rows and
+/// no cache write (semantics.md §2.7, the choice of §10 item 4).
 ///
 /// Per sequence b, head h, query i, key j (semantics.md §2.2–2.3):
 ///   s = (q_i · qScale) · k_j  (fp32 accumulation)
@@ -46,16 +54,21 @@ namespace attnref {
 template <class T>
 struct SelfAttentionInputs {
   StridedView<const T, 3> query;
-  StridedView<const T, 3> key;
-  StridedView<const T, 3> value;
-  std::vector<Index> seq_len;           ///< seqLen [batch]
-  StridedView<const T, 3> mask{};       ///< NORM mask (see above)
-  StridedView<const float, 1> log_n{};  ///< logN (scaleType LOGN)
+  StridedView<const T, 3> key{};  ///< new tokens (absent with kv-bypass)
+  StridedView<const T, 3> value{};
+  std::vector<Index> seq_len;                    ///< seqLen [batch]
+  StridedView<const T, 3> mask{};                ///< NORM mask (see above)
+  StridedView<const float, 1> log_n{};           ///< logN (scaleType LOGN)
+  std::vector<Index> token_offset{};             ///< tokenOffset [batch] (cache calcTypes)
+  Index layer_id = 0;                            ///< layerId (cache calcTypes)
+  std::vector<std::int32_t> batch_run_status{};  ///< batchRunStatus [batch], 0 or 1
 };
 
 template <class T>
 struct SelfAttentionOutputs {
-  StridedView<T, 3> out;  ///< [nTokens, headNum, headSizeV]
+  StridedView<T, 3> out;          ///< [nTokens, headNum, headSizeV]
+  StridedView<T, 4> key_cache{};  ///< read and (unless kv-bypass) written
+  StridedView<T, 4> value_cache{};
 };
 
 namespace detail {
@@ -69,6 +82,7 @@ struct AtbSelfAttentionVariant {
   float mask_coeff;                   // -3e38 (binary masks) or 1 (additive fp16 masks)
   StridedView<const T, 3> mask;       // NORM mask, absent otherwise
   StridedView<const float, 1> log_n;  // LOGN, absent otherwise
+  bool log_n_per_batch;               // DECODER: one logN value per sequence
 
   static constexpr float kMaskValue = -3e38f;
 
@@ -87,7 +101,7 @@ struct AtbSelfAttentionVariant {
       s = fp16(s);
       s = fp16(s * fp16(p->qk_scale));
     } else {
-      if (!log_n.absent()) s *= log_n(c.q);
+      if (!log_n.absent()) s *= log_n(log_n_per_batch ? c.batch : c.q);
       s *= p->qk_scale;
     }
     if (p->clamp_type == P::ClampType::MinMax)
@@ -104,10 +118,24 @@ struct AtbSelfAttentionVariant {
   }
 };
 
+/// [layer, batch, maxSeq, heads * d] cache -> engine view [batch, maxSeq, heads, d] of one layer.
+template <class E>
+StridedView<E, 4> cache_layer(const StridedView<E, 4>& c, Index layer, Index heads, Index d) {
+  return StridedView<E, 4>(c.data() + layer * c.stride(0), {c.size(1), c.size(2), heads, d},
+                           {c.stride(1), c.stride(2), d * c.stride(3), c.stride(3)});
+}
+
+/// [n, a, b] -> engine view [1, n, a, b] (packed tokens).
+template <class E>
+StridedView<E, 4> packed(const StridedView<E, 3>& v) {
+  return StridedView<E, 4>(v.data(), {1, v.size(0), v.size(1), v.size(2)},
+                           {0, v.stride(0), v.stride(1), v.stride(2)});
+}
+
 }  // namespace detail
 
 /// ATB SelfAttention. Validates the params (co-existence table and constraints) and every input
-/// before writing anything. T: half or bfloat16 (the NPU's data types) or float.
+/// before writing anything (caches included). T: half or bfloat16 (the NPU's data types) or float.
 template <class T>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
                     const SelfAttentionOutputs<T>& out) {
@@ -120,8 +148,10 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     ATTNREF_CHECK(ok, std::invalid_argument, fn, field, "not implemented yet",
                   "what this version implements", got);
   };
-  not_yet(params.calc_type == P::CalcType::PaEncoder, "params.calc_type",
-          std::to_string(static_cast<int>(params.calc_type)) + " (only PaEncoder so far)");
+  const bool pa = params.calc_type == P::CalcType::PaEncoder;
+  const bool decoder = params.calc_type == P::CalcType::Decoder;
+  const bool bypass = params.kvcache_cfg == P::KvCacheCfg::KBypassVBypass;
+  not_yet(params.calc_type != P::CalcType::PrefixEncoder, "params.calc_type", "PrefixEncoder");
   not_yet(params.mask_type == P::MaskType::Undefined || params.mask_type == P::MaskType::Norm ||
               params.mask_type == P::MaskType::CausalMask,
           "params.mask_type",
@@ -130,62 +160,115 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   not_yet(params.is_triu_mask == 0, "params.is_triu_mask", "1");
   not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type", "quantized");
   not_yet(params.mla_v_head_size == 0, "params.mla_v_head_size", "> 0");
+  not_yet(params.input_layout == P::InputLayout::BSND, "params.input_layout", "BNSD");
 
+  // Sizes.
   const Index tokens = in.query.size(0);
   const Index nh = in.query.size(1), d = in.query.size(2);
-  const Index nkv = in.key.size(1), dv = in.value.size(2);
+  const Index nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
+  const Index dv = out.out.size(2);
   ATTNREF_CHECK(nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
                 "mismatch with params.num_heads", params.num_heads, nh);
-  ATTNREF_CHECK(in.key.size(2) == d, std::invalid_argument, fn, "key.shape[2] (head_size)",
-                "mismatch with query", d, in.key.size(2));
-  ATTNREF_CHECK(in.value.size(1) == nkv, std::invalid_argument, fn, "value.shape[1]",
-                "mismatch with key", nkv, in.value.size(1));
-  const Index want_kv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
-  ATTNREF_CHECK(nkv == want_kv, std::invalid_argument, fn, "key.shape[1]",
-                "mismatch with params.num_kv_heads", want_kv, nkv);
-  ATTNREF_CHECK(in.key.size(0) == tokens && in.value.size(0) == tokens, std::invalid_argument, fn,
-                "key/value.shape[0]", "mismatch with query (PaEncoder: q_len == kv_len)", tokens,
-                in.key.size(0));
   const Index batch = static_cast<Index>(in.seq_len.size());
   ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "seq_len", "empty", ">= 1 sequence", 0);
   std::vector<Index> cu(1, 0);
-  Index max_seq = 0;
+  Index max_q = 0;
   for (Index b = 0; b < batch; ++b) {
     const Index l = in.seq_len[static_cast<size_t>(b)];
     ATTNREF_CHECK(l >= 0, std::invalid_argument, fn, "seq_len[" + std::to_string(b) + "]",
                   "negative", ">= 0", l);
+    if (decoder)
+      ATTNREF_CHECK(l == 1, std::invalid_argument, fn, "seq_len[" + std::to_string(b) + "]",
+                    "not 1 for Decoder", 1, l);
     cu.push_back(cu.back() + l);
-    max_seq = std::max(max_seq, l);
+    max_q = std::max(max_q, l);
   }
   ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
                 "sum mismatch with query.shape[0]", tokens, cu.back());
-  const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
+  std::vector<bool> active(static_cast<size_t>(batch), true);
+  if (params.batch_run_status_enable) {
+    ATTNREF_CHECK(static_cast<Index>(in.batch_run_status.size()) == batch, std::invalid_argument,
+                  fn, "batch_run_status", "size mismatch", batch, in.batch_run_status.size());
+    for (Index b = 0; b < batch; ++b) {
+      const auto st = in.batch_run_status[static_cast<size_t>(b)];
+      ATTNREF_CHECK(st == 0 || st == 1, std::invalid_argument, fn,
+                    "batch_run_status[" + std::to_string(b) + "]", "not 0 or 1", "0 or 1", st);
+      active[static_cast<size_t>(b)] = st == 1;
+    }
+  }
+  const bool new_tokens = pa || !bypass;
+  if (new_tokens) {
+    const std::array<Index, 3> ks{tokens, nkv, d};
+    ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
+                  detail::shape_str<3>(ks), detail::shape_str(in.key));
+    const std::array<Index, 3> vs{tokens, nkv, dv};
+    ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
+                  detail::shape_str<3>(vs), detail::shape_str(in.value));
+    detail::check_data(fn, "key", in.key);
+    detail::check_data(fn, "value", in.value);
+  }
+  std::vector<Index> kv_len(static_cast<size_t>(batch));
+  if (!pa) {
+    const auto& kc = out.key_cache;
+    const auto& vc = out.value_cache;
+    ATTNREF_CHECK(!kc.absent() && !vc.absent(), std::invalid_argument, fn, "key_cache/value_cache",
+                  "missing", "[layerNum, batch, maxSeqLen, hidden]", "none");
+    ATTNREF_CHECK(
+        kc.size(1) == batch && kc.size(3) == nkv * d, std::invalid_argument, fn, "key_cache.shape",
+        "mismatch",
+        "[layerNum, " + std::to_string(batch) + ", maxSeqLen, " + std::to_string(nkv * d) + "]",
+        detail::shape_str(kc));
+    ATTNREF_CHECK(vc.size(0) == kc.size(0) && vc.size(1) == batch && vc.size(2) == kc.size(2) &&
+                      vc.size(3) == nkv * dv,
+                  std::invalid_argument, fn, "value_cache.shape", "mismatch",
+                  "[" + std::to_string(kc.size(0)) + ", " + std::to_string(batch) + ", " +
+                      std::to_string(kc.size(2)) + ", " + std::to_string(nkv * dv) + "]",
+                  detail::shape_str(vc));
+    ATTNREF_CHECK(in.layer_id >= 0 && in.layer_id < kc.size(0), std::out_of_range, fn, "layer_id",
+                  "out of range", "[0, " + std::to_string(kc.size(0)) + ")", in.layer_id);
+    ATTNREF_CHECK(static_cast<Index>(in.token_offset.size()) == batch, std::invalid_argument, fn,
+                  "token_offset", "size mismatch", batch, in.token_offset.size());
+    for (Index b = 0; b < batch; ++b) {
+      const Index off = in.token_offset[static_cast<size_t>(b)];
+      const std::string arg = "token_offset[" + std::to_string(b) + "]";
+      ATTNREF_CHECK(off >= in.seq_len[static_cast<size_t>(b)], std::invalid_argument, fn, arg,
+                    "smaller than seq_len",
+                    ">= " + std::to_string(in.seq_len[static_cast<size_t>(b)]), off);
+      ATTNREF_CHECK(off <= kc.size(2), std::invalid_argument, fn, arg, "exceeds maxSeqLen",
+                    "<= " + std::to_string(kc.size(2)), off);
+      kv_len[static_cast<size_t>(b)] = active[static_cast<size_t>(b)] ? off : 0;
+    }
+  } else {
+    for (Index b = 0; b < batch; ++b)
+      kv_len[static_cast<size_t>(b)] =
+          active[static_cast<size_t>(b)] ? in.seq_len[static_cast<size_t>(b)] : 0;
+  }
+  Index max_kv = 0;
+  for (Index l : kv_len) max_kv = std::max(max_kv, l);
   if (params.mask_type == P::MaskType::Norm) {
     ATTNREF_CHECK(!in.mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM",
-                  "a [maxSeq, maxSeq] or [batch, maxSeq, maxSeq] mask", "none");
+                  "a [maxSeq, maxSeq], [batch, maxSeq, maxSeq] or [batch, 1, maxSeq] mask", "none");
     ATTNREF_CHECK(in.mask.size(0) == 1 || in.mask.size(0) == batch, std::invalid_argument, fn,
                   "mask.shape[0]", "mismatch", "1 or " + std::to_string(batch), in.mask.size(0));
-    ATTNREF_CHECK(in.mask.size(1) >= max_seq && in.mask.size(2) >= max_seq, std::invalid_argument,
-                  fn, "mask.shape[1:]", "smaller than the longest sequence",
-                  ">= " + std::to_string(max_seq), std::min(in.mask.size(1), in.mask.size(2)));
+    ATTNREF_CHECK(in.mask.size(1) >= max_q, std::invalid_argument, fn, "mask.shape[1]",
+                  "smaller than the longest query sequence", ">= " + std::to_string(max_q),
+                  in.mask.size(1));
+    ATTNREF_CHECK(in.mask.size(2) >= max_kv, std::invalid_argument, fn, "mask.shape[2]",
+                  "smaller than the longest key sequence", ">= " + std::to_string(max_kv),
+                  in.mask.size(2));
   }
   if (params.scale_type == P::ScaleType::LogN) {
     ATTNREF_CHECK(!in.log_n.absent(), std::invalid_argument, fn, "log_n", "missing for LOGN",
-                  "a [maxSeqLen] float tensor", "none");
-    ATTNREF_CHECK(in.log_n.size(0) >= max_seq, std::invalid_argument, fn, "log_n.shape[0]",
-                  "smaller than the longest sequence", ">= " + std::to_string(max_seq),
-                  in.log_n.size(0));
+                  decoder ? "a [batch] float tensor" : "a [maxSeqLen] float tensor", "none");
+    const Index need = decoder ? batch : max_q;
+    ATTNREF_CHECK(in.log_n.size(0) >= need, std::invalid_argument, fn, "log_n.shape[0]",
+                  decoder ? "smaller than the batch" : "smaller than the longest sequence",
+                  ">= " + std::to_string(need), in.log_n.size(0));
   }
   const std::array<Index, 3> out_shape{tokens, nh, dv};
   ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape", "mismatch",
                 detail::shape_str<3>(out_shape), detail::shape_str(out.out));
 
-  // Map onto the engine: packed (TND) views with a unit batch dimension.
-  auto tnd = [](auto v) {
-    using E = typename decltype(v)::element_type;
-    return StridedView<E, 4>(v.data(), {1, v.size(0), v.size(1), v.size(2)},
-                             {0, v.stride(0), v.stride(1), v.stride(2)});
-  };
   // qScale multiplies q in the data type before the product (ATB golden); the engine's scale
   // would multiply in float, so a scaled copy of q (never of K/V) is made when qScale != 1.
   std::vector<T> q_scaled;
@@ -199,19 +282,56 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
               T(static_cast<float>(in.query(t, h, e)) * params.q_scale);
     q = StridedView<const T, 3>(q_scaled.data(), {tokens, nh, d});
   }
-  AttentionInputs<T> ein{tnd(q), tnd(in.key), tnd(in.value)};
+
+  // Map onto the engine: packed queries; K/V are the new tokens (PA_ENCODER) or one cache layer.
+  AttentionInputs<T> ein{detail::packed(q), {}, {}};
   ein.seq.q_cu = cu;
-  ein.seq.kv_cu = cu;
-  AttentionOutputs<T> eout{tnd(out.out)};
+  if (pa) {
+    ein.k = detail::packed(in.key);
+    ein.v = detail::packed(in.value);
+    ein.seq.kv_cu = cu;
+    // Inactive sequences (batchRunStatus is rejected with PA_ENCODER by the table) do not occur.
+  } else {
+    ein.k = detail::cache_layer(StridedView<const T, 4>(out.key_cache), in.layer_id, nkv, d);
+    ein.v = detail::cache_layer(StridedView<const T, 4>(out.value_cache), in.layer_id, nkv, dv);
+    ein.seq.kv = kv_len;
+  }
+  AttentionOutputs<T> eout{detail::packed(out.out)};
   AttentionParams ep;
   ep.scale = 1.0;
+  validate(ein, ep, eout);  // engine checks (overlaps included) before the caches are written
+  if (!pa)
+    for (auto* c : {&out.key_cache, &out.value_cache})
+      ATTNREF_CHECK(!detail::overlaps(out.out, *c), std::invalid_argument, fn, "out",
+                    "overlaps a cache", "memory disjoint from the caches", "overlapping memory");
+
+  // Cache write: rows token_offset - seq_len + j of the layer, active sequences only.
+  if (!pa && !bypass) {
+    for (Index b = 0; b < batch; ++b) {
+      if (!active[static_cast<size_t>(b)]) continue;
+      const Index first =
+          in.token_offset[static_cast<size_t>(b)] - in.seq_len[static_cast<size_t>(b)];
+      for (Index j = 0; j < in.seq_len[static_cast<size_t>(b)]; ++j) {
+        const Index t = cu[static_cast<size_t>(b)] + j;
+        for (Index h = 0; h < nkv; ++h) {
+          for (Index e = 0; e < d; ++e)
+            out.key_cache(in.layer_id, b, first + j, h * d + e) = in.key(t, h, e);
+          for (Index e = 0; e < dv; ++e)
+            out.value_cache(in.layer_id, b, first + j, h * dv + e) = in.value(t, h, e);
+        }
+      }
+    }
+  }
+
   detail::AtbSelfAttentionVariant<T> var{
-      &params, fp16_scores,
+      &params,
+      std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default,
       std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default
           ? 1.0f
           : detail::AtbSelfAttentionVariant<T>::kMaskValue,
       params.mask_type == P::MaskType::Norm ? in.mask : StridedView<const T, 3>{},
-      params.scale_type == P::ScaleType::LogN ? in.log_n : StridedView<const float, 1>{}};
+      params.scale_type == P::ScaleType::LogN ? in.log_n : StridedView<const float, 1>{},
+      decoder};
   attention_with(var, ein, ep, eout);
 }
 
