@@ -83,13 +83,22 @@ struct AtbSelfAttentionVariant {
   StridedView<const T, 3> mask;       // NORM mask, absent otherwise
   StridedView<const float, 1> log_n;  // LOGN, absent otherwise
   bool log_n_per_batch;               // DECODER: one logN value per sequence
+  bool transform_needed;              // false: plain scaled scores (qk_scale is the engine's scale)
+  CausalHook causal;                  // CAUSAL_MASK: top-left, key j hidden from query i iff j > i
 
   static constexpr float kMaskValue = -3e38f;
 
-  bool has_transform() const { return true; }
-  KvRange kv_range(const SeqInfo& s, Index, Index) const { return {0, s.kv_len}; }
-  TileMask classify(const SeqInfo&, Index, Index, Index, Index) const { return TileMask::None; }
-  bool masked(const SeqInfo&, const Coord&) const { return false; }
+  // CAUSAL_MASK goes through the engine's mask predicate: its hidden keys get probability
+  // exactly 0 either way (−3e38 absorbs any fp32 score, and fp16 overflows to −inf, while every
+  // row keeps key 0), so the tiles above the diagonal are skipped instead of computed.
+  bool has_transform() const { return transform_needed; }
+  KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
+    return causal.kv_range(s, q0, q1);
+  }
+  TileMask classify(const SeqInfo& s, Index q0, Index q1, Index k0, Index k1) const {
+    return causal.classify(s, q0, q1, k0, k1);
+  }
+  bool masked(const SeqInfo& s, const Coord& c) const { return causal.masked(s, c.q, c.kv); }
 
   static float fp16(float x) { return static_cast<float>(half(x)); }
 
@@ -106,12 +115,10 @@ struct AtbSelfAttentionVariant {
     }
     if (p->clamp_type == P::ClampType::MinMax)
       s = fp16(std::min(std::max(s, p->clamp_min), p->clamp_max));
-    float m = 0.0f;
+    float m = 0.0f;  // CAUSAL_MASK: only visible keys reach the transform
     if (p->mask_type == P::MaskType::Norm) {
       const Index b = mask.size(0) == 1 ? 0 : c.batch;
       m = static_cast<float>(mask(b, c.q, c.kv)) * mask_coeff;
-    } else if (p->mask_type == P::MaskType::CausalMask) {
-      m = c.kv > c.q ? kMaskValue : 0.0f;
     }
     if (fp16_scores) return static_cast<Acc>(fp16(s + fp16(m)));
     return static_cast<Acc>(s + m);
@@ -136,9 +143,10 @@ StridedView<E, 4> packed(const StridedView<E, 3>& v) {
 
 /// ATB SelfAttention. Validates the params (co-existence table and constraints) and every input
 /// before writing anything (caches included). T: half or bfloat16 (the NPU's data types) or float.
+/// num_threads: worker threads of the engine (0 = OpenMP's default); results never depend on it.
 template <class T>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
-                    const SelfAttentionOutputs<T>& out) {
+                    const SelfAttentionOutputs<T>& out, int num_threads = 0) {
   using P = SelfAttentionParams;
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "self_attention data: half, bfloat16 or float");
@@ -297,8 +305,15 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     ein.seq.kv = kv_len;
   }
   AttentionOutputs<T> eout{detail::packed(out.out)};
+  const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
+  const bool transform_needed = fp16_scores || params.scale_type == P::ScaleType::LogN ||
+                                params.clamp_type == P::ClampType::MinMax ||
+                                params.mask_type == P::MaskType::Norm;
   AttentionParams ep;
-  ep.scale = 1.0;
+  // Without a transform the scores are q·k·qkScale in fp32: the engine applies qkScale itself
+  // (folded into its q tile, a rounding-level difference from scaling the product).
+  ep.scale = transform_needed ? 1.0 : static_cast<double>(params.qk_scale);
+  ep.num_threads = num_threads;
   validate(ein, ep, eout);  // engine checks (overlaps included) before the caches are written
   if (!pa)
     for (auto* c : {&out.key_cache, &out.value_cache})
@@ -325,13 +340,14 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
 
   detail::AtbSelfAttentionVariant<T> var{
       &params,
-      std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default,
-      std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default
-          ? 1.0f
-          : detail::AtbSelfAttentionVariant<T>::kMaskValue,
+      fp16_scores,
+      fp16_scores ? 1.0f : detail::AtbSelfAttentionVariant<T>::kMaskValue,
       params.mask_type == P::MaskType::Norm ? in.mask : StridedView<const T, 3>{},
       params.scale_type == P::ScaleType::LogN ? in.log_n : StridedView<const float, 1>{},
-      decoder};
+      decoder,
+      transform_needed,
+      CausalHook{params.mask_type == P::MaskType::CausalMask ? CausalMode::TopLeft
+                                                             : CausalMode::None}};
   attention_with(var, ein, ep, eout);
 }
 

@@ -1,0 +1,114 @@
+// attnref_bench, family self_attention/: ATB SelfAttention at the foundation's shapes
+// (Hq=32, Hkv=8, D=128), to compare with prefill/ and decode/ (the operator layer must not copy
+// K/V):
+//   self_attention/pa_encoder/<f16|bf16>/<default|high_precision>/S:<S>/threads:<T>  causal
+//   self_attention/decoder/f16/B:<B>/KV:4096/threads:<T>  cache write + decode (high precision)
+
+#include <benchmark/benchmark.h>
+
+#include <attnref/atb/self_attention.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using attnref::Index;
+using P = attnref::SelfAttentionParams;
+
+constexpr Index kHeads = 32, kKvHeads = 8, kD = 128;
+
+template <class T>
+std::vector<T> random_data(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(nd(rng));
+  return v;
+}
+
+template <class T>
+void pa_encoder(benchmark::State& state, Index s, bool high_precision, int threads) {
+  const auto q = random_data<T>(static_cast<size_t>(s * kHeads * kD), 1);
+  const auto k = random_data<T>(static_cast<size_t>(s * kKvHeads * kD), 2);
+  const auto v = random_data<T>(k.size(), 3);
+  std::vector<T> o(q.size());
+  P p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.qk_scale = 0.088f;
+  p.calc_type = P::CalcType::PaEncoder;
+  p.mask_type = P::MaskType::CausalMask;
+  p.kernel_type = high_precision ? P::KernelType::HighPrecision : P::KernelType::Default;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = attnref::StridedView<const T, 3>(q.data(), {s, kHeads, kD});
+  in.key = attnref::StridedView<const T, 3>(k.data(), {s, kKvHeads, kD});
+  in.value = attnref::StridedView<const T, 3>(v.data(), {s, kKvHeads, kD});
+  in.seq_len = {s};
+  attnref::SelfAttentionOutputs<T> out;
+  out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
+  for (auto _ : state) {
+    attnref::self_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+  }
+  const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
+  state.counters["GFLOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class T>
+void decoder(benchmark::State& state, Index batch, Index kv, int threads) {
+  const Index max_seq = kv;
+  auto kc = random_data<T>(static_cast<size_t>(batch * max_seq * kKvHeads * kD), 4);
+  auto vc = random_data<T>(kc.size(), 5);
+  const auto q = random_data<T>(static_cast<size_t>(batch * kHeads * kD), 6);
+  const auto k = random_data<T>(static_cast<size_t>(batch * kKvHeads * kD), 7);
+  const auto v = random_data<T>(k.size(), 8);
+  std::vector<T> o(q.size());
+  P p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.qk_scale = 0.088f;
+  p.calc_type = P::CalcType::Decoder;
+  p.kernel_type = P::KernelType::HighPrecision;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = attnref::StridedView<const T, 3>(q.data(), {batch, kHeads, kD});
+  in.key = attnref::StridedView<const T, 3>(k.data(), {batch, kKvHeads, kD});
+  in.value = attnref::StridedView<const T, 3>(v.data(), {batch, kKvHeads, kD});
+  in.seq_len.assign(static_cast<size_t>(batch), 1);
+  in.token_offset.assign(static_cast<size_t>(batch), kv);
+  attnref::SelfAttentionOutputs<T> out;
+  out.out = attnref::StridedView<T, 3>(o.data(), {batch, kHeads, kD});
+  out.key_cache = attnref::StridedView<T, 4>(kc.data(), {1, batch, max_seq, kKvHeads * kD});
+  out.value_cache = attnref::StridedView<T, 4>(vc.data(), {1, batch, max_seq, kKvHeads * kD});
+  for (auto _ : state) {
+    attnref::self_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+  }
+  const double bytes = 2.0 * batch * kv * kKvHeads * kD * sizeof(T);
+  state.counters["GBps"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+const bool registered = [] {
+  auto reg = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->UseRealTime()->Unit(benchmark::kMillisecond);
+  };
+  for (int t : {1, 2}) {
+    const std::string th = "/threads:" + std::to_string(t);
+    for (bool hp : {false, true})
+      for (Index s : {512, 2048})
+        reg(std::string("self_attention/pa_encoder/f16/") + (hp ? "high_precision" : "default") +
+                "/S:" + std::to_string(s) + th,
+            [=](benchmark::State& st) { pa_encoder<attnref::half>(st, s, hp, t); });
+    for (Index s : {512, 2048})
+      reg("self_attention/pa_encoder/bf16/high_precision/S:" + std::to_string(s) + th,
+          [=](benchmark::State& st) { pa_encoder<attnref::bfloat16>(st, s, true, t); });
+    for (Index b : {1, 8})
+      reg("self_attention/decoder/f16/B:" + std::to_string(b) + "/KV:4096" + th,
+          [=](benchmark::State& st) { decoder<attnref::half>(st, b, 4096, t); });
+  }
+  return true;
+}();
+
+}  // namespace
