@@ -95,6 +95,7 @@ TEST_P(FeatureGrid, MatchesReference) {
   s.q_len = {13, 1, 40, 0};
   s.kv_len = {29, 17, 40, 9};
   s.layout = lay;
+  s.block_size = 5;  // Lay::Paged: kv tiles of 8 cross block boundaries
   s.causal = kMasks[mi].causal;
   s.mask = kMasks[mi].mask;
   s.q_tile = 4;
@@ -105,7 +106,7 @@ TEST_P(FeatureGrid, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     LayoutsDtypesGqaMasks, FeatureGrid,
-    ::testing::Combine(::testing::Values(Lay::BSND, Lay::BNSD, Lay::TND, Lay::Padded),
+    ::testing::Combine(::testing::Values(Lay::BSND, Lay::BNSD, Lay::TND, Lay::Padded, Lay::Paged),
                        ::testing::Values(Dtype::F32, Dtype::F64, Dtype::F16, Dtype::BF16),
                        ::testing::Values(1, 2, 4, 0), ::testing::Range(0, kNumMasks)),
     [](const auto& info) {

@@ -286,3 +286,55 @@ TEST(Errors, LayoutHelperRejectsBatchedTnd) {
 }
 
 }  // namespace
+
+namespace {
+
+// Paged K/V: the fixture's k / v reinterpreted as pools of 2-token blocks (5 blocks per batch
+// entry -> 5 blocks of [2, Nkv, D] in each of the first 2 * 5 * 2 / 2 rows).
+struct PagedSetup {
+  std::vector<std::int32_t> table;
+  void apply(Fixture& s, std::vector<std::int32_t> t, Index cols = 3) {
+    table = std::move(t);
+    s.in.k = attnref::StridedView<const float, 4>(s.k.data(), {5, 2, s.Nkv, s.D});
+    s.in.v = attnref::StridedView<const float, 4>(s.v.data(), {5, 2, s.Nkv, s.Dv});
+    s.in.seq.kv = {5, 4};
+    s.in.block_table =
+        attnref::StridedView<const std::int32_t, 2>(table.data(), {s.B, cols});
+    s.out.probs = {};
+  }
+};
+
+TEST(Errors, PagedSetupRuns) {
+  Fixture s;
+  PagedSetup ps;
+  ps.apply(s, {0, 1, 2, 4, 3, -1});  // -1 past the second sequence's last block is never read
+  EXPECT_NO_THROW(attnref::attention(s.in, s.p, s.out));
+}
+
+TEST(Errors, BlockTableEntryOutOfRange) {
+  PagedSetup ps;
+  expect_error<std::out_of_range>([&](Fixture& s) { ps.apply(s, {0, 1, 5, 4, 3, -1}); },
+                                  "block_table[0][2] out of range: expected [0, 5), got 5");
+  expect_error<std::out_of_range>([&](Fixture& s) { ps.apply(s, {0, 1, 2, -1, 3, -1}); },
+                                  "block_table[1][0] out of range");
+}
+
+TEST(Errors, BlockTableTooShortOrMisshaped) {
+  PagedSetup ps;
+  expect_error<IA>([&](Fixture& s) { ps.apply(s, {0, 1, 2, 3}, 2); },
+                   "seq.kv[0] exceeds block_table.shape[1] * block_size");
+  expect_error<IA>(
+      [&](Fixture& s) {
+        ps.apply(s, {0, 1, 2, 4, 3, -1});
+        s.in.seq.kv.clear();
+      },
+      "seq.kv missing with a block table");
+  expect_error<IA>(
+      [&](Fixture& s) {
+        ps.apply(s, {0, 1, 2, 4, 3, -1});
+        s.in.block_table = attnref::StridedView<const std::int32_t, 2>(ps.table.data(), {1, 3});
+      },
+      "block_table.shape[0] mismatch with the batch");
+}
+
+}  // namespace

@@ -3,6 +3,7 @@
 // attnref::attention, unpacked into the reference's per-sequence arrays.
 
 #include <attnref/attnref.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -17,7 +18,9 @@ namespace support {
 using attnref::Index;
 
 enum class Dtype { F32, F64, F16, BF16 };
-enum class Lay { BSND, BNSD, TND, Padded };
+// Paged: q / o as BSND, k / v in a block pool [blocks, block_size, heads, dim] addressed through
+// a shuffled block table (-1 padding, poisoned spare blocks).
+enum class Lay { BSND, BNSD, TND, Padded, Paged };
 enum class MaskKind { None, Bool, BoolPerHead, Additive };
 
 inline const char* name(Dtype t) {
@@ -43,6 +46,8 @@ inline const char* name(Lay l) {
       return "TND";
     case Lay::Padded:
       return "Padded";
+    case Lay::Paged:
+      return "Paged";
   }
   return "?";
 }
@@ -93,7 +98,8 @@ struct Spec {
   int threads = 1;
   Index q_tile = 0, kv_tile = 0, kv_split = 0;
   bool want_probs = false;
-  double scale = 0;  // 0: 1/sqrt(d)
+  double scale = 0;     // 0: 1/sqrt(d)
+  int block_size = 16;  // Lay::Paged
 
   int batch() const { return static_cast<int>(q_len.size()); }
   int max_q() const {
@@ -217,6 +223,7 @@ Packed<T> pack_layout(Lay layout, const std::vector<int>& len, int heads, int di
     total += l;
   }
   switch (layout) {
+    case Lay::Paged:  // q / o of the paged layout are BSND
     case Lay::BSND:
       p.buf.assign(static_cast<size_t>(B) * maxs * heads * dim, poison<T>());
       p.view = attnref::bsnd_view(p.buf.data(), B, maxs, heads, dim);
@@ -261,6 +268,54 @@ Packed<T> pack(Lay layout, const ref::Seqs& x, const std::vector<int>& len, int 
   return p;
 }
 
+/// K and V of every sequence in block pools, blocks handed out in a shuffled order; two spare
+/// blocks and the unused rows of last blocks hold NaN; table entries past the last block are -1.
+template <class T>
+struct PagedKv {
+  std::vector<T> kbuf, vbuf;
+  attnref::StridedView<T, 4> k, v;
+  std::vector<std::int32_t> table;
+  Index max_blocks = 0;
+};
+
+template <class T>
+PagedKv<T> pack_paged(const Spec& s, const ref::Seqs& k, const ref::Seqs& v) {
+  PagedKv<T> p;
+  const int B = s.batch(), bs = s.block_size;
+  Index total = 2;
+  for (int l : s.kv_len) {
+    const Index n = (l + bs - 1) / bs;
+    total += n;
+    p.max_blocks = std::max(p.max_blocks, n);
+  }
+  p.max_blocks += 1;  // always some -1 padding
+  std::vector<std::int32_t> ids(static_cast<size_t>(total));
+  for (Index i = 0; i < total; ++i) ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  std::mt19937 rng(s.seed + 77);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  p.kbuf.assign(static_cast<size_t>(total * bs * s.nkv * s.d), poison<T>());
+  p.vbuf.assign(static_cast<size_t>(total * bs * s.nkv * s.dv), poison<T>());
+  p.k = attnref::StridedView<T, 4>(p.kbuf.data(), {total, bs, s.nkv, s.d});
+  p.v = attnref::StridedView<T, 4>(p.vbuf.data(), {total, bs, s.nkv, s.dv});
+  p.table.assign(static_cast<size_t>(B * p.max_blocks), -1);
+  size_t next = 0;
+  for (int b = 0; b < B; ++b) {
+    const int n = (s.kv_len[b] + bs - 1) / bs;
+    for (int j = 0; j < n; ++j) p.table[static_cast<size_t>(b * p.max_blocks + j)] = ids[next++];
+    for (int t = 0; t < s.kv_len[b]; ++t) {
+      const Index blk = p.table[static_cast<size_t>(b * p.max_blocks + t / bs)];
+      for (int h = 0; h < s.nkv; ++h) {
+        for (int e = 0; e < s.d; ++e)
+          p.k(blk, t % bs, h, e) = from_double<T>(k[b][(static_cast<size_t>(t) * s.nkv + h) * s.d + e]);
+        for (int e = 0; e < s.dv; ++e)
+          p.v(blk, t % bs, h, e) =
+              from_double<T>(v[b][(static_cast<size_t>(t) * s.nkv + h) * s.dv + e]);
+      }
+    }
+  }
+  return p;
+}
+
 template <class T>
 double to_double(T x) {
   if constexpr (std::is_same_v<T, double>)
@@ -277,11 +332,23 @@ struct LibResult {
 template <class T, class Acc = std::conditional_t<std::is_same_v<T, double>, double, float>>
 LibResult run_lib(const Spec& s, const Data& d, Packed<T>* keep_o = nullptr) {
   const int B = s.batch();
-  auto q = pack<T>(s.layout, d.q, s.q_len, s.nq, s.d);
-  auto k = pack<T>(s.layout, d.k, s.kv_len, s.nkv, s.d);
-  auto v = pack<T>(s.layout, d.v, s.kv_len, s.nkv, s.dv);
-  auto o = pack_layout<T>(s.layout, s.q_len, s.nq, s.dv);
+  const bool paged = s.layout == Lay::Paged;
+  const Lay ql = paged ? Lay::BSND : s.layout;
+  auto q = pack<T>(ql, d.q, s.q_len, s.nq, s.d);
+  auto k = pack<T>(ql, paged ? ref::Seqs(B) : d.k, paged ? std::vector<int>(B, 0) : s.kv_len,
+                   s.nkv, s.d);
+  auto v = pack<T>(ql, paged ? ref::Seqs(B) : d.v, paged ? std::vector<int>(B, 0) : s.kv_len,
+                   s.nkv, s.dv);
+  auto o = pack_layout<T>(ql, s.q_len, s.nq, s.dv);
+  PagedKv<T> pkv;
   attnref::AttentionInputs<T> in{q.view, k.view, v.view};
+  if (paged) {
+    pkv = pack_paged<T>(s, d.k, d.v);
+    in.k = pkv.k;
+    in.v = pkv.v;
+    in.block_table =
+        attnref::StridedView<const std::int32_t, 2>(pkv.table.data(), {B, pkv.max_blocks});
+  }
   if (s.layout == Lay::TND) {
     in.seq.q_cu = q.cu;
     in.seq.kv_cu = k.cu;

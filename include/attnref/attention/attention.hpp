@@ -179,7 +179,30 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
     g.batch = q.size(0);
     if (!seq.q.empty()) check_lengths(fn, "seq.q", seq.q, g.batch, q.size(1), "q.shape[1]");
   }
-  if (kv_packed) {
+  const bool paged = !in.block_table.absent();
+  if (paged) {
+    const auto& bt = in.block_table;
+    ATTNREF_CHECK(!kv_packed, std::invalid_argument, fn, "seq.kv_cu", "given with a block table",
+                  "empty", seq.kv_cu.size());
+    ATTNREF_CHECK(bt.size(0) == g.batch, std::invalid_argument, fn, "block_table.shape[0]",
+                  "mismatch with the batch", g.batch, bt.size(0));
+    ATTNREF_CHECK(!seq.kv.empty(), std::invalid_argument, fn, "seq.kv",
+                  "missing with a block table", "the kv length of every sequence", "empty");
+    ATTNREF_CHECK(k.size(1) > 0, std::invalid_argument, fn, "k.shape[1] (block_size)",
+                  "not positive", ">= 1", k.size(1));
+    check_data(fn, "block_table", bt);
+    check_lengths(fn, "seq.kv", seq.kv, g.batch, bt.size(1) * k.size(1),
+                  "block_table.shape[1] * block_size");
+    for (Index b = 0; b < g.batch; ++b) {
+      const Index blocks = (seq.kv[static_cast<size_t>(b)] + k.size(1) - 1) / k.size(1);
+      for (Index j = 0; j < blocks; ++j) {
+        const Index id = bt(b, j);
+        ATTNREF_CHECK(id >= 0 && id < k.size(0), std::out_of_range, fn,
+                      "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
+                      "out of range", "[0, " + std::to_string(k.size(0)) + ")", id);
+      }
+    }
+  } else if (kv_packed) {
     ATTNREF_CHECK(k.size(0) == 1, std::invalid_argument, fn, "k.shape[0]",
                   "must be 1 for packed (TND) kv with kv_cu", 1, k.size(0));
     ATTNREF_CHECK(seq.kv.empty(), std::invalid_argument, fn, "seq.kv",
@@ -199,7 +222,11 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
       s = {0, seq.q_cu[ub], seq.q_cu[ub + 1] - seq.q_cu[ub], 0, 0, 0};
     else
       s = {b, 0, seq.q.empty() ? q.size(1) : seq.q[ub], 0, 0, 0};
-    if (kv_packed) {
+    if (paged) {
+      s.kv_batch = b;
+      s.kv_off = 0;
+      s.kv_len = seq.kv[ub];
+    } else if (kv_packed) {
       s.kv_batch = 0;
       s.kv_off = seq.kv_cu[ub];
       s.kv_len = seq.kv_cu[ub + 1] - seq.kv_cu[ub];
@@ -249,12 +276,51 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   check_no_overlap(fn, "probs", out.probs, "v", v);
   check_no_overlap(fn, "probs", out.probs, "o", out.o);
   check_no_overlap(fn, "probs", out.probs, "lse", out.lse);
+  check_no_overlap(fn, "o", out.o, "block_table", in.block_table);
+  check_no_overlap(fn, "lse", out.lse, "block_table", in.block_table);
+  check_no_overlap(fn, "probs", out.probs, "block_table", in.block_table);
 
   // Tiling (depends on the problem only, never on threads).
   g.q_tile = p.q_tile > 0 ? p.q_tile : std::max<Index>(1, 64 / g.group);
   g.kv_tile = p.kv_tile > 0 ? p.kv_tile : 256;
   g.kv_split = p.kv_split < 0 ? 0 : (p.kv_split > 0 ? p.kv_split : 512);
   return g;
+}
+
+/// The pages of the engine's K/V views: one per sequence for contiguous and packed views, one
+/// per block-table entry for paged views.
+template <class TQ, class TKV>
+KvPages<TKV> make_pages(const AttentionInputs<TQ, TKV>& in, const Geometry& g) {
+  KvPages<TKV> pg;
+  const Index n = static_cast<Index>(g.seqs.size());
+  pg.first.resize(static_cast<size_t>(n));
+  if (!in.block_table.absent()) {
+    pg.page_size = in.k.size(1);
+    for (Index b = 0; b < n; ++b) {
+      pg.first[static_cast<size_t>(b)] = static_cast<Index>(pg.k.size());
+      const Index blocks = (g.seqs[static_cast<size_t>(b)].kv_len + pg.page_size - 1) / pg.page_size;
+      for (Index j = 0; j < blocks; ++j) {
+        const Index id = in.block_table(b, j);
+        pg.k.push_back(in.k.data() + id * in.k.stride(0));
+        pg.v.push_back(in.v.data() + id * in.v.stride(0));
+      }
+    }
+    return pg;
+  }
+  Index longest = 1;
+  for (const ResolvedSeq& s : g.seqs) longest = std::max(longest, s.kv_len);
+  pg.page_size = longest;
+  for (Index b = 0; b < n; ++b) {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
+    pg.first[static_cast<size_t>(b)] = b;
+    // An empty view may have no data at all: its pages are never read.
+    const bool none = in.k.data() == nullptr || in.v.data() == nullptr;
+    pg.k.push_back(none ? nullptr
+                        : in.k.data() + s.kv_batch * in.k.stride(0) + s.kv_off * in.k.stride(1));
+    pg.v.push_back(none ? nullptr
+                        : in.v.data() + s.kv_batch * in.v.stride(0) + s.kv_off * in.v.stride(1));
+  }
+  return pg;
 }
 
 }  // namespace detail
@@ -277,7 +343,7 @@ void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params
   var.causal.mode = params.causal;
   var.mask_add = in.mask_add;
   var.mask_bool = in.mask_bool;
-  detail::run_attention<Acc>(in, params, out, var, g);
+  detail::run_attention<Acc>(in, params, out, var, g, detail::make_pages(in, g));
 }
 
 /// Attention with caller-supplied hooks (see attention/variant.hpp); operators map their
@@ -293,7 +359,7 @@ void attention_with(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
                 "absent (the variant owns masking)", "present");
   ATTNREF_CHECK(params.causal == CausalMode::None, std::invalid_argument, "attention_with",
                 "params.causal", "set with a custom variant", "CausalMode::None", "a causal mode");
-  detail::run_attention<Acc>(in, params, out, variant, g);
+  detail::run_attention<Acc>(in, params, out, variant, g, detail::make_pages(in, g));
 }
 
 }  // namespace attnref

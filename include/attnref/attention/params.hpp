@@ -3,8 +3,9 @@
 ///
 /// Shape contract (canonical index order (b, s, n, d); see core/layout.hpp for the layouts):
 ///   q:     [B, S_q, N_q, D]      (TND: [1, T_q, N_q, D] plus SeqLens::q_cu)
-///   k:     [B, S_kv, N_kv, D]    (TND: [1, T_kv, N_kv, D] plus SeqLens::kv_cu)
-///   v:     [B, S_kv, N_kv, D_v]
+///   k:     [B, S_kv, N_kv, D]    (TND: [1, T_kv, N_kv, D] plus SeqLens::kv_cu;
+///                                 paged: [num_blocks, block_size, N_kv, D] plus block_table)
+///   v:     [B, S_kv, N_kv, D_v]  (paged: [num_blocks, block_size, N_kv, D_v])
 ///   o:     [B, S_q, N_q, D_v]    (same batch/sequence packing as q)
 ///   lse:   [B, N_q, S_q]         optional, natural log (TND: [1, N_q, T_q])
 ///   probs: [B, N_q, S_q, S_kv]   optional debug output of the normalised probabilities, indexed
@@ -50,6 +51,12 @@ struct AttentionInputs {
   StridedView<const float, 4> mask_add{};
   /// Optional boolean mask: nonzero = masked (the PyTorch/CANN "1 = masked" convention).
   StridedView<const std::uint8_t, 4> mask_bool{};
+  /// Optional block table of a paged KV cache, [B, max_blocks_per_seq]. When given, k and v are
+  /// block pools [num_blocks, block_size, N_kv, D(_v)], key t of sequence b is row
+  /// t % block_size of block block_table(b, t / block_size), seq.kv holds the kv lengths
+  /// (required) and seq.kv_cu must be empty. Entries past a sequence's last block are never read
+  /// (-1 padding is fine); a used entry outside [0, num_blocks) throws std::out_of_range.
+  StridedView<const std::int32_t, 2> block_table{};
 };
 
 /// Scalars and switches of the engine (no activations).

@@ -109,6 +109,17 @@ struct Geometry {
   std::vector<ResolvedSeq> seqs;
 };
 
+/// Where the keys and values of every sequence live: pages of `page_size` consecutive tokens
+/// (token stride, head stride and element stride are those of the engine's k / v views).
+/// Contiguous views have one page per sequence; block tables (paged KV caches) and per-sequence
+/// cache tensors (ATB kv tensorlist) have one page per block / tensor.
+template <class TKV>
+struct KvPages {
+  std::vector<const TKV*> k, v;  // page starts (token 0, head 0, element 0)
+  std::vector<Index> first;      // per sequence: index of its first page in k / v
+  Index page_size = 1;           // tokens per page
+};
+
 /// One unit of work: kv heads [head_begin, head_end) of one sequence, one q tile, one kv range.
 /// Sequences with a single q tile (decode) put all kv heads in one item, so each K/V row of a
 /// token-major cache is read head after head from the same pages; others use one head per item.
@@ -124,6 +135,7 @@ struct Engine {
   const AttentionOutputs<TO, TS>& out;
   const Variant& var;
   const Geometry& g;
+  const KvPages<TKV>& pages;
   Acc scale;
   Index max_heads;    // kv heads per item, at most
   simd::Level level;  // hand-vectorised level in use for this call (Portable: none)
@@ -146,6 +158,7 @@ struct Engine {
     AlignedVector<Acc> q, s, k, v, o;
     std::vector<SoftmaxState<Acc>> st;
     std::vector<std::uint8_t> flags;
+    std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
   };
 
   /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
@@ -172,8 +185,10 @@ struct Engine {
     ws.st.resize(static_cast<size_t>(rows));
     ws.s.resize(static_cast<size_t>(rows * ld()));
     ws.flags.resize(static_cast<size_t>(rows * ld()));
-    if (!kMapK || in.k.stride(3) != 1) ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
-    if (!kMapK || in.v.stride(3) != 1) ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
+    ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
+    ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
+    ws.krow.resize(static_cast<size_t>(g.kv_tile));
+    ws.vrow.resize(static_cast<size_t>(g.kv_tile));
     return ws;
   }
 
@@ -188,25 +203,43 @@ struct Engine {
             ws.flags.data() + k * ld()};
   }
 
-  /// K or V rows [j0, j0 + cols) of kv head h as an Acc matrix: a Map into the input when the
-  /// storage is Acc with a contiguous head dimension, else converted once into `buf`.
-  ConstRowMap<Acc> kv_tile(const StridedView<const TKV, 4>& x, const ResolvedSeq& s, Index h,
-                           Index j0, Index cols, Index width, AlignedVector<Acc>& buf) const {
-    const TKV* base = x.ptr(s.kv_batch, s.kv_off + j0, h, 0);
+  /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages.
+  void tile_rows(Workspace& ws, Index seq, Index j0, Index cols) const {
+    Index page = pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size;
+    Index off = j0 % pages.page_size;
+    for (Index c = 0; c < cols; ++c) {
+      ws.krow[static_cast<size_t>(c)] = pages.k[static_cast<size_t>(page)] + off * in.k.stride(1);
+      ws.vrow[static_cast<size_t>(c)] = pages.v[static_cast<size_t>(page)] + off * in.v.stride(1);
+      if (++off == pages.page_size) {
+        off = 0;
+        ++page;
+      }
+    }
+  }
+
+  /// K or V rows of the current tile for kv head h as an Acc matrix: a Map into the input when
+  /// the storage is Acc with a contiguous head dimension and the rows are evenly spaced (one
+  /// page, or adjacent pages), else converted once into `buf`.
+  ConstRowMap<Acc> kv_tile(const StridedView<const TKV, 4>& x, const std::vector<const TKV*>& row,
+                           Index h, Index cols, Index width, AlignedVector<Acc>& buf) const {
+    const Index hs = h * x.stride(2);
     if constexpr (kMapK) {
-      if (x.stride(3) == 1)
-        return ConstRowMap<Acc>(base, cols, width, Eigen::OuterStride<>(x.stride(1)));
+      bool even = x.stride(3) == 1;
+      for (Index c = 1; even && c < cols; ++c)
+        even = row[static_cast<size_t>(c)] == row[0] + c * x.stride(1);
+      if (even) return ConstRowMap<Acc>(row[0] + hs, cols, width, Eigen::OuterStride<>(x.stride(1)));
     }
     for (Index c = 0; c < cols; ++c)
-      load_row<Acc>(base + c * x.stride(1), x.stride(3), width, buf.data() + c * width, Acc(1));
+      load_row<Acc>(row[static_cast<size_t>(c)] + hs, x.stride(3), width, buf.data() + c * width,
+                    Acc(1));
     return ConstRowMap<Acc>(buf.data(), cols, width, Eigen::OuterStride<>(width));
   }
 
   /// Raw scores q·k of one tile for heads [h0, h1) of an item. Small row blocks stream the keys
   /// token by token across the heads (contiguous memory in token-major caches) through the
   /// hand-vectorised kernels; larger ones use one Eigen GEMM per head.
-  void raw_scores(Workspace& ws, const WorkItem& it, const ResolvedSeq& s, Index h0, Index h1,
-                  Index rows, Index j0, Index cols) const {
+  void raw_scores(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
+                  Index cols) const {
     if (small(rows)) {
       if constexpr (std::is_same_v<Acc, float>) {
         simd::with_vector(level, [&](auto vec) {
@@ -221,13 +254,13 @@ struct Engine {
                 const Head hd = head(ws, it, h);
                 const TKV* k[kTokens];
                 for (int t = 0; t < kTokens; ++t)
-                  k[t] = in.k.ptr(s.kv_batch, s.kv_off + j0 + c + t, h, 0);
+                  k[t] = ws.krow[static_cast<size_t>(c + t)] + h * in.k.stride(2);
                 simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
               }
             for (; c < cols; ++c)
               for (Index h = h0; h < h1; ++h) {
                 const Head hd = head(ws, it, h);
-                const TKV* k[1] = {in.k.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0)};
+                const TKV* k[1] = {ws.krow[static_cast<size_t>(c)] + h * in.k.stride(2)};
                 simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
               }
           });
@@ -239,7 +272,7 @@ struct Engine {
       const Head hd = head(ws, it, h);
       ConstRowMap<Acc> Q(hd.q, rows, g.head_size, Eigen::OuterStride<>(g.head_size));
       RowMap<Acc> S(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
-      auto K = kv_tile(in.k, s, h, j0, cols, g.head_size, ws.k);
+      auto K = kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k);
       S.noalias() = Q * K.transpose();
     }
   }
@@ -309,12 +342,14 @@ struct Engine {
 
   /// O += P·V for heads [h0, h1) and one tile. A position masked for a row is never read for
   /// that row, so NaN/Inf stored there cannot leak (0 * NaN would).
-  void accumulate_pv(Workspace& ws, const WorkItem& it, const ResolvedSeq& s, Index h0, Index h1,
-                     Index rows, Index j0, Index cols, bool partial) const {
+  void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
+                     Index cols, bool partial) const {
     const Index dv = g.v_head_size;
     if (small(rows)) {  // stream V token by token across the heads, four tokens at a time
       if constexpr (std::is_same_v<Acc, float>) {
-        auto vrow = [&](Index h, Index c) { return in.v.ptr(s.kv_batch, s.kv_off + j0 + c, h, 0); };
+        auto vrow = [&](Index h, Index c) {
+          return ws.vrow[static_cast<size_t>(c)] + h * in.v.stride(2);
+        };
         auto seen_by = [&](const Head& hd, Index c) {
           Index n = 0;
           for (Index r = 0; r < rows; ++r) n += hd.f[r * ld() + c] == 0 ? 1 : 0;
@@ -356,7 +391,7 @@ struct Engine {
       const Head hd = head(ws, it, h);
       ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
       RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
-      auto V = kv_tile(in.v, s, h, j0, cols, dv, ws.v);
+      auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v);
       if (partial && !V.allFinite()) {
         for (Index r = 0; r < rows; ++r)
           for (Index c = 0; c < cols; ++c)
@@ -386,15 +421,16 @@ struct Engine {
       const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
       if (tm == TileMask::All) continue;
       const bool partial = tm == TileMask::Partial;
+      tile_rows(ws, it.seq, j0, cols);
       for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
         const Index h1 = h0 + step;
-        raw_scores(ws, it, s, h0, h1, rows, j0, cols);
+        raw_scores(ws, it, h0, h1, rows, cols);
         for (Index h = h0; h < h1; ++h) {
           const Head hd = head(ws, it, h);
           apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
           softmax_update(hd, rows, cols, partial);
         }
-        accumulate_pv(ws, it, s, h0, h1, rows, j0, cols, partial);
+        accumulate_pv(ws, it, h0, h1, rows, cols, partial);
       }
     }
   }
@@ -433,7 +469,8 @@ struct Engine {
         const Index cols = std::min(g.kv_tile, it.kv_end - j0);
         const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
         if (tm == TileMask::All) continue;
-        raw_scores(ws, it, s, hkv, hkv + 1, rows, j0, cols);
+        tile_rows(ws, it.seq, j0, cols);
+        raw_scores(ws, it, hkv, hkv + 1, rows, cols);
         apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
         for (Index r = 0; r < rows; ++r) {
           const SoftmaxState<Acc>& st = hd.st[r];
@@ -493,13 +530,14 @@ inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, 
 /// Runs the engine on validated inputs.
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
-                   const AttentionOutputs<TO, TS>& out, const Variant& var, const Geometry& g) {
+                   const AttentionOutputs<TO, TS>& out, const Variant& var, const Geometry& g,
+                   const KvPages<TKV>& pages) {
   using E = Engine<Acc, TQ, TKV, TO, TS, Variant>;
   const int threads = resolve_threads(p.num_threads);
   const bool want_probs = !out.probs.absent();
   Index num_partials = 0, max_heads = 1;
   std::vector<WorkItem> items = make_items(g, num_partials, /*allow_split=*/!want_probs, max_heads);
-  const E eng{in, out, var, g, static_cast<Acc>(p.scale), max_heads, simd::level()};
+  const E eng{in, out, var, g, pages, static_cast<Acc>(p.scale), max_heads, simd::level()};
 
   // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
   // own range clipped to it.
