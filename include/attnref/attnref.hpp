@@ -10,4 +10,5 @@
 #include "attnref/core/softmax.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/mask/norm_compress.hpp"
 #include "attnref/version.hpp"

@@ -293,8 +293,9 @@ TEST(SelfAttentionPaEncoder, BadInputIsRejectedBeforeWriting) {
   p.num_heads = 4;
   expect("query.shape[1] mismatch with params.num_heads: expected 4, got 2");
   p.num_heads = 2;
-  p.calc_type = P::CalcType::PrefixEncoder;
-  expect("params.calc_type not implemented yet");
+  p.quant_type = P::QuantType::QkvOnline;
+  p.out_data_type = P::OutDataType::Float16;
+  expect("params.quant_type not implemented yet");
 }
 
 }  // namespace

@@ -1,22 +1,32 @@
 #pragma once
 /// attnref::self_attention — ATB SelfAttentionOperation on the attention engine.
 ///
-/// Implemented so far: calcType PA_ENCODER (packed tokens, no cache) and ENCODER / DECODER /
-/// UNDEFINED (KV caches, written then read; kv-bypass; batchRunStatus) with maskType UNDEFINED,
-/// NORM and CAUSAL_MASK, qScale, qkScale, logN (scaleType LOGN), clamp, GQA, kernelType DEFAULT
-/// (fp16 score path) and HIGH_PRECISION. Every other calcType / mask / feature is validated
-/// (attnref::validate(SelfAttentionParams)) and then rejected as not implemented yet.
+/// Implemented: calcType PA_ENCODER (packed tokens, no cache; MLA merged kv cache),
+/// ENCODER / DECODER / UNDEFINED (KV caches, written then read; kv-bypass; batchRunStatus; kv
+/// tensorlist), PREFIX_ENCODER (paged KV cache with block tables, causal aligned bottom-right),
+/// inputLayout BSND and BNSD (second overload), maskType UNDEFINED, NORM, NORM_COMPRESS and
+/// CAUSAL_MASK, qScale, qkScale, logN (scaleType LOGN), clamp, GQA, kernelType DEFAULT (fp16
+/// score path) and HIGH_PRECISION. ALiBi, sliding-window masks and qkv quantization are
+/// validated (attnref::validate(SelfAttentionParams)) and then rejected as not implemented yet.
 ///
-/// Shapes (BSND):
+/// Shapes (BSND; ATB's [nTokens, hidden] and [B, S, N, D] forms are the same memory):
 ///   query        [nTokens, headNum, headSize]   tokens of all sequences packed by seq_len
-///   key, value   [nTokens, kvHeadNum, headSize(V)] the new tokens (absent with kv-bypass)
+///   key, value   [nTokens, kvHeadNum, headSize(V)] the new tokens (absent with kv-bypass; the
+///                MLA merged cache has no value: V = the first mlaVHeadSize elements of K);
+///                PREFIX_ENCODER: the paged caches [numBlocks, blockSize, kvHeadNum * headSize(V)]
 ///   key_cache,   [layerNum, batch, maxSeqLen, kvHeadNum * headSize(V)] (ENCODER / DECODER /
 ///   value_cache   UNDEFINED): the new tokens of sequence b go to rows
 ///                 token_offset[b] - seq_len[b] + j of layer layer_id, then attention runs over
 ///                 rows [0, token_offset[b]); with kv-bypass nothing is written
+///   key_cache_list, value_cache_list  kv tensorlist (DECODER + kv-bypass): one [maxSeqLen,
+///                 kvHeadNum * headSize(V)] tensor per sequence, used instead of the caches
+///                 (they hold the layer being run: layer_id is not used)
+///   block_tables [batch, maxBlocks], kv_seq_len [batch]  PREFIX_ENCODER: key t of sequence b is
+///                row t % blockSize of block block_tables[b][t / blockSize], t < kv_seq_len[b]
 ///   mask         NORM: [maxSeq, maxSeq] (as [1, maxSeq, maxSeq]), [batch, maxSeq, maxSeq], or
 ///                decoder [batch, 1, maxSeq]; sliced top-left (rows = query positions, columns =
-///                key positions of the sequence)
+///                key positions of the sequence). NORM_COMPRESS: the [128, 128] tile (as
+///                [1, 128, 128]), expanded as in attnref/mask/norm_compress.hpp
 ///   log_n        LOGN: float, [maxSeqLen] per query position (PA_ENCODER) or [batch] (DECODER)
 ///   out          [nTokens, headNum, headSizeV]
 /// batchRunStatus (batch_run_status_enable): a sequence with status 0 gets zero output rows and
@@ -26,9 +36,11 @@
 ///   s = (q_i · qScale) · k_j  (fp32 accumulation)
 ///   s = s · logN[i] (LOGN) · qkScale
 ///   s = fp16(clamp(s, clampMin, clampMax))      (clampType MIN_MAX)
-///   s = s + mask term                            (NORM: binary mask × −3e38 with HIGH_PRECISION
-///                                                 or bf16, additive fp16 values with DEFAULT;
-///                                                 CAUSAL_MASK: j > i gets −3e38)
+///   s = s + mask term                            (NORM / NORM_COMPRESS: binary mask × −3e38
+///                                                 with HIGH_PRECISION or bf16, additive fp16
+///                                                 values with DEFAULT; CAUSAL_MASK: keys
+///                                                 j > i (PREFIX_ENCODER: j > i + kv − q) get
+///                                                 probability 0)
 ///   out = softmax_j(s) · V                       (fp32), rounded to the data type
 /// DEFAULT with fp16 data rounds s to fp16 after the product, after qkScale and after the mask
 /// addition, as the NPU's fp16 kernel does, so an fp16 overflow gives inf / NaN exactly where the
@@ -48,20 +60,25 @@
 #include "attnref/attention/attention.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/mask/norm_compress.hpp"
 
 namespace attnref {
 
 template <class T>
 struct SelfAttentionInputs {
   StridedView<const T, 3> query;
-  StridedView<const T, 3> key{};  ///< new tokens (absent with kv-bypass)
+  StridedView<const T, 3> key{};  ///< new tokens (absent with kv-bypass); PrefixEncoder: cache
   StridedView<const T, 3> value{};
   std::vector<Index> seq_len;                    ///< seqLen [batch]
-  StridedView<const T, 3> mask{};                ///< NORM mask (see above)
+  StridedView<const T, 3> mask{};                ///< NORM / NORM_COMPRESS mask (see above)
   StridedView<const float, 1> log_n{};           ///< logN (scaleType LOGN)
   std::vector<Index> token_offset{};             ///< tokenOffset [batch] (cache calcTypes)
   Index layer_id = 0;                            ///< layerId (cache calcTypes)
   std::vector<std::int32_t> batch_run_status{};  ///< batchRunStatus [batch], 0 or 1
+  std::vector<Index> kv_seq_len{};               ///< kvSeqLen [batch] (PrefixEncoder)
+  StridedView<const std::int32_t, 2> block_tables{};  ///< blockTables (PrefixEncoder)
+  std::vector<StridedView<const T, 2>> key_cache_list{};  ///< kv tensorlist (Decoder + bypass)
+  std::vector<StridedView<const T, 2>> value_cache_list{};
 };
 
 template <class T>
@@ -69,6 +86,27 @@ struct SelfAttentionOutputs {
   StridedView<T, 3> out;          ///< [nTokens, headNum, headSizeV]
   StridedView<T, 4> key_cache{};  ///< read and (unless kv-bypass) written
   StridedView<T, 4> value_cache{};
+};
+
+/// inputLayout TYPE_BNSD (semantics.md §2.10). ENCODER / DECODER / UNDEFINED need kv-bypass (the
+/// caches are read, never written); PA_ENCODER takes q, k, v and no mask.
+template <class T>
+struct SelfAttentionBnsdInputs {
+  StridedView<const T, 4> query;    ///< [batch, headNum, S, headSize], S >= every seq_len
+  StridedView<const T, 4> key{};    ///< PaEncoder: [batch, kvHeadNum, S, headSize]
+  StridedView<const T, 4> value{};  ///< PaEncoder: [batch, kvHeadNum, S, headSizeV]
+  std::vector<Index> seq_len;       ///< seqLen [batch]
+  StridedView<const T, 3> mask{};   ///< NORM mask, as in the BSND form
+  std::vector<Index> token_offset{};
+  Index layer_id = 0;
+  std::vector<std::int32_t> batch_run_status{};
+};
+
+template <class T>
+struct SelfAttentionBnsdOutputs {
+  StridedView<T, 4> out;  ///< [batch, headNum, S, headSizeV]; rows past seq_len[b] set to 0
+  StridedView<const T, 5> key_cache{};  ///< [layerNum, batch, kvHeadNum, maxSeqLen, headSize]
+  StridedView<const T, 5> value_cache{};
 };
 
 namespace detail {
@@ -80,30 +118,35 @@ struct AtbSelfAttentionVariant {
   const SelfAttentionParams* p;
   bool fp16_scores;                   // DEFAULT kernel with fp16 data
   float mask_coeff;                   // -3e38 (binary masks) or 1 (additive fp16 masks)
-  StridedView<const T, 3> mask;       // NORM mask, absent otherwise
+  StridedView<const T, 3> mask;       // NORM mask or NORM_COMPRESS tile, absent otherwise
   StridedView<const float, 1> log_n;  // LOGN, absent otherwise
   bool log_n_per_batch;               // DECODER: one logN value per sequence
   bool transform_needed;              // false: plain scaled scores (qk_scale is the engine's scale)
-  CausalHook causal;                  // CAUSAL_MASK: top-left, key j hidden from query i iff j > i
+  CausalHook causal;                  // CAUSAL_MASK (top-left, or bottom-right for PREFIX_ENCODER)
+  bool compressed;                    // NORM_COMPRESS
+  NormCompressHook compress;
 
   static constexpr float kMaskValue = -3e38f;
 
   // CAUSAL_MASK goes through the engine's mask predicate: its hidden keys get probability
   // exactly 0 either way (−3e38 absorbs any fp32 score, and fp16 overflows to −inf, while every
-  // row keeps key 0), so the tiles above the diagonal are skipped instead of computed.
+  // row keeps key 0), so the tiles above the diagonal are skipped instead of computed. The
+  // blocks NORM_COMPRESS skips are skipped the same way.
   bool has_transform() const { return transform_needed; }
   KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
-    return causal.kv_range(s, q0, q1);
+    return compressed ? compress.kv_range(s, q0, q1) : causal.kv_range(s, q0, q1);
   }
   TileMask classify(const SeqInfo& s, Index q0, Index q1, Index k0, Index k1) const {
-    return causal.classify(s, q0, q1, k0, k1);
+    return compressed ? compress.classify(s, q0, q1, k0, k1) : causal.classify(s, q0, q1, k0, k1);
   }
-  bool masked(const SeqInfo& s, const Coord& c) const { return causal.masked(s, c.q, c.kv); }
+  bool masked(const SeqInfo& s, const Coord& c) const {
+    return compressed ? compress.masked(s, c.q, c.kv) : causal.masked(s, c.q, c.kv);
+  }
 
   static float fp16(float x) { return static_cast<float>(half(x)); }
 
   template <class Acc>
-  Acc transform(const SeqInfo&, const Coord& c, Acc raw) const {
+  Acc transform(const SeqInfo& si, const Coord& c, Acc raw) const {
     // raw = (q · qScale) · k, accumulated in float (the engine's scale is 1).
     float s = static_cast<float>(raw);
     if (fp16_scores) {
@@ -119,6 +162,9 @@ struct AtbSelfAttentionVariant {
     if (p->mask_type == P::MaskType::Norm) {
       const Index b = mask.size(0) == 1 ? 0 : c.batch;
       m = static_cast<float>(mask(b, c.q, c.kv)) * mask_coeff;
+    } else if (compressed && compress.on_diagonal(si, c.q, c.kv)) {
+      m = static_cast<float>(mask(0, compress.tile_row(si, c.q), NormCompressHook::tile_col(c.kv))) *
+          mask_coeff;
     }
     if (fp16_scores) return static_cast<Acc>(fp16(s + fp16(m)));
     return static_cast<Acc>(s + m);
@@ -132,6 +178,14 @@ StridedView<E, 4> cache_layer(const StridedView<E, 4>& c, Index layer, Index hea
                            {c.stride(1), c.stride(2), d * c.stride(3), c.stride(3)});
 }
 
+/// [layer, batch, heads, maxSeq, d] BNSD cache -> engine view [batch, maxSeq, heads, d].
+template <class E>
+StridedView<E, 4> bnsd_cache_layer(const StridedView<E, 5>& c, Index layer) {
+  return StridedView<E, 4>(c.data() + layer * c.stride(0),
+                           {c.size(1), c.size(3), c.size(2), c.size(4)},
+                           {c.stride(1), c.stride(3), c.stride(2), c.stride(4)});
+}
+
 /// [n, a, b] -> engine view [1, n, a, b] (packed tokens).
 template <class E>
 StridedView<E, 4> packed(const StridedView<E, 3>& v) {
@@ -139,216 +193,522 @@ StridedView<E, 4> packed(const StridedView<E, 3>& v) {
                            {0, v.stride(0), v.stride(1), v.stride(2)});
 }
 
-}  // namespace detail
+/// [b, n, s, d] -> engine view [b, s, n, d].
+template <class E>
+StridedView<E, 4> bnsd_to_engine(const StridedView<E, 4>& v) {
+  return StridedView<E, 4>(v.data(), {v.size(0), v.size(2), v.size(1), v.size(3)},
+                           {v.stride(0), v.stride(2), v.stride(1), v.stride(3)});
+}
 
-/// ATB SelfAttention. Validates the params (co-existence table and constraints) and every input
-/// before writing anything (caches included). T: half or bfloat16 (the NPU's data types) or float.
-/// num_threads: worker threads of the engine (0 = OpenMP's default); results never depend on it.
+/// [rows, cols, heads * d] -> [rows, cols, heads, d] (ATB's hidden-size form of caches).
+template <class E>
+StridedView<E, 4> split_hidden(const StridedView<E, 3>& v, Index heads, Index d) {
+  return StridedView<E, 4>(v.data(), {v.size(0), v.size(1), heads, d},
+                           {v.stride(0), v.stride(1), d * v.stride(2), v.stride(2)});
+}
+
+/// Everything self_attention resolved from the ATB inputs, in the engine's terms.
 template <class T>
-void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
-                    const SelfAttentionOutputs<T>& out, int num_threads = 0) {
-  using P = SelfAttentionParams;
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
-                "self_attention data: half, bfloat16 or float");
-  constexpr const char* fn = "self_attention";
-  validate(params);
-  auto not_yet = [&](bool ok, const char* field, const std::string& got) {
-    ATTNREF_CHECK(ok, std::invalid_argument, fn, field, "not implemented yet",
-                  "what this version implements", got);
-  };
-  const bool pa = params.calc_type == P::CalcType::PaEncoder;
-  const bool decoder = params.calc_type == P::CalcType::Decoder;
-  const bool bypass = params.kvcache_cfg == P::KvCacheCfg::KBypassVBypass;
-  not_yet(params.calc_type != P::CalcType::PrefixEncoder, "params.calc_type", "PrefixEncoder");
-  not_yet(params.mask_type == P::MaskType::Undefined || params.mask_type == P::MaskType::Norm ||
-              params.mask_type == P::MaskType::CausalMask,
-          "params.mask_type",
-          std::to_string(static_cast<int>(params.mask_type)) +
-              " (only Undefined, Norm and CausalMask so far)");
-  not_yet(params.is_triu_mask == 0, "params.is_triu_mask", "1");
-  not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type", "quantized");
-  not_yet(params.mla_v_head_size == 0, "params.mla_v_head_size", "> 0");
-  not_yet(params.input_layout == P::InputLayout::BSND, "params.input_layout", "BNSD");
+struct SelfAttentionPlan {
+  AttentionInputs<T> ein;
+  StridedView<T, 4> o;                 // engine output view
+  const StridedView<const T, 3>* mask = nullptr;
+  const StridedView<const float, 1>* log_n = nullptr;
+  Index batch = 0, max_q = 0, max_kv = 0, nh = 0, nkv = 0, d = 0, dv = 0;
+  std::vector<Index> q_len;            // per sequence
+  std::vector<Index> kv_len;           // per sequence (0 for inactive sequences)
+  bool decoder = false;
+  bool bottom_right = false;           // PREFIX_ENCODER
+  const KvPages<T>* pages = nullptr;   // kv tensorlist
+};
 
-  // Sizes.
-  const Index tokens = in.query.size(0);
-  const Index nh = in.query.size(1), d = in.query.size(2);
-  const Index nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
-  const Index dv = out.out.size(2);
-  ATTNREF_CHECK(nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
-                "mismatch with params.num_heads", params.num_heads, nh);
-  const Index batch = static_cast<Index>(in.seq_len.size());
-  ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "seq_len", "empty", ">= 1 sequence", 0);
-  std::vector<Index> cu(1, 0);
-  Index max_q = 0;
-  for (Index b = 0; b < batch; ++b) {
-    const Index l = in.seq_len[static_cast<size_t>(b)];
-    ATTNREF_CHECK(l >= 0, std::invalid_argument, fn, "seq_len[" + std::to_string(b) + "]",
-                  "negative", ">= 0", l);
-    if (decoder)
-      ATTNREF_CHECK(l == 1, std::invalid_argument, fn, "seq_len[" + std::to_string(b) + "]",
-                    "not 1 for Decoder", 1, l);
-    cu.push_back(cu.back() + l);
-    max_q = std::max(max_q, l);
-  }
-  ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
-                "sum mismatch with query.shape[0]", tokens, cu.back());
-  std::vector<bool> active(static_cast<size_t>(batch), true);
-  if (params.batch_run_status_enable) {
-    ATTNREF_CHECK(static_cast<Index>(in.batch_run_status.size()) == batch, std::invalid_argument,
-                  fn, "batch_run_status", "size mismatch", batch, in.batch_run_status.size());
-    for (Index b = 0; b < batch; ++b) {
-      const auto st = in.batch_run_status[static_cast<size_t>(b)];
-      ATTNREF_CHECK(st == 0 || st == 1, std::invalid_argument, fn,
-                    "batch_run_status[" + std::to_string(b) + "]", "not 0 or 1", "0 or 1", st);
-      active[static_cast<size_t>(b)] = st == 1;
-    }
-  }
-  const bool new_tokens = pa || !bypass;
-  if (new_tokens) {
-    const std::array<Index, 3> ks{tokens, nkv, d};
-    ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
-                  detail::shape_str<3>(ks), detail::shape_str(in.key));
-    const std::array<Index, 3> vs{tokens, nkv, dv};
-    ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
-                  detail::shape_str<3>(vs), detail::shape_str(in.value));
-    detail::check_data(fn, "key", in.key);
-    detail::check_data(fn, "value", in.value);
-  }
-  std::vector<Index> kv_len(static_cast<size_t>(batch));
-  if (!pa) {
-    const auto& kc = out.key_cache;
-    const auto& vc = out.value_cache;
-    ATTNREF_CHECK(!kc.absent() && !vc.absent(), std::invalid_argument, fn, "key_cache/value_cache",
-                  "missing", "[layerNum, batch, maxSeqLen, hidden]", "none");
-    ATTNREF_CHECK(
-        kc.size(1) == batch && kc.size(3) == nkv * d, std::invalid_argument, fn, "key_cache.shape",
-        "mismatch",
-        "[layerNum, " + std::to_string(batch) + ", maxSeqLen, " + std::to_string(nkv * d) + "]",
-        detail::shape_str(kc));
-    ATTNREF_CHECK(vc.size(0) == kc.size(0) && vc.size(1) == batch && vc.size(2) == kc.size(2) &&
-                      vc.size(3) == nkv * dv,
-                  std::invalid_argument, fn, "value_cache.shape", "mismatch",
-                  "[" + std::to_string(kc.size(0)) + ", " + std::to_string(batch) + ", " +
-                      std::to_string(kc.size(2)) + ", " + std::to_string(nkv * dv) + "]",
-                  detail::shape_str(vc));
-    ATTNREF_CHECK(in.layer_id >= 0 && in.layer_id < kc.size(0), std::out_of_range, fn, "layer_id",
-                  "out of range", "[0, " + std::to_string(kc.size(0)) + ")", in.layer_id);
-    ATTNREF_CHECK(static_cast<Index>(in.token_offset.size()) == batch, std::invalid_argument, fn,
-                  "token_offset", "size mismatch", batch, in.token_offset.size());
-    for (Index b = 0; b < batch; ++b) {
-      const Index off = in.token_offset[static_cast<size_t>(b)];
-      const std::string arg = "token_offset[" + std::to_string(b) + "]";
-      ATTNREF_CHECK(off >= in.seq_len[static_cast<size_t>(b)], std::invalid_argument, fn, arg,
-                    "smaller than seq_len",
-                    ">= " + std::to_string(in.seq_len[static_cast<size_t>(b)]), off);
-      ATTNREF_CHECK(off <= kc.size(2), std::invalid_argument, fn, arg, "exceeds maxSeqLen",
-                    "<= " + std::to_string(kc.size(2)), off);
-      kv_len[static_cast<size_t>(b)] = active[static_cast<size_t>(b)] ? off : 0;
-    }
-  } else {
-    for (Index b = 0; b < batch; ++b)
-      kv_len[static_cast<size_t>(b)] =
-          active[static_cast<size_t>(b)] ? in.seq_len[static_cast<size_t>(b)] : 0;
-  }
-  Index max_kv = 0;
-  for (Index l : kv_len) max_kv = std::max(max_kv, l);
+inline void sa_not_yet(bool ok, const char* field, const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, "self_attention", field, "not implemented yet",
+                "what this version implements", got);
+}
+
+/// Parameter combinations this version does not implement (they pass validate()).
+inline void sa_check_implemented(const SelfAttentionParams& params) {
+  using P = SelfAttentionParams;
+  const P::MaskType m = params.mask_type;
+  sa_not_yet(m == P::MaskType::Undefined || m == P::MaskType::Norm ||
+                 m == P::MaskType::CausalMask || m == P::MaskType::NormCompress,
+             "params.mask_type",
+             std::to_string(static_cast<int>(m)) +
+                 " (ALiBi and sliding-window masks: the masks issue)");
+  if (m == P::MaskType::NormCompress)
+    sa_not_yet(params.calc_type == P::CalcType::PaEncoder ||
+                   params.calc_type == P::CalcType::PrefixEncoder,
+               "params.mask_type", "NormCompress with a cache calcType (the masks issue)");
+  sa_not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type",
+             "quantized (the quantization issue)");
+}
+
+/// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
+/// `prepare` (zeroing, cache writes: after every check), and the engine.
+template <class T, class Prepare>
+void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num_threads,
+            const std::vector<StridedView<const T, 4>>& extra_inputs, Prepare&& prepare) {
+  using P = SelfAttentionParams;
+  constexpr const char* fn = "self_attention";
+  const StridedView<const T, 3> mask = pl.mask ? *pl.mask : StridedView<const T, 3>{};
+  const StridedView<const float, 1> log_n = pl.log_n ? *pl.log_n : StridedView<const float, 1>{};
   if (params.mask_type == P::MaskType::Norm) {
-    ATTNREF_CHECK(!in.mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM",
+    ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM",
                   "a [maxSeq, maxSeq], [batch, maxSeq, maxSeq] or [batch, 1, maxSeq] mask", "none");
-    ATTNREF_CHECK(in.mask.size(0) == 1 || in.mask.size(0) == batch, std::invalid_argument, fn,
-                  "mask.shape[0]", "mismatch", "1 or " + std::to_string(batch), in.mask.size(0));
-    ATTNREF_CHECK(in.mask.size(1) >= max_q, std::invalid_argument, fn, "mask.shape[1]",
-                  "smaller than the longest query sequence", ">= " + std::to_string(max_q),
-                  in.mask.size(1));
-    ATTNREF_CHECK(in.mask.size(2) >= max_kv, std::invalid_argument, fn, "mask.shape[2]",
-                  "smaller than the longest key sequence", ">= " + std::to_string(max_kv),
-                  in.mask.size(2));
+    ATTNREF_CHECK(mask.size(0) == 1 || mask.size(0) == pl.batch, std::invalid_argument, fn,
+                  "mask.shape[0]", "mismatch", "1 or " + std::to_string(pl.batch), mask.size(0));
+    ATTNREF_CHECK(mask.size(1) >= pl.max_q, std::invalid_argument, fn, "mask.shape[1]",
+                  "smaller than the longest query sequence", ">= " + std::to_string(pl.max_q),
+                  mask.size(1));
+    ATTNREF_CHECK(mask.size(2) >= pl.max_kv, std::invalid_argument, fn, "mask.shape[2]",
+                  "smaller than the longest key sequence", ">= " + std::to_string(pl.max_kv),
+                  mask.size(2));
+    check_data(fn, "mask", mask);
+  }
+  if (params.mask_type == P::MaskType::NormCompress) {
+    ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM_COMPRESS",
+                  "the [128, 128] tile (as [1, 128, 128])", "none");
+    const std::array<Index, 3> want{1, NormCompressHook::kTile, NormCompressHook::kTile};
+    ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
+                  "mismatch for NORM_COMPRESS", shape_str<3>(want), shape_str(mask));
   }
   if (params.scale_type == P::ScaleType::LogN) {
-    ATTNREF_CHECK(!in.log_n.absent(), std::invalid_argument, fn, "log_n", "missing for LOGN",
-                  decoder ? "a [batch] float tensor" : "a [maxSeqLen] float tensor", "none");
-    const Index need = decoder ? batch : max_q;
-    ATTNREF_CHECK(in.log_n.size(0) >= need, std::invalid_argument, fn, "log_n.shape[0]",
-                  decoder ? "smaller than the batch" : "smaller than the longest sequence",
-                  ">= " + std::to_string(need), in.log_n.size(0));
+    ATTNREF_CHECK(!log_n.absent(), std::invalid_argument, fn, "log_n", "missing for LOGN",
+                  pl.decoder ? "a [batch] float tensor" : "a [maxSeqLen] float tensor", "none");
+    const Index need = pl.decoder ? pl.batch : pl.max_q;
+    ATTNREF_CHECK(log_n.size(0) >= need, std::invalid_argument, fn, "log_n.shape[0]",
+                  pl.decoder ? "smaller than the batch" : "smaller than the longest sequence",
+                  ">= " + std::to_string(need), log_n.size(0));
   }
-  const std::array<Index, 3> out_shape{tokens, nh, dv};
-  ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape", "mismatch",
-                detail::shape_str<3>(out_shape), detail::shape_str(out.out));
 
   // qScale multiplies q in the data type before the product (ATB golden); the engine's scale
   // would multiply in float, so a scaled copy of q (never of K/V) is made when qScale != 1.
   std::vector<T> q_scaled;
-  StridedView<const T, 3> q = in.query;
   if (params.q_scale != 1.0f) {
-    q_scaled.resize(static_cast<size_t>(tokens * nh * d));
-    for (Index t = 0; t < tokens; ++t)
-      for (Index h = 0; h < nh; ++h)
-        for (Index e = 0; e < d; ++e)
-          q_scaled[static_cast<size_t>((t * nh + h) * d + e)] =
-              T(static_cast<float>(in.query(t, h, e)) * params.q_scale);
-    q = StridedView<const T, 3>(q_scaled.data(), {tokens, nh, d});
+    const auto& q = pl.ein.q;
+    q_scaled.resize(static_cast<size_t>(q.numel()));
+    StridedView<T, 4> qs(q_scaled.data(), q.shape());
+    for (Index a = 0; a < q.size(0); ++a)
+      for (Index t = 0; t < q.size(1); ++t)
+        for (Index h = 0; h < q.size(2); ++h)
+          for (Index e = 0; e < q.size(3); ++e)
+            qs(a, t, h, e) = T(static_cast<float>(q(a, t, h, e)) * params.q_scale);
+    pl.ein.q = qs;
   }
 
-  // Map onto the engine: packed queries; K/V are the new tokens (PA_ENCODER) or one cache layer.
-  AttentionInputs<T> ein{detail::packed(q), {}, {}};
-  ein.seq.q_cu = cu;
-  if (pa) {
-    ein.k = detail::packed(in.key);
-    ein.v = detail::packed(in.value);
-    ein.seq.kv_cu = cu;
-    // Inactive sequences (batchRunStatus is rejected with PA_ENCODER by the table) do not occur.
-  } else {
-    ein.k = detail::cache_layer(StridedView<const T, 4>(out.key_cache), in.layer_id, nkv, d);
-    ein.v = detail::cache_layer(StridedView<const T, 4>(out.value_cache), in.layer_id, nkv, dv);
-    ein.seq.kv = kv_len;
-  }
-  AttentionOutputs<T> eout{detail::packed(out.out)};
+  AttentionOutputs<T> eout{pl.o};
   const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
+  const bool compressed = params.mask_type == P::MaskType::NormCompress;
   const bool transform_needed = fp16_scores || params.scale_type == P::ScaleType::LogN ||
                                 params.clamp_type == P::ClampType::MinMax ||
-                                params.mask_type == P::MaskType::Norm;
+                                params.mask_type == P::MaskType::Norm || compressed;
   AttentionParams ep;
   // Without a transform the scores are q·k·qkScale in fp32: the engine applies qkScale itself
   // (folded into its q tile, a rounding-level difference from scaling the product).
   ep.scale = transform_needed ? 1.0 : static_cast<double>(params.qk_scale);
   ep.num_threads = num_threads;
-  validate(ein, ep, eout);  // engine checks (overlaps included) before the caches are written
-  if (!pa)
-    for (auto* c : {&out.key_cache, &out.value_cache})
-      ATTNREF_CHECK(!detail::overlaps(out.out, *c), std::invalid_argument, fn, "out",
-                    "overlaps a cache", "memory disjoint from the caches", "overlapping memory");
+  validate(pl.ein, ep, eout);  // engine checks (overlaps included) before anything is written
+  for (const auto& x : extra_inputs)
+    ATTNREF_CHECK(!overlaps(pl.o, x), std::invalid_argument, fn, "out",
+                  "overlaps an input or a cache", "memory disjoint from every input",
+                  "overlapping memory");
+  prepare();
+
+  AtbSelfAttentionVariant<T> var{
+      &params,
+      fp16_scores,
+      fp16_scores ? 1.0f : AtbSelfAttentionVariant<T>::kMaskValue,
+      params.mask_type == P::MaskType::Norm || compressed ? mask : StridedView<const T, 3>{},
+      params.scale_type == P::ScaleType::LogN ? log_n : StridedView<const float, 1>{},
+      pl.decoder,
+      transform_needed,
+      CausalHook{params.mask_type != P::MaskType::CausalMask ? CausalMode::None
+                 : pl.bottom_right                           ? CausalMode::BottomRight
+                                                             : CausalMode::TopLeft},
+      compressed,
+      NormCompressHook{pl.bottom_right}};
+  if (pl.pages)
+    attention_with_pages(var, pl.ein, ep, eout, *pl.pages);
+  else
+    attention_with(var, pl.ein, ep, eout);
+}
+
+/// seq_len / batchRunStatus checks shared by both layouts; returns the active flags.
+inline std::vector<bool> sa_sequences(const SelfAttentionParams& params,
+                                      const std::vector<Index>& seq_len,
+                                      const std::vector<std::int32_t>& status, Index max_len,
+                                      const char* max_name) {
+  constexpr const char* fn = "self_attention";
+  const Index batch = static_cast<Index>(seq_len.size());
+  ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "seq_len", "empty", ">= 1 sequence", 0);
+  for (Index b = 0; b < batch; ++b) {
+    const Index l = seq_len[static_cast<size_t>(b)];
+    const std::string arg = "seq_len[" + std::to_string(b) + "]";
+    ATTNREF_CHECK(l >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", l);
+    if (max_len >= 0)
+      ATTNREF_CHECK(l <= max_len, std::invalid_argument, fn, arg, std::string("exceeds ") + max_name,
+                    "<= " + std::to_string(max_len), l);
+    if (params.calc_type == SelfAttentionParams::CalcType::Decoder)
+      ATTNREF_CHECK(l == 1, std::invalid_argument, fn, arg, "not 1 for Decoder", 1, l);
+  }
+  std::vector<bool> active(static_cast<size_t>(batch), true);
+  if (params.batch_run_status_enable) {
+    ATTNREF_CHECK(static_cast<Index>(status.size()) == batch, std::invalid_argument, fn,
+                  "batch_run_status", "size mismatch", batch, status.size());
+    for (Index b = 0; b < batch; ++b) {
+      const auto st = status[static_cast<size_t>(b)];
+      ATTNREF_CHECK(st == 0 || st == 1, std::invalid_argument, fn,
+                    "batch_run_status[" + std::to_string(b) + "]", "not 0 or 1", "0 or 1", st);
+      active[static_cast<size_t>(b)] = st == 1;
+    }
+  }
+  return active;
+}
+
+/// token_offset checks of the cache calcTypes; returns the kv lengths (0 when inactive).
+inline std::vector<Index> sa_token_offsets(const std::vector<Index>& seq_len,
+                                           const std::vector<Index>& token_offset,
+                                           const std::vector<bool>& active, Index max_seq) {
+  constexpr const char* fn = "self_attention";
+  const Index batch = static_cast<Index>(seq_len.size());
+  ATTNREF_CHECK(static_cast<Index>(token_offset.size()) == batch, std::invalid_argument, fn,
+                "token_offset", "size mismatch", batch, token_offset.size());
+  std::vector<Index> kv(static_cast<size_t>(batch));
+  for (Index b = 0; b < batch; ++b) {
+    const Index off = token_offset[static_cast<size_t>(b)];
+    const std::string arg = "token_offset[" + std::to_string(b) + "]";
+    ATTNREF_CHECK(off >= seq_len[static_cast<size_t>(b)], std::invalid_argument, fn, arg,
+                  "smaller than seq_len", ">= " + std::to_string(seq_len[static_cast<size_t>(b)]),
+                  off);
+    ATTNREF_CHECK(off <= max_seq, std::invalid_argument, fn, arg, "exceeds maxSeqLen",
+                  "<= " + std::to_string(max_seq), off);
+    kv[static_cast<size_t>(b)] = active[static_cast<size_t>(b)] ? off : 0;
+  }
+  return kv;
+}
+
+template <class T>
+void sa_finish_lengths(SelfAttentionPlan<T>& pl) {
+  pl.max_q = 0;
+  pl.max_kv = 0;
+  for (Index l : pl.q_len) pl.max_q = std::max(pl.max_q, l);
+  for (Index l : pl.kv_len) pl.max_kv = std::max(pl.max_kv, l);
+}
+
+template <class T>
+constexpr void sa_check_type() {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "self_attention data: half, bfloat16 or float");
+}
+
+}  // namespace detail
+
+/// ATB SelfAttention, inputLayout BSND. Validates the params (co-existence table and
+/// constraints) and every input before writing anything (caches included). T: half or bfloat16
+/// (the NPU's data types) or float. num_threads: worker threads of the engine (0 = OpenMP's
+/// default); results never depend on it.
+template <class T>
+void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
+                    const SelfAttentionOutputs<T>& out, int num_threads = 0) {
+  using P = SelfAttentionParams;
+  detail::sa_check_type<T>();
+  constexpr const char* fn = "self_attention";
+  const bool kv_list = !in.key_cache_list.empty() || !in.value_cache_list.empty();
+  validate(params, kv_list);
+  ATTNREF_CHECK(params.input_layout == P::InputLayout::BSND, std::invalid_argument, fn,
+                "params.input_layout", "BNSD with the BSND inputs",
+                "BSND (use SelfAttentionBnsdInputs for BNSD)", "BNSD");
+  detail::sa_check_implemented(params);
+  const bool pa = params.calc_type == P::CalcType::PaEncoder;
+  const bool prefix = params.calc_type == P::CalcType::PrefixEncoder;
+  const bool bypass = params.kvcache_cfg == P::KvCacheCfg::KBypassVBypass;
+  const bool mla = params.mla_v_head_size > 0;
+
+  detail::SelfAttentionPlan<T> pl;
+  pl.decoder = params.calc_type == P::CalcType::Decoder;
+  pl.bottom_right = prefix;
+  pl.mask = &in.mask;
+  pl.log_n = &in.log_n;
+  const Index tokens = in.query.size(0);
+  pl.nh = in.query.size(1);
+  pl.d = in.query.size(2);
+  pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
+  pl.dv = out.out.size(2);
+  ATTNREF_CHECK(pl.nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
+                "mismatch with params.num_heads", params.num_heads, pl.nh);
+  const std::vector<bool> active =
+      detail::sa_sequences(params, in.seq_len, in.batch_run_status, -1, "");
+  pl.batch = static_cast<Index>(in.seq_len.size());
+  std::vector<Index> cu(1, 0);
+  for (Index l : in.seq_len) cu.push_back(cu.back() + l);
+  ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
+                "sum mismatch with query.shape[0]", tokens, cu.back());
+  pl.q_len = in.seq_len;
+  if (mla) {
+    ATTNREF_CHECK(pl.dv == params.mla_v_head_size, std::invalid_argument, fn, "out.shape[2]",
+                  "mismatch with params.mla_v_head_size", params.mla_v_head_size, pl.dv);
+    ATTNREF_CHECK(pl.dv <= pl.d, std::invalid_argument, fn, "params.mla_v_head_size",
+                  "larger than the head size", "<= " + std::to_string(pl.d), pl.dv);
+    ATTNREF_CHECK(in.value.absent(), std::invalid_argument, fn, "value",
+                  "given with the MLA merged kv cache (V is the first mlaVHeadSize dims of K)",
+                  "absent", "a tensor");
+  }
+  ATTNREF_CHECK(pl.d <= 576 && pl.dv <= 576, std::invalid_argument, fn, "head size",
+                "above ATB's limit", "<= 576", std::max(pl.d, pl.dv));
+  std::vector<StridedView<const T, 4>> extra{detail::packed(in.query)};
+
+  // K/V: new tokens (PA_ENCODER), paged caches (PREFIX_ENCODER), per-sequence tensors (kv
+  // tensorlist) or one layer of the caches.
+  const bool new_tokens = pa || (!bypass && !prefix);
+  if (new_tokens) {
+    const std::array<Index, 3> ks{tokens, pl.nkv, pl.d};
+    ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
+                  detail::shape_str<3>(ks), detail::shape_str(in.key));
+    detail::check_data(fn, "key", in.key);
+    extra.push_back(detail::packed(in.key));
+    if (!mla) {
+      const std::array<Index, 3> vs{tokens, pl.nkv, pl.dv};
+      ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
+                    detail::shape_str<3>(vs), detail::shape_str(in.value));
+      detail::check_data(fn, "value", in.value);
+      extra.push_back(detail::packed(in.value));
+    }
+  }
+  detail::KvPages<T> list_pages;
+  AttentionInputs<T>& e = pl.ein;
+  e.q = detail::packed(in.query);
+  e.seq.q_cu = cu;
+  if (pa) {
+    e.k = detail::packed(in.key);
+    e.v = mla ? StridedView<const T, 4>(in.key.data(), {1, tokens, pl.nkv, pl.dv},
+                                        {0, in.key.stride(0), in.key.stride(1), in.key.stride(2)})
+              : detail::packed(in.value);
+    e.seq.kv_cu = cu;
+    pl.kv_len = in.seq_len;
+  } else if (prefix) {
+    ATTNREF_CHECK(!in.key.absent() && !in.value.absent(), std::invalid_argument, fn, "key/value",
+                  "missing for PrefixEncoder", "the paged caches [numBlocks, blockSize, hidden]",
+                  "none");
+    ATTNREF_CHECK(in.key.size(2) == pl.nkv * pl.d, std::invalid_argument, fn, "key.shape[2]",
+                  "mismatch (kvHeadNum * headSize)", pl.nkv * pl.d, in.key.size(2));
+    ATTNREF_CHECK(in.value.size(0) == in.key.size(0) && in.value.size(1) == in.key.size(1) &&
+                      in.value.size(2) == pl.nkv * pl.dv,
+                  std::invalid_argument, fn, "value.shape", "mismatch",
+                  "[" + std::to_string(in.key.size(0)) + ", " + std::to_string(in.key.size(1)) +
+                      ", " + std::to_string(pl.nkv * pl.dv) + "]",
+                  detail::shape_str(in.value));
+    // ATB's PREFIX_ENCODER limits.
+    for (Index hs : {pl.d, pl.dv})
+      ATTNREF_CHECK(hs <= 128 && hs % 16 == 0, std::invalid_argument, fn, "head size",
+                    "not supported by PrefixEncoder", "a multiple of 16, <= 128", hs);
+    ATTNREF_CHECK(in.key.size(1) * pl.d <= 128 * 128, std::invalid_argument, fn,
+                  "key.shape[1] (blockSize) * headSize", "above PrefixEncoder's limit",
+                  "<= 16384", in.key.size(1) * pl.d);
+    ATTNREF_CHECK(static_cast<Index>(in.kv_seq_len.size()) == pl.batch, std::invalid_argument, fn,
+                  "kv_seq_len", "size mismatch", pl.batch, in.kv_seq_len.size());
+    for (Index b = 0; b < pl.batch; ++b)
+      ATTNREF_CHECK(in.kv_seq_len[static_cast<size_t>(b)] >= in.seq_len[static_cast<size_t>(b)],
+                    std::invalid_argument, fn, "kv_seq_len[" + std::to_string(b) + "]",
+                    "smaller than seq_len",
+                    ">= " + std::to_string(in.seq_len[static_cast<size_t>(b)]),
+                    in.kv_seq_len[static_cast<size_t>(b)]);
+    ATTNREF_CHECK(!in.block_tables.absent(), std::invalid_argument, fn, "block_tables",
+                  "missing for PrefixEncoder", "[batch, maxBlocks]", "none");
+    e.k = detail::split_hidden(in.key, pl.nkv, pl.d);
+    e.v = detail::split_hidden(in.value, pl.nkv, pl.dv);
+    e.block_table = in.block_tables;
+    e.seq.kv = in.kv_seq_len;
+    pl.kv_len = in.kv_seq_len;
+    extra.push_back(e.k);
+    extra.push_back(e.v);
+  } else if (kv_list) {
+    ATTNREF_CHECK(static_cast<Index>(in.key_cache_list.size()) == pl.batch &&
+                      static_cast<Index>(in.value_cache_list.size()) == pl.batch,
+                  std::invalid_argument, fn, "key_cache_list/value_cache_list", "size mismatch",
+                  pl.batch,
+                  std::to_string(in.key_cache_list.size()) + " and " +
+                      std::to_string(in.value_cache_list.size()));
+    const auto& k0 = in.key_cache_list[0];
+    const auto& v0 = in.value_cache_list[0];
+    ATTNREF_CHECK(k0.size(1) == pl.nkv * pl.d, std::invalid_argument, fn,
+                  "key_cache_list[0].shape[1]", "mismatch (kvHeadNum * headSize)", pl.nkv * pl.d,
+                  k0.size(1));
+    ATTNREF_CHECK(v0.size(0) == k0.size(0) && v0.size(1) == pl.nkv * pl.dv, std::invalid_argument,
+                  fn, "value_cache_list[0].shape", "mismatch",
+                  "[" + std::to_string(k0.size(0)) + ", " + std::to_string(pl.nkv * pl.dv) + "]",
+                  detail::shape_str(v0));
+    for (Index b = 0; b < pl.batch; ++b) {
+      const auto& kb = in.key_cache_list[static_cast<size_t>(b)];
+      const auto& vb = in.value_cache_list[static_cast<size_t>(b)];
+      const std::string i = "[" + std::to_string(b) + "]";
+      ATTNREF_CHECK(kb.shape() == k0.shape() && kb.strides() == k0.strides(),
+                    std::invalid_argument, fn, "key_cache_list" + i,
+                    "shape or strides differ from entry 0", detail::shape_str(k0),
+                    detail::shape_str(kb));
+      ATTNREF_CHECK(vb.shape() == v0.shape() && vb.strides() == v0.strides(),
+                    std::invalid_argument, fn, "value_cache_list" + i,
+                    "shape or strides differ from entry 0", detail::shape_str(v0),
+                    detail::shape_str(vb));
+      detail::check_data(fn, ("key_cache_list" + i).c_str(), kb);
+      detail::check_data(fn, ("value_cache_list" + i).c_str(), vb);
+      for (const auto* x : {&kb, &vb})
+        extra.push_back(StridedView<const T, 4>(x->data(), {1, x->size(0), 1, x->size(1)},
+                                                {0, x->stride(0), 0, x->stride(1)}));
+      list_pages.k.push_back(kb.data());
+      list_pages.v.push_back(vb.data());
+      list_pages.first.push_back(b);
+    }
+    list_pages.page_size = std::max<Index>(1, k0.size(0));
+    pl.kv_len = detail::sa_token_offsets(in.seq_len, in.token_offset, active, k0.size(0));
+    // The engine sees entry 0's shape and strides for every sequence; its pages are the list.
+    e.k = StridedView<const T, 4>(k0.data(), {pl.batch, k0.size(0), pl.nkv, pl.d},
+                                  {0, k0.stride(0), pl.d * k0.stride(1), k0.stride(1)});
+    e.v = StridedView<const T, 4>(v0.data(), {pl.batch, v0.size(0), pl.nkv, pl.dv},
+                                  {0, v0.stride(0), pl.dv * v0.stride(1), v0.stride(1)});
+    e.seq.kv = pl.kv_len;
+    pl.pages = &list_pages;
+  } else {
+    const auto& kc = out.key_cache;
+    const auto& vc = out.value_cache;
+    ATTNREF_CHECK(!kc.absent() && !vc.absent(), std::invalid_argument, fn, "key_cache/value_cache",
+                  "missing", "[layerNum, batch, maxSeqLen, hidden]", "none");
+    ATTNREF_CHECK(kc.size(1) == pl.batch && kc.size(3) == pl.nkv * pl.d, std::invalid_argument, fn,
+                  "key_cache.shape", "mismatch",
+                  "[layerNum, " + std::to_string(pl.batch) + ", maxSeqLen, " +
+                      std::to_string(pl.nkv * pl.d) + "]",
+                  detail::shape_str(kc));
+    ATTNREF_CHECK(vc.size(0) == kc.size(0) && vc.size(1) == pl.batch && vc.size(2) == kc.size(2) &&
+                      vc.size(3) == pl.nkv * pl.dv,
+                  std::invalid_argument, fn, "value_cache.shape", "mismatch",
+                  "[" + std::to_string(kc.size(0)) + ", " + std::to_string(pl.batch) + ", " +
+                      std::to_string(kc.size(2)) + ", " + std::to_string(pl.nkv * pl.dv) + "]",
+                  detail::shape_str(vc));
+    ATTNREF_CHECK(in.layer_id >= 0 && in.layer_id < kc.size(0), std::out_of_range, fn, "layer_id",
+                  "out of range", "[0, " + std::to_string(kc.size(0)) + ")", in.layer_id);
+    pl.kv_len = detail::sa_token_offsets(in.seq_len, in.token_offset, active, kc.size(2));
+    e.k = detail::cache_layer(StridedView<const T, 4>(kc), in.layer_id, pl.nkv, pl.d);
+    e.v = detail::cache_layer(StridedView<const T, 4>(vc), in.layer_id, pl.nkv, pl.dv);
+    e.seq.kv = pl.kv_len;
+    extra.push_back(StridedView<const T, 4>(kc));
+    extra.push_back(StridedView<const T, 4>(vc));
+  }
+  detail::sa_finish_lengths(pl);
+  const std::array<Index, 3> out_shape{tokens, pl.nh, pl.dv};
+  ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape", "mismatch",
+                detail::shape_str<3>(out_shape), detail::shape_str(out.out));
+  pl.o = detail::packed(out.out);
 
   // Cache write: rows token_offset - seq_len + j of the layer, active sequences only.
-  if (!pa && !bypass) {
-    for (Index b = 0; b < batch; ++b) {
+  auto write_caches = [&] {
+    if (pa || prefix || bypass) return;
+    for (Index b = 0; b < pl.batch; ++b) {
       if (!active[static_cast<size_t>(b)]) continue;
       const Index first =
           in.token_offset[static_cast<size_t>(b)] - in.seq_len[static_cast<size_t>(b)];
       for (Index j = 0; j < in.seq_len[static_cast<size_t>(b)]; ++j) {
         const Index t = cu[static_cast<size_t>(b)] + j;
-        for (Index h = 0; h < nkv; ++h) {
-          for (Index e = 0; e < d; ++e)
-            out.key_cache(in.layer_id, b, first + j, h * d + e) = in.key(t, h, e);
-          for (Index e = 0; e < dv; ++e)
-            out.value_cache(in.layer_id, b, first + j, h * dv + e) = in.value(t, h, e);
+        for (Index h = 0; h < pl.nkv; ++h) {
+          for (Index x = 0; x < pl.d; ++x)
+            out.key_cache(in.layer_id, b, first + j, h * pl.d + x) = in.key(t, h, x);
+          for (Index x = 0; x < pl.dv; ++x)
+            out.value_cache(in.layer_id, b, first + j, h * pl.dv + x) = in.value(t, h, x);
         }
       }
     }
-  }
+  };
+  detail::sa_run(params, pl, num_threads, extra, write_caches);
+}
 
-  detail::AtbSelfAttentionVariant<T> var{
-      &params,
-      fp16_scores,
-      fp16_scores ? 1.0f : detail::AtbSelfAttentionVariant<T>::kMaskValue,
-      params.mask_type == P::MaskType::Norm ? in.mask : StridedView<const T, 3>{},
-      params.scale_type == P::ScaleType::LogN ? in.log_n : StridedView<const float, 1>{},
-      decoder,
-      transform_needed,
-      CausalHook{params.mask_type == P::MaskType::CausalMask ? CausalMode::TopLeft
-                                                             : CausalMode::None}};
-  attention_with(var, ein, ep, eout);
+/// ATB SelfAttention, inputLayout BNSD (semantics.md §2.10): ENCODER / DECODER / UNDEFINED with
+/// kv-bypass over BNSD caches, or PA_ENCODER over BNSD q / k / v. The output has the query's
+/// layout; its rows past seq_len[b] (and the rows of inactive sequences) are set to 0.
+template <class T>
+void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,
+                    const SelfAttentionBnsdOutputs<T>& out, int num_threads = 0) {
+  using P = SelfAttentionParams;
+  detail::sa_check_type<T>();
+  constexpr const char* fn = "self_attention";
+  validate(params);
+  ATTNREF_CHECK(params.input_layout == P::InputLayout::BNSD, std::invalid_argument, fn,
+                "params.input_layout", "BSND with the BNSD inputs",
+                "BNSD (use SelfAttentionInputs for BSND)", "BSND");
+  detail::sa_check_implemented(params);
+  const bool pa = params.calc_type == P::CalcType::PaEncoder;
+
+  detail::SelfAttentionPlan<T> pl;
+  pl.decoder = params.calc_type == P::CalcType::Decoder;
+  pl.mask = &in.mask;
+  pl.batch = in.query.size(0);
+  pl.nh = in.query.size(1);
+  pl.d = in.query.size(3);
+  pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
+  pl.dv = out.out.size(3);
+  const Index S = in.query.size(2);
+  ATTNREF_CHECK(pl.nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
+                "mismatch with params.num_heads", params.num_heads, pl.nh);
+  ATTNREF_CHECK(static_cast<Index>(in.seq_len.size()) == pl.batch, std::invalid_argument, fn,
+                "seq_len", "size mismatch with query.shape[0]", pl.batch, in.seq_len.size());
+  const std::vector<bool> active =
+      detail::sa_sequences(params, in.seq_len, in.batch_run_status, S, "query.shape[2]");
+  ATTNREF_CHECK(pl.d <= 256 && pl.dv <= 256, std::invalid_argument, fn, "head size",
+                "above ATB's BNSD limit", "<= 256", std::max(pl.d, pl.dv));
+  pl.q_len = in.seq_len;
+  std::vector<StridedView<const T, 4>> extra{in.query};
+  AttentionInputs<T>& e = pl.ein;
+  e.q = detail::bnsd_to_engine(in.query);
+  e.seq.q = in.seq_len;
+  if (pa) {
+    const std::array<Index, 4> ks{pl.batch, pl.nkv, S, pl.d}, vs{pl.batch, pl.nkv, S, pl.dv};
+    ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
+                  detail::shape_str<4>(ks), detail::shape_str(in.key));
+    ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
+                  detail::shape_str<4>(vs), detail::shape_str(in.value));
+    detail::check_data(fn, "key", in.key);
+    detail::check_data(fn, "value", in.value);
+    e.k = detail::bnsd_to_engine(in.key);
+    e.v = detail::bnsd_to_engine(in.value);
+    pl.kv_len = in.seq_len;
+    extra.push_back(in.key);
+    extra.push_back(in.value);
+  } else {
+    const auto& kc = out.key_cache;
+    const auto& vc = out.value_cache;
+    ATTNREF_CHECK(!kc.absent() && !vc.absent(), std::invalid_argument, fn, "key_cache/value_cache",
+                  "missing", "[layerNum, batch, kvHeadNum, maxSeqLen, headSize]", "none");
+    ATTNREF_CHECK(kc.size(1) == pl.batch && kc.size(2) == pl.nkv && kc.size(4) == pl.d,
+                  std::invalid_argument, fn, "key_cache.shape", "mismatch",
+                  "[layerNum, " + std::to_string(pl.batch) + ", " + std::to_string(pl.nkv) +
+                      ", maxSeqLen, " + std::to_string(pl.d) + "]",
+                  detail::shape_str(kc));
+    ATTNREF_CHECK(vc.size(0) == kc.size(0) && vc.size(1) == pl.batch && vc.size(2) == pl.nkv &&
+                      vc.size(3) == kc.size(3) && vc.size(4) == pl.dv,
+                  std::invalid_argument, fn, "value_cache.shape", "mismatch",
+                  "[" + std::to_string(kc.size(0)) + ", " + std::to_string(pl.batch) + ", " +
+                      std::to_string(pl.nkv) + ", " + std::to_string(kc.size(3)) + ", " +
+                      std::to_string(pl.dv) + "]",
+                  detail::shape_str(vc));
+    ATTNREF_CHECK(in.layer_id >= 0 && in.layer_id < kc.size(0), std::out_of_range, fn, "layer_id",
+                  "out of range", "[0, " + std::to_string(kc.size(0)) + ")", in.layer_id);
+    pl.kv_len = detail::sa_token_offsets(in.seq_len, in.token_offset, active, kc.size(3));
+    e.k = detail::bnsd_cache_layer(kc, in.layer_id);
+    e.v = detail::bnsd_cache_layer(vc, in.layer_id);
+    extra.push_back(e.k);
+    extra.push_back(e.v);
+  }
+  e.seq.kv = pl.kv_len;
+  detail::sa_finish_lengths(pl);
+  const std::array<Index, 4> out_shape{pl.batch, pl.nh, S, pl.dv};
+  ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape", "mismatch",
+                detail::shape_str<4>(out_shape), detail::shape_str(out.out));
+  pl.o = detail::bnsd_to_engine(out.out);
+  auto zero_padding = [&] {
+    for (Index b = 0; b < pl.batch; ++b)
+      for (Index h = 0; h < pl.nh; ++h)
+        for (Index i = in.seq_len[static_cast<size_t>(b)]; i < S; ++i)
+          for (Index x = 0; x < pl.dv; ++x) out.out(b, h, i, x) = T(0.0f);
+  };
+  detail::sa_run(params, pl, num_threads, extra, zero_padding);
 }
 
 }  // namespace attnref

@@ -280,11 +280,57 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
     require(p.out_data_type != P::OutDataType::Undefined, "params.out_data_type",
             "required by qkv full quantization", "Float16 or BFloat16", "Undefined");
   }
+  if (p.mask_type == P::MaskType::Undefined)
+    require(p.is_triu_mask == 0, "params.is_triu_mask", "set without a mask type", "0", "1");
   if (p.input_layout == P::InputLayout::BNSD) {
-    require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
-            "must be KBypassVBypass for BNSD input", "KBypassVBypass", "KCacheVCache");
-    require(p.mask_type != P::MaskType::Undefined, "params.mask_type", "must be set for BNSD input",
-            "not Undefined", "Undefined");
+    require(p.calc_type != P::CalcType::PrefixEncoder, "params.calc_type",
+            "not supported with BNSD input", "not PrefixEncoder", calc);
+    if (pa) {
+      // ATB's operation accepts BNSD PA_ENCODER (the feature list only names the bypass form):
+      // no mask, default kernel.
+      require(p.mask_type == P::MaskType::Undefined, "params.mask_type",
+              "must be Undefined for BNSD input with PaEncoder", "Undefined",
+              std::to_string(static_cast<int>(p.mask_type)));
+      require(p.kernel_type == P::KernelType::Default, "params.kernel_type",
+              "must be Default for BNSD input with PaEncoder", "Default", "HighPrecision");
+    } else {
+      require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
+              "must be KBypassVBypass for BNSD input", "KBypassVBypass", "KCacheVCache");
+      require(p.mask_type != P::MaskType::Undefined, "params.mask_type",
+              "must be set for BNSD input", "not Undefined", "Undefined");
+    }
+  }
+  if (p.calc_type == P::CalcType::PrefixEncoder) {
+    // ATB's PREFIX_ENCODER parameter checks.
+    const P::MaskType m = p.mask_type;
+    require(m == P::MaskType::NormCompress || m == P::MaskType::CausalMask ||
+                m == P::MaskType::AlibiCompress || m == P::MaskType::AlibiCompressSqrt,
+            "params.mask_type", "not supported by PrefixEncoder",
+            "NormCompress, CausalMask, AlibiCompress or AlibiCompressSqrt",
+            std::to_string(static_cast<int>(m)));
+    require(p.is_triu_mask == 1, "params.is_triu_mask", "must be 1 for PrefixEncoder", "1",
+            std::to_string(p.is_triu_mask));
+    require(p.kernel_type == P::KernelType::HighPrecision, "params.kernel_type",
+            "must be HighPrecision for PrefixEncoder", "HighPrecision", "Default");
+    require(p.q_scale == 1.0f, "params.q_scale", "must be 1 for PrefixEncoder", "1",
+            std::to_string(p.q_scale));
+    require(p.clamp_type == P::ClampType::Undefined, "params.clamp_type",
+            "not supported by PrefixEncoder", "Undefined", "MinMax");
+    require(p.kvcache_cfg == P::KvCacheCfg::KCacheVCache, "params.kvcache_cfg",
+            "not supported by PrefixEncoder", "KCacheVCache", "KBypassVBypass");
+    require(p.scale_type == P::ScaleType::Tor, "params.scale_type",
+            "not supported by PrefixEncoder", "Tor", "LogN");
+    require(p.cache_type == P::CacheType::Norm, "params.cache_type",
+            "not supported by PrefixEncoder", "Norm", "Swa");
+    require(p.quant_type == P::QuantType::Unquant && p.out_data_type == P::OutDataType::Undefined,
+            "params.quant_type/out_data_type", "not supported by PrefixEncoder",
+            "Unquant and Undefined", "a quantized configuration");
+    require(p.window_size == 0, "params.window_size", "not supported by PrefixEncoder", "0",
+            std::to_string(p.window_size));
+    require(p.mla_v_head_size == 0, "params.mla_v_head_size", "not supported by PrefixEncoder",
+            "0", std::to_string(p.mla_v_head_size));
+    require(!p.batch_run_status_enable, "params.batch_run_status_enable",
+            "not supported by PrefixEncoder", "false", "true");
   }
   if (kv_tensor_list) {
     require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
@@ -297,6 +343,12 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
             calc);
     require(!is_alibi(p.mask_type), "params.mask_type",
             "ALiBi not supported with the MLA merged kv cache", "not an ALiBi mask", "ALiBi");
+    require(p.mask_type == P::MaskType::Undefined || p.mask_type == P::MaskType::Norm ||
+                p.mask_type == P::MaskType::SlidingWindowNorm ||
+                p.mask_type == P::MaskType::SlidingWindowCompress,
+            "params.mask_type", "not supported with the MLA merged kv cache",
+            "Undefined, Norm, SlidingWindowNorm or SlidingWindowCompress",
+            std::to_string(static_cast<int>(p.mask_type)));
   }
   const bool swa_mask = p.mask_type == P::MaskType::SlidingWindowNorm ||
                         p.mask_type == P::MaskType::SlidingWindowCompress;

@@ -362,4 +362,22 @@ void attention_with(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
   detail::run_attention<Acc>(in, params, out, variant, g, detail::make_pages(in, g));
 }
 
+namespace detail {
+
+/// attention_with() over caller-built pages (e.g. one cache tensor per sequence, ATB's kv
+/// tensorlist). `in.k` / `in.v` give the shape and the token / head / element strides of every
+/// page; the pages' memory is the caller's to validate.
+template <class Acc = float, class Variant, class TQ, class TKV, class TO, class TS>
+void attention_with_pages(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
+                          const AttentionParams& params, const AttentionOutputs<TO, TS>& out,
+                          const KvPages<TKV>& pages) {
+  check_types<Acc, TQ, TKV, TO, TS>();
+  const Geometry g = resolve("attention_with", in, params, out);
+  ATTNREF_CHECK(static_cast<Index>(pages.first.size()) == g.batch, std::invalid_argument,
+                "attention_with", "pages.first", "size mismatch", g.batch, pages.first.size());
+  run_attention<Acc>(in, params, out, variant, g, pages);
+}
+
+}  // namespace detail
+
 }  // namespace attnref
