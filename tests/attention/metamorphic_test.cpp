@@ -2,9 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <attnref/attnref.hpp>
-
 #include <algorithm>
+#include <attnref/attnref.hpp>
 #include <cmath>
 #include <random>
 
@@ -103,9 +102,9 @@ TEST(Metamorphic, SequencesSharingPrefixBlocks) {
         attnref::StridedView<const float, 4>(vp.data(), {blocks, bs, nkv, d})};
     in.seq.kv = {len0, len1};
     in.block_table = attnref::StridedView<const std::int32_t, 2>(table.data(), {2, 3});
-    attnref::attention(in, attnref::AttentionParams{},
-                       attnref::AttentionOutputs<float>{
-                           attnref::StridedView<float, 4>(o.data(), {2, 1, nq, d})});
+    attnref::attention(
+        in, attnref::AttentionParams{},
+        attnref::AttentionOutputs<float>{attnref::StridedView<float, 4>(o.data(), {2, 1, nq, d})});
   };
   run(shared, o1);
   run(copied, o2);

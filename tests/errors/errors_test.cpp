@@ -298,8 +298,7 @@ struct PagedSetup {
     s.in.k = attnref::StridedView<const float, 4>(s.k.data(), {5, 2, s.Nkv, s.D});
     s.in.v = attnref::StridedView<const float, 4>(s.v.data(), {5, 2, s.Nkv, s.Dv});
     s.in.seq.kv = {5, 4};
-    s.in.block_table =
-        attnref::StridedView<const std::int32_t, 2>(table.data(), {s.B, cols});
+    s.in.block_table = attnref::StridedView<const std::int32_t, 2>(table.data(), {s.B, cols});
     s.out.probs = {};
   }
 };
@@ -313,16 +312,25 @@ TEST(Errors, PagedSetupRuns) {
 
 TEST(Errors, BlockTableEntryOutOfRange) {
   PagedSetup ps;
-  expect_error<std::out_of_range>([&](Fixture& s) { ps.apply(s, {0, 1, 5, 4, 3, -1}); },
-                                  "block_table[0][2] out of range: expected [0, 5), got 5");
-  expect_error<std::out_of_range>([&](Fixture& s) { ps.apply(s, {0, 1, 2, -1, 3, -1}); },
-                                  "block_table[1][0] out of range");
+  expect_error<std::out_of_range>(
+      [&](Fixture& s) {
+        ps.apply(s, {0, 1, 5, 4, 3, -1});
+      },
+      "block_table[0][2] out of range: expected [0, 5), got 5");
+  expect_error<std::out_of_range>(
+      [&](Fixture& s) {
+        ps.apply(s, {0, 1, 2, -1, 3, -1});
+      },
+      "block_table[1][0] out of range");
 }
 
 TEST(Errors, BlockTableTooShortOrMisshaped) {
   PagedSetup ps;
-  expect_error<IA>([&](Fixture& s) { ps.apply(s, {0, 1, 2, 3}, 2); },
-                   "seq.kv[0] exceeds block_table.shape[1] * block_size");
+  expect_error<IA>(
+      [&](Fixture& s) {
+        ps.apply(s, {0, 1, 2, 3}, 2);
+      },
+      "seq.kv[0] exceeds block_table.shape[1] * block_size");
   expect_error<IA>(
       [&](Fixture& s) {
         ps.apply(s, {0, 1, 2, 4, 3, -1});

@@ -2,8 +2,8 @@
 // Test-case harness: random data for a spec, packed into any layout and dtype, run through
 // attnref::attention, unpacked into the reference's per-sequence arrays.
 
-#include <attnref/attnref.hpp>
 #include <algorithm>
+#include <attnref/attnref.hpp>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -306,7 +306,8 @@ PagedKv<T> pack_paged(const Spec& s, const ref::Seqs& k, const ref::Seqs& v) {
       const Index blk = p.table[static_cast<size_t>(b * p.max_blocks + t / bs)];
       for (int h = 0; h < s.nkv; ++h) {
         for (int e = 0; e < s.d; ++e)
-          p.k(blk, t % bs, h, e) = from_double<T>(k[b][(static_cast<size_t>(t) * s.nkv + h) * s.d + e]);
+          p.k(blk, t % bs, h, e) =
+              from_double<T>(k[b][(static_cast<size_t>(t) * s.nkv + h) * s.d + e]);
         for (int e = 0; e < s.dv; ++e)
           p.v(blk, t % bs, h, e) =
               from_double<T>(v[b][(static_cast<size_t>(t) * s.nkv + h) * s.dv + e]);
@@ -335,10 +336,10 @@ LibResult run_lib(const Spec& s, const Data& d, Packed<T>* keep_o = nullptr) {
   const bool paged = s.layout == Lay::Paged;
   const Lay ql = paged ? Lay::BSND : s.layout;
   auto q = pack<T>(ql, d.q, s.q_len, s.nq, s.d);
-  auto k = pack<T>(ql, paged ? ref::Seqs(B) : d.k, paged ? std::vector<int>(B, 0) : s.kv_len,
-                   s.nkv, s.d);
-  auto v = pack<T>(ql, paged ? ref::Seqs(B) : d.v, paged ? std::vector<int>(B, 0) : s.kv_len,
-                   s.nkv, s.dv);
+  auto k = pack<T>(ql, paged ? ref::Seqs(B) : d.k, paged ? std::vector<int>(B, 0) : s.kv_len, s.nkv,
+                   s.d);
+  auto v = pack<T>(ql, paged ? ref::Seqs(B) : d.v, paged ? std::vector<int>(B, 0) : s.kv_len, s.nkv,
+                   s.dv);
   auto o = pack_layout<T>(ql, s.q_len, s.nq, s.dv);
   PagedKv<T> pkv;
   attnref::AttentionInputs<T> in{q.view, k.view, v.view};

@@ -69,14 +69,14 @@ struct SelfAttentionInputs {
   StridedView<const T, 3> query;
   StridedView<const T, 3> key{};  ///< new tokens (absent with kv-bypass); PrefixEncoder: cache
   StridedView<const T, 3> value{};
-  std::vector<Index> seq_len;                    ///< seqLen [batch]
-  StridedView<const T, 3> mask{};                ///< NORM / NORM_COMPRESS mask (see above)
-  StridedView<const float, 1> log_n{};           ///< logN (scaleType LOGN)
-  std::vector<Index> token_offset{};             ///< tokenOffset [batch] (cache calcTypes)
-  Index layer_id = 0;                            ///< layerId (cache calcTypes)
-  std::vector<std::int32_t> batch_run_status{};  ///< batchRunStatus [batch], 0 or 1
-  std::vector<Index> kv_seq_len{};               ///< kvSeqLen [batch] (PrefixEncoder)
-  StridedView<const std::int32_t, 2> block_tables{};  ///< blockTables (PrefixEncoder)
+  std::vector<Index> seq_len;                             ///< seqLen [batch]
+  StridedView<const T, 3> mask{};                         ///< NORM / NORM_COMPRESS mask (see above)
+  StridedView<const float, 1> log_n{};                    ///< logN (scaleType LOGN)
+  std::vector<Index> token_offset{};                      ///< tokenOffset [batch] (cache calcTypes)
+  Index layer_id = 0;                                     ///< layerId (cache calcTypes)
+  std::vector<std::int32_t> batch_run_status{};           ///< batchRunStatus [batch], 0 or 1
+  std::vector<Index> kv_seq_len{};                        ///< kvSeqLen [batch] (PrefixEncoder)
+  StridedView<const std::int32_t, 2> block_tables{};      ///< blockTables (PrefixEncoder)
   std::vector<StridedView<const T, 2>> key_cache_list{};  ///< kv tensorlist (Decoder + bypass)
   std::vector<StridedView<const T, 2>> value_cache_list{};
 };
@@ -163,7 +163,8 @@ struct AtbSelfAttentionVariant {
       const Index b = mask.size(0) == 1 ? 0 : c.batch;
       m = static_cast<float>(mask(b, c.q, c.kv)) * mask_coeff;
     } else if (compressed && compress.on_diagonal(si, c.q, c.kv)) {
-      m = static_cast<float>(mask(0, compress.tile_row(si, c.q), NormCompressHook::tile_col(c.kv))) *
+      m = static_cast<float>(
+              mask(0, compress.tile_row(si, c.q), NormCompressHook::tile_col(c.kv))) *
           mask_coeff;
     }
     if (fp16_scores) return static_cast<Acc>(fp16(s + fp16(m)));
@@ -211,15 +212,15 @@ StridedView<E, 4> split_hidden(const StridedView<E, 3>& v, Index heads, Index d)
 template <class T>
 struct SelfAttentionPlan {
   AttentionInputs<T> ein;
-  StridedView<T, 4> o;                 // engine output view
+  StridedView<T, 4> o;  // engine output view
   const StridedView<const T, 3>* mask = nullptr;
   const StridedView<const float, 1>* log_n = nullptr;
   Index batch = 0, max_q = 0, max_kv = 0, nh = 0, nkv = 0, d = 0, dv = 0;
-  std::vector<Index> q_len;            // per sequence
-  std::vector<Index> kv_len;           // per sequence (0 for inactive sequences)
+  std::vector<Index> q_len;   // per sequence
+  std::vector<Index> kv_len;  // per sequence (0 for inactive sequences)
   bool decoder = false;
-  bool bottom_right = false;           // PREFIX_ENCODER
-  const KvPages<T>* pages = nullptr;   // kv tensorlist
+  bool bottom_right = false;          // PREFIX_ENCODER
+  const KvPages<T>* pages = nullptr;  // kv tensorlist
 };
 
 inline void sa_not_yet(bool ok, const char* field, const std::string& got) {
@@ -231,11 +232,11 @@ inline void sa_not_yet(bool ok, const char* field, const std::string& got) {
 inline void sa_check_implemented(const SelfAttentionParams& params) {
   using P = SelfAttentionParams;
   const P::MaskType m = params.mask_type;
-  sa_not_yet(m == P::MaskType::Undefined || m == P::MaskType::Norm ||
-                 m == P::MaskType::CausalMask || m == P::MaskType::NormCompress,
-             "params.mask_type",
-             std::to_string(static_cast<int>(m)) +
-                 " (ALiBi and sliding-window masks: the masks issue)");
+  sa_not_yet(
+      m == P::MaskType::Undefined || m == P::MaskType::Norm || m == P::MaskType::CausalMask ||
+          m == P::MaskType::NormCompress,
+      "params.mask_type",
+      std::to_string(static_cast<int>(m)) + " (ALiBi and sliding-window masks: the masks issue)");
   if (m == P::MaskType::NormCompress)
     sa_not_yet(params.calc_type == P::CalcType::PaEncoder ||
                    params.calc_type == P::CalcType::PrefixEncoder,
@@ -347,8 +348,8 @@ inline std::vector<bool> sa_sequences(const SelfAttentionParams& params,
     const std::string arg = "seq_len[" + std::to_string(b) + "]";
     ATTNREF_CHECK(l >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", l);
     if (max_len >= 0)
-      ATTNREF_CHECK(l <= max_len, std::invalid_argument, fn, arg, std::string("exceeds ") + max_name,
-                    "<= " + std::to_string(max_len), l);
+      ATTNREF_CHECK(l <= max_len, std::invalid_argument, fn, arg,
+                    std::string("exceeds ") + max_name, "<= " + std::to_string(max_len), l);
     if (params.calc_type == SelfAttentionParams::CalcType::Decoder)
       ATTNREF_CHECK(l == 1, std::invalid_argument, fn, arg, "not 1 for Decoder", 1, l);
   }
@@ -503,8 +504,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
       ATTNREF_CHECK(hs <= 128 && hs % 16 == 0, std::invalid_argument, fn, "head size",
                     "not supported by PrefixEncoder", "a multiple of 16, <= 128", hs);
     ATTNREF_CHECK(in.key.size(1) * pl.d <= 128 * 128, std::invalid_argument, fn,
-                  "key.shape[1] (blockSize) * headSize", "above PrefixEncoder's limit",
-                  "<= 16384", in.key.size(1) * pl.d);
+                  "key.shape[1] (blockSize) * headSize", "above PrefixEncoder's limit", "<= 16384",
+                  in.key.size(1) * pl.d);
     ATTNREF_CHECK(static_cast<Index>(in.kv_seq_len.size()) == pl.batch, std::invalid_argument, fn,
                   "kv_seq_len", "size mismatch", pl.batch, in.kv_seq_len.size());
     for (Index b = 0; b < pl.batch; ++b)
@@ -542,14 +543,12 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
       const auto& kb = in.key_cache_list[static_cast<size_t>(b)];
       const auto& vb = in.value_cache_list[static_cast<size_t>(b)];
       const std::string i = "[" + std::to_string(b) + "]";
-      ATTNREF_CHECK(kb.shape() == k0.shape() && kb.strides() == k0.strides(),
-                    std::invalid_argument, fn, "key_cache_list" + i,
-                    "shape or strides differ from entry 0", detail::shape_str(k0),
-                    detail::shape_str(kb));
-      ATTNREF_CHECK(vb.shape() == v0.shape() && vb.strides() == v0.strides(),
-                    std::invalid_argument, fn, "value_cache_list" + i,
-                    "shape or strides differ from entry 0", detail::shape_str(v0),
-                    detail::shape_str(vb));
+      ATTNREF_CHECK(kb.shape() == k0.shape() && kb.strides() == k0.strides(), std::invalid_argument,
+                    fn, "key_cache_list" + i, "shape or strides differ from entry 0",
+                    detail::shape_str(k0), detail::shape_str(kb));
+      ATTNREF_CHECK(vb.shape() == v0.shape() && vb.strides() == v0.strides(), std::invalid_argument,
+                    fn, "value_cache_list" + i, "shape or strides differ from entry 0",
+                    detail::shape_str(v0), detail::shape_str(vb));
       detail::check_data(fn, ("key_cache_list" + i).c_str(), kb);
       detail::check_data(fn, ("value_cache_list" + i).c_str(), vb);
       for (const auto* x : {&kb, &vb})

@@ -327,8 +327,8 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
             "Unquant and Undefined", "a quantized configuration");
     require(p.window_size == 0, "params.window_size", "not supported by PrefixEncoder", "0",
             std::to_string(p.window_size));
-    require(p.mla_v_head_size == 0, "params.mla_v_head_size", "not supported by PrefixEncoder",
-            "0", std::to_string(p.mla_v_head_size));
+    require(p.mla_v_head_size == 0, "params.mla_v_head_size", "not supported by PrefixEncoder", "0",
+            std::to_string(p.mla_v_head_size));
     require(!p.batch_run_status_enable, "params.batch_run_status_enable",
             "not supported by PrefixEncoder", "false", "true");
   }

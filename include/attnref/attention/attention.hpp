@@ -298,7 +298,8 @@ KvPages<TKV> make_pages(const AttentionInputs<TQ, TKV>& in, const Geometry& g) {
     pg.page_size = in.k.size(1);
     for (Index b = 0; b < n; ++b) {
       pg.first[static_cast<size_t>(b)] = static_cast<Index>(pg.k.size());
-      const Index blocks = (g.seqs[static_cast<size_t>(b)].kv_len + pg.page_size - 1) / pg.page_size;
+      const Index blocks =
+          (g.seqs[static_cast<size_t>(b)].kv_len + pg.page_size - 1) / pg.page_size;
       for (Index j = 0; j < blocks; ++j) {
         const Index id = in.block_table(b, j);
         pg.k.push_back(in.k.data() + id * in.k.stride(0));

@@ -227,7 +227,8 @@ struct Engine {
       bool even = x.stride(3) == 1;
       for (Index c = 1; even && c < cols; ++c)
         even = row[static_cast<size_t>(c)] == row[0] + c * x.stride(1);
-      if (even) return ConstRowMap<Acc>(row[0] + hs, cols, width, Eigen::OuterStride<>(x.stride(1)));
+      if (even)
+        return ConstRowMap<Acc>(row[0] + hs, cols, width, Eigen::OuterStride<>(x.stride(1)));
     }
     for (Index c = 0; c < cols; ++c)
       load_row<Acc>(row[static_cast<size_t>(c)] + hs, x.stride(3), width, buf.data() + c * width,
@@ -342,8 +343,8 @@ struct Engine {
 
   /// O += P·V for heads [h0, h1) and one tile. A position masked for a row is never read for
   /// that row, so NaN/Inf stored there cannot leak (0 * NaN would).
-  void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
-                     Index cols, bool partial) const {
+  void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
+                     bool partial) const {
     const Index dv = g.v_head_size;
     if (small(rows)) {  // stream V token by token across the heads, four tokens at a time
       if constexpr (std::is_same_v<Acc, float>) {

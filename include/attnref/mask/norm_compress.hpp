@@ -29,9 +29,7 @@ struct NormCompressHook {
   /// Keys in blocks above the diagonal are skipped.
   bool masked(const SeqInfo& s, Index i, Index j) const { return j / kTile > block(s, i); }
   /// True when (i, j) lies in the diagonal block; then tile_row / tile_col index the tile.
-  bool on_diagonal(const SeqInfo& s, Index i, Index j) const {
-    return j / kTile == block(s, i);
-  }
+  bool on_diagonal(const SeqInfo& s, Index i, Index j) const { return j / kTile == block(s, i); }
   Index tile_row(const SeqInfo& s, Index i) const { return (i + offset(s)) % kTile; }
   static Index tile_col(Index j) { return j % kTile; }
 
