@@ -55,12 +55,16 @@ inline std::vector<std::vector<double>> atb_self_attention(
             dot += pr.to_dtype(q[b][(static_cast<size_t>(i) * N + h) * D + d] * pr.q_scale) *
                    k[b][(static_cast<size_t>(j) * Nk + hk) * D + d];
           double x = dot;
+          const double log_n =
+              pr.log_n.empty()
+                  ? 1.0
+                  : pr.log_n[static_cast<size_t>(pr.log_n_per_batch ? static_cast<int>(b) : i)];
           if (pr.fp16_scores) {
             x = round_fp16(x);
+            if (!pr.log_n.empty()) x = round_fp16(x * log_n);
             x = round_fp16(x * round_fp16(pr.qk_scale));
           } else {
-            if (!pr.log_n.empty())
-              x *= pr.log_n[static_cast<size_t>(pr.log_n_per_batch ? static_cast<int>(b) : i)];
+            x *= log_n;
             x *= pr.qk_scale;
           }
           if (pr.clamp) x = round_fp16(std::min(std::max(x, pr.clamp_min), pr.clamp_max));

@@ -42,7 +42,8 @@
 ///                                                 j > i (PREFIX_ENCODER: j > i + kv − q) get
 ///                                                 probability 0)
 ///   out = softmax_j(s) · V                       (fp32), rounded to the data type
-/// DEFAULT with fp16 data rounds s to fp16 after the product, after qkScale and after the mask
+/// DEFAULT with fp16 data rounds s to fp16 after the product, after logN (a float32 factor),
+/// after qkScale (rounded to fp16 first) and after the mask
 /// addition, as the NPU's fp16 kernel does, so an fp16 overflow gives inf / NaN exactly where the
 /// NPU does; HIGH_PRECISION (and bf16, always) keeps fp32. A fully masked row follows the −3e38
 /// arithmetic: a uniform average of its values, as on the NPU.
@@ -151,6 +152,7 @@ struct AtbSelfAttentionVariant {
     float s = static_cast<float>(raw);
     if (fp16_scores) {
       s = fp16(s);
+      if (!log_n.absent()) s = fp16(s * log_n(log_n_per_batch ? c.batch : c.q));
       s = fp16(s * fp16(p->qk_scale));
     } else {
       if (!log_n.absent()) s *= log_n(log_n_per_batch ? c.batch : c.q);
@@ -237,10 +239,6 @@ inline void sa_check_implemented(const SelfAttentionParams& params) {
           m == P::MaskType::NormCompress,
       "params.mask_type",
       std::to_string(static_cast<int>(m)) + " (ALiBi and sliding-window masks: the masks issue)");
-  if (m == P::MaskType::NormCompress)
-    sa_not_yet(params.calc_type == P::CalcType::PaEncoder ||
-                   params.calc_type == P::CalcType::PrefixEncoder,
-               "params.mask_type", "NormCompress with a cache calcType (the masks issue)");
   sa_not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type",
              "quantized (the quantization issue)");
 }

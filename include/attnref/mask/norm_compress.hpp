@@ -5,11 +5,13 @@
 /// diagonal; bf16 / HIGH_PRECISION: binary, 1 above the diagonal). The NPU kernel walks the score
 /// matrix in 128 x 128 blocks: a block on the diagonal adds the tile, a block below it adds
 /// nothing, a block above it is skipped (its keys get probability 0). With query positions
-/// shifted by `offset` (0 for PA_ENCODER; kv_len - q_len for PREFIX_ENCODER, whose causal
-/// diagonal is aligned bottom-right), query i and key j fall in block row (i + offset) / 128 and
-/// block column j / 128, and the diagonal block reads tile[(i + offset) % 128][j % 128]. With
-/// the documented triangular tile this is exactly the (bottom-right aligned) causal mask
-/// (semantics.md §2.4).
+/// shifted by `offset` (kv_len - q_len for PREFIX_ENCODER, whose causal diagonal is aligned
+/// bottom-right; 0 otherwise), query i and key j fall in block row (i + offset) / 128 and block
+/// column j / 128, and the diagonal block reads tile[(i + offset) % 128][j % 128]. With the
+/// documented triangular tile this is exactly the (bottom-right aligned) causal mask
+/// (semantics.md §2.4). ENCODER / DECODER / UNDEFINED use offset 0, like the top-left slice
+/// [0, seqLen) x [0, tokenOffset) the vendor's golden takes of a mask: a decoder query (row 0)
+/// then sees key 0 only, so a compressed mask makes no sense there (use maskType UNDEFINED).
 
 #include <algorithm>
 
