@@ -195,6 +195,26 @@ TEST(SelfAttentionPaEncoder, Fp16OverflowGivesNanInDefaultAndFiniteInHighPrecisi
   EXPECT_TRUE(support::all_close(hp.want, hp.got, support::tolerance(support::Kind::F16)));
 }
 
+TEST(SelfAttentionPaEncoder, Fp16ScorePathGivesTheSameBitsAtEverySimdLevel) {
+  // The DEFAULT path rounds whole score rows to fp16 with SIMD conversions when compiled in:
+  // the portable path must give the same bits (prefill-sized rows go through the same GEMMs).
+  namespace simd = attnref::detail::simd;
+  Case c;
+  c.high_precision = false;
+  c.mask = Mask::NormAdditive;
+  c.clamp = true;
+  c.value_scale = 3.0;
+  c.seq_len = {40, 100, 300};
+  const simd::Level previous = simd::set_level(simd::Level::Portable);
+  const Result portable = run_case<attnref::half>(c);
+  simd::set_level(simd::compiled_level());
+  const Result fast = run_case<attnref::half>(c);
+  simd::set_level(previous);
+  ASSERT_EQ(portable.got.size(), fast.got.size());
+  for (size_t i = 0; i < fast.got.size(); ++i) ASSERT_EQ(portable.got[i], fast.got[i]) << i;
+  EXPECT_TRUE(support::all_close(fast.want, fast.got, support::tolerance(support::Kind::F16)));
+}
+
 TEST(SelfAttentionPaEncoder, CausalMaskEqualsTheBinaryTriangle) {
   // CAUSAL_MASK (generated) and a NORM mask holding only the upper triangle give the same bits.
   using T = attnref::bfloat16;

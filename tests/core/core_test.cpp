@@ -206,6 +206,32 @@ TEST(Simd, HalfToFloatIsExactForEveryBitPattern) { expect_exact_conversion<attnr
 
 TEST(Simd, BfloatToFloatIsExactForEveryBitPattern) { expect_exact_conversion<attnref::bfloat16>(); }
 
+// round_to_half gives Eigen's scalar float -> half -> float at every level: a stride through
+// all float bit patterns plus the ties, the overflow edge, subnormals, zeros, infinities.
+TEST(Simd, RoundToHalfMatchesTheScalarConversion) {
+  std::vector<float> x;
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 4093)
+    x.push_back(Eigen::numext::bit_cast<float>(static_cast<std::uint32_t>(b)));
+  for (float v : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1.0f + 1.0f / 2048,
+                  1.0f + 3.0f / 2048, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-5f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()})
+    x.push_back(v);
+  at_every_level([&] {
+    std::vector<float> fast = x;
+    simd::round_to_half(fast.data(), static_cast<Index>(fast.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float slow = static_cast<float>(attnref::half(x[i]));
+      if (std::isnan(slow)) {
+        ASSERT_TRUE(std::isnan(fast[i])) << x[i];
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(&fast[i], &slow, sizeof(float)), 0)
+          << std::hexfloat << x[i] << " -> " << fast[i] << " vs " << slow;
+    }
+  });
+}
+
 TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
   const simd::Level previous = simd::set_level(simd::Level::Portable);
   EXPECT_FALSE(simd::enabled());

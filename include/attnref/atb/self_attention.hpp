@@ -48,6 +48,7 @@
 /// NPU does; HIGH_PRECISION (and bf16, always) keeps fp32. A fully masked row follows the −3e38
 /// arithmetic: a uniform average of its values, as on the NPU.
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -61,6 +62,7 @@
 #include "attnref/attention/attention.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/detail/simd.hpp"
 #include "attnref/mask/norm_compress.hpp"
 
 namespace attnref {
@@ -171,6 +173,76 @@ struct AtbSelfAttentionVariant {
     }
     if (fp16_scores) return static_cast<Acc>(fp16(s + fp16(m)));
     return static_cast<Acc>(s + m);
+  }
+
+  /// transform() on `cols` consecutive keys of one query row (c: the first): the same
+  /// operations in the same order on whole rows, with the fp16 roundings vectorised
+  /// (simd::round_to_half: the same bits at every SIMD level). The engine discards the entries
+  /// of masked keys.
+  template <class Acc>
+  void transform_row(const SeqInfo& si, const Coord& c, Acc* row, Index cols) const {
+    if constexpr (!std::is_same_v<Acc, float>) {
+      for (Index j = 0; j < cols; ++j)
+        row[j] = transform<Acc>(si, Coord{c.batch, c.q, c.kv + j, c.q_head, c.kv_head}, row[j]);
+    } else {
+      constexpr Index kChunk = 256;
+      for (Index j0 = 0; j0 < cols; j0 += kChunk) {
+        const Index n = std::min(kChunk, cols - j0);
+        row_chunk(si, Coord{c.batch, c.q, c.kv + j0, c.q_head, c.kv_head}, row + j0, n);
+      }
+    }
+  }
+
+ private:
+  using RowArray = Eigen::Array<float, Eigen::Dynamic, 1>;
+
+  void row_chunk(const SeqInfo& si, const Coord& c, float* row, Index n) const {
+    Eigen::Map<RowArray> s(row, n);
+    const auto r16 = [n](float* x) { simd::round_to_half(x, n); };
+    const float ln = log_n.absent() ? 1.0f : log_n(log_n_per_batch ? c.batch : c.q);
+    if (fp16_scores) {
+      r16(row);
+      if (!log_n.absent()) {
+        s *= ln;
+        r16(row);
+      }
+      s *= fp16(p->qk_scale);
+      r16(row);
+    } else {
+      if (!log_n.absent()) s *= ln;
+      s *= p->qk_scale;
+    }
+    if (p->clamp_type == P::ClampType::MinMax) {  // Eigen's max / min keep std::max's NaN rule
+      s = s.max(p->clamp_min).min(p->clamp_max);
+      r16(row);
+    }
+    alignas(64) float mbuf[256];
+    Eigen::Map<RowArray> m(mbuf, n);
+    if (p->mask_type == P::MaskType::Norm) {
+      const Index b = mask.size(0) == 1 ? 0 : c.batch;
+      const T* src = mask.ptr(b, c.q, c.kv);
+      if (mask.stride(2) == 1)
+        simd::to_float(src, n, mbuf);
+      else
+        for (Index j = 0; j < n; ++j) mbuf[j] = static_cast<float>(src[j * mask.stride(2)]);
+      m *= mask_coeff;
+    } else if (compressed) {
+      for (Index j = 0; j < n; ++j)
+        mbuf[j] = compress.on_diagonal(si, c.q, c.kv + j)
+                      ? static_cast<float>(mask(0, compress.tile_row(si, c.q),
+                                                NormCompressHook::tile_col(c.kv + j))) *
+                            mask_coeff
+                      : 0.0f;
+    } else {
+      return;  // no mask term: adding 0 changes no score (fp16 values stay fp16)
+    }
+    if (fp16_scores) {
+      r16(mbuf);
+      s += m;
+      r16(row);
+    } else {
+      s += m;
+    }
   }
 };
 

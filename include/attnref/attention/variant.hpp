@@ -15,6 +15,11 @@
 ///   template <class Acc> Acc transform(const SeqInfo& s, const Coord& c, Acc score) const;
 ///       // the scaled score -> the logit fed to softmax (bias, soft-cap, ...); called only for
 ///       // visible positions
+///   template <class Acc> void transform_row(const SeqInfo& s, const Coord& c, Acc* row,
+///                                           Index cols) const;   // optional
+///       // transform() of the keys c.kv .. c.kv + cols - 1 of one query row, in place, giving
+///       // the same values; lets a variant vectorise. It may see masked keys too: the engine
+///       // overwrites their entries afterwards.
 ///
 /// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
 /// counted from the start of the sequence. A masked position is never read after its score is
@@ -24,6 +29,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "attnref/attention/params.hpp"
 #include "attnref/core/types.hpp"
@@ -52,6 +59,15 @@ struct KvRange {
   Index begin;
   Index end;
 };
+
+/// True when V has the optional transform_row hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_transform_row : std::false_type {};
+template <class V, class Acc>
+struct has_transform_row<V, Acc,
+                         std::void_t<decltype(std::declval<const V&>().template transform_row<Acc>(
+                             std::declval<const SeqInfo&>(), std::declval<const Coord&>(),
+                             std::declval<Acc*>(), Index{}))>> : std::true_type {};
 
 enum class TileMask { None, All, Partial };
 

@@ -286,6 +286,23 @@ struct Engine {
     const bool partial = tm == TileMask::Partial;
     const bool transform = var.has_transform();
     if (!partial && !transform) return;
+    if constexpr (has_transform_row<Variant, Acc>::value) {
+      if (transform) {
+        for (Index r = 0; r < rows; ++r) {
+          const Index gi = r / nq;
+          const Index i = q0 + r % nq;
+          Acc* srow = hd.s + r * ld();
+          std::uint8_t* frow = hd.f + r * ld();
+          const Coord c0{si.batch, i, j0, hd.kv_head * g.group + gi, hd.kv_head};
+          var.template transform_row<Acc>(si, c0, srow, cols);
+          for (Index c = 0; c < cols; ++c) {
+            frow[c] = partial && var.masked(si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head});
+            if (frow[c]) srow[c] = kNegInf;
+          }
+        }
+        return;
+      }
+    }
     for (Index r = 0; r < rows; ++r) {
       const Index gi = r / nq;
       const Index i = q0 + r % nq;

@@ -138,6 +138,25 @@ inline void to_float(const T* src, Index n, float* dst) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+/// x[i] = float(half(x[i])): rounds n floats to fp16 precision in place (round to nearest
+/// even, overflow to inf), the same bits at every level.
+inline void round_to_half(float* x, Index n) {
+  Index i = 0;
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() == Level::Avx512)
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(x + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                                              _MM_FROUND_TO_NEAREST_INT)));
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                              _MM_FROUND_TO_NEAREST_INT)));
+#endif
+  for (; i < n; ++i) x[i] = static_cast<float>(half(x[i]));
+}
+
 // ------------------------------------------------------------------------------------------
 // Small-row micro-kernels (decode): R <= 8 query rows against K/V rows streamed from memory,
 // converted from fp16/bf16 in registers. Compute type float.
