@@ -2,6 +2,7 @@
 // (Hq=32, Hkv=8, D=128), to compare with prefill/ and decode/ (the operator layer must not copy
 // K/V):
 //   self_attention/pa_encoder/<f16|bf16>/<default|high_precision>/S:<S>/threads:<T>  causal
+//   self_attention/encoder/f16/S:<S>/threads:<T>  cache write + causal prefill (high precision)
 //   self_attention/decoder/f16/B:<B>/KV:4096/threads:<T>  cache write + decode (high precision)
 
 #include <benchmark/benchmark.h>
@@ -47,6 +48,40 @@ void pa_encoder(benchmark::State& state, Index s, bool high_precision, int threa
   in.seq_len = {s};
   attnref::SelfAttentionOutputs<T> out;
   out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
+  for (auto _ : state) {
+    attnref::self_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+  }
+  const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
+  state.counters["GFLOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class T>
+void encoder(benchmark::State& state, Index s, int threads) {
+  auto kc = random_data<T>(static_cast<size_t>(s * kKvHeads * kD), 4);
+  auto vc = random_data<T>(kc.size(), 5);
+  const auto q = random_data<T>(static_cast<size_t>(s * kHeads * kD), 1);
+  const auto k = random_data<T>(kc.size(), 2);
+  const auto v = random_data<T>(kc.size(), 3);
+  std::vector<T> o(q.size());
+  P p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.qk_scale = 0.088f;
+  p.calc_type = P::CalcType::Encoder;
+  p.mask_type = P::MaskType::CausalMask;
+  p.kernel_type = P::KernelType::HighPrecision;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = attnref::StridedView<const T, 3>(q.data(), {s, kHeads, kD});
+  in.key = attnref::StridedView<const T, 3>(k.data(), {s, kKvHeads, kD});
+  in.value = attnref::StridedView<const T, 3>(v.data(), {s, kKvHeads, kD});
+  in.seq_len = {s};
+  in.token_offset = {s};
+  attnref::SelfAttentionOutputs<T> out;
+  out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
+  out.key_cache = attnref::StridedView<T, 4>(kc.data(), {1, 1, s, kKvHeads * kD});
+  out.value_cache = attnref::StridedView<T, 4>(vc.data(), {1, 1, s, kKvHeads * kD});
   for (auto _ : state) {
     attnref::self_attention(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());
@@ -104,6 +139,9 @@ const bool registered = [] {
     for (Index s : {512, 2048})
       reg("self_attention/pa_encoder/bf16/high_precision/S:" + std::to_string(s) + th,
           [=](benchmark::State& st) { pa_encoder<attnref::bfloat16>(st, s, true, t); });
+    for (Index s : {512, 2048})
+      reg("self_attention/encoder/f16/S:" + std::to_string(s) + th,
+          [=](benchmark::State& st) { encoder<attnref::half>(st, s, t); });
     for (Index b : {1, 8})
       reg("self_attention/decoder/f16/B:" + std::to_string(b) + "/KV:4096" + th,
           [=](benchmark::State& st) { decoder<attnref::half>(st, b, 4096, t); });
