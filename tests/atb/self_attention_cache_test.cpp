@@ -310,6 +310,40 @@ TEST(SelfAttentionCache, BadInputIsRejectedBeforeAnyWrite) {
         run(brs, s, c, 0, true, {1, 2, 1});
       },
       "batch_run_status[1] not 0 or 1");
+  expect_rejected<std::invalid_argument>([&](Step& s, Caches& c) { run(brs, s, c, 0, true); },
+                                         "batch_run_status size mismatch");
+  expect_rejected<std::invalid_argument>(
+      [&](Step& s, Caches&) {
+        attnref::SelfAttentionInputs<T> in;
+        in.query = attnref::StridedView<const T, 3>(s.q.data(), {s.tokens, kHeads, kD});
+        in.key = attnref::StridedView<const T, 3>(s.k.data(), {s.tokens, kKv, kD});
+        in.value = attnref::StridedView<const T, 3>(s.v.data(), {s.tokens, kKv, kDv});
+        in.seq_len = s.seq_len;
+        in.token_offset = s.token_offset;
+        attnref::self_attention(enc, in,
+                                attnref::SelfAttentionOutputs<T>{attnref::StridedView<T, 3>(
+                                    s.out.data(), {s.tokens, kHeads, kDv})});
+      },
+      "key_cache/value_cache missing");
+  P norm = enc;
+  norm.mask_type = P::MaskType::Norm;
+  expect_rejected<std::invalid_argument>([&](Step& s, Caches& c) { run(norm, s, c, 0, true); },
+                                         "mask missing for NORM");
+  P logn = base_params(P::CalcType::Decoder);
+  logn.scale_type = P::ScaleType::LogN;
+  const std::vector<float> short_log_n = {1.0f, 1.0f};
+  expect_rejected<std::invalid_argument>(
+      [&](Step& s, Caches& c) {
+        s = make_step({1, 1, 1}, {2, 3, 1}, 61);
+        run(logn, s, c, 0, true);
+      },
+      "log_n missing for LOGN");
+  expect_rejected<std::invalid_argument>(
+      [&](Step& s, Caches& c) {
+        s = make_step({1, 1, 1}, {2, 3, 1}, 61);
+        run(logn, s, c, 0, true, {}, &short_log_n);
+      },
+      "log_n.shape[0]");
 }
 
 }  // namespace
