@@ -1,6 +1,7 @@
 // attnref_bench: prefill and decode throughput of the attention engine, next to the naive
 // reference. Names are stable (other families add their own):
 //   prefill/<kv dtype>/<dense|causal>/S:<S>/threads:<T>   B=1, Hq=32, Hkv=8, D=128
+//   prefill/f32/swa:<W>/S:2048/threads:<T>                 causal sliding window of W keys
 //   decode/<kv dtype>/B:<B>/KV:<kv>/threads:<T>           same heads, one query token
 //   reference/<dense|causal>/S:<S>                          naive double loops, small sizes
 // Counters: GFLOPS = useful FLOPs per second (4*B*Hq*Sq*Skv*D dense; causal counts unmasked pairs
@@ -31,7 +32,8 @@ std::vector<T> random_vector(size_t n, unsigned seed) {
 }
 
 template <class T>
-void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal, int threads) {
+void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal, int threads,
+         Index window = 0) {
   const auto q = random_vector<T>(static_cast<size_t>(batch * sq * kHeads * kHeadSize), 1);
   const auto k = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 2);
   const auto v = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 3);
@@ -43,17 +45,21 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
   p.causal = causal ? attnref::CausalMode::BottomRight : attnref::CausalMode::None;
+  p.window = window;
   p.num_threads = threads;
   for (auto _ : state) {
     attnref::attention(in, p, out);
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
-  // Useful pairs: causal bottom-right, query i sees skv - sq + i + 1 keys.
+  // Useful pairs: causal bottom-right, query i sees skv - sq + i + 1 keys (at most window).
   double pairs = static_cast<double>(sq) * static_cast<double>(skv);
   if (causal) {
     pairs = 0;
-    for (Index i = 0; i < sq; ++i) pairs += static_cast<double>(std::min(skv, skv - sq + i + 1));
+    for (Index i = 0; i < sq; ++i) {
+      const Index seen = std::min(skv, skv - sq + i + 1);
+      pairs += static_cast<double>(window > 0 ? std::min(seen, window) : seen);
+    }
   }
   const double flops = 4.0 * batch * kHeads * pairs * kHeadSize;
   state.counters["GFLOPS"] =
@@ -95,6 +101,16 @@ void register_dtype() {
                                  "/S:" + std::to_string(s) + "/threads:" + std::to_string(t);
         benchmark::RegisterBenchmark(name.c_str(),
                                      [=](benchmark::State& st) { run<T>(st, 1, s, s, causal, t); })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+  if (dt == "f32")
+    for (Index w : {128, 512})
+      for (int t : {1, 2}) {
+        const std::string name =
+            "prefill/" + dt + "/swa:" + std::to_string(w) + "/S:2048/threads:" + std::to_string(t);
+        benchmark::RegisterBenchmark(
+            name.c_str(), [=](benchmark::State& st) { run<T>(st, 1, 2048, 2048, true, t, w); })
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
       }

@@ -142,6 +142,10 @@ TEST(Errors, NonFiniteScale) {
 
 TEST(Errors, NegativeTuning) {
   expect_error<IA>([](Fixture& s) { s.p.num_threads = -1; }, "params.num_threads negative");
+  expect_error<IA>([](Fixture& s) { s.p.window = -1; }, "params.window negative");
+  expect_error<IA>([](Fixture& s) { s.p.window = 4; },
+                   "params.window set without a causal mode: expected CausalMode::TopLeft or "
+                   "BottomRight with a window, got CausalMode::None");
   expect_error<IA>([](Fixture& s) { s.p.q_tile = -2; }, "params.q_tile negative");
   expect_error<IA>([](Fixture& s) { s.p.kv_tile = -2; }, "params.kv_tile negative");
 }

@@ -9,6 +9,8 @@
 // For query i, head h of sequence b, key j is hidden when
 //   causal top-left:     j > i
 //   causal bottom-right: j > i + kv_len - q_len
+//   sliding window W (with a causal mode): also j <= i' - W, where i' = i (top-left) or
+//                        i + kv_len - q_len (bottom-right)
 //   hidden(b, h, i, j) returns true, or bias(b, h, i, j) returns -infinity.
 // logit = scale * sum_d q·k + bias;  p = exp(logit - max) / sum;  o = sum_j p_j v_j.
 // A query with no visible key gets o = 0, lse = -inf and p = 0.
@@ -31,6 +33,7 @@ struct Problem {
   std::vector<int> kv_len;  // one entry per sequence
   double scale = 1.0;
   Causal causal = Causal::kNone;
+  int window = 0;                                          // 0: none
   std::function<bool(int b, int h, int i, int j)> hidden;  // optional boolean mask
   std::function<double(int b, int h, int i, int j)> bias;  // optional additive mask
 };
@@ -69,6 +72,10 @@ inline Result attention(const Problem& pr, const Seqs& q, const Seqs& k, const S
           bool hide = false;
           if (pr.causal == Causal::kTopLeft) hide = j > i;
           if (pr.causal == Causal::kBottomRight) hide = j > i + skv - sq;
+          if (pr.causal != Causal::kNone && pr.window > 0) {
+            const int diag = pr.causal == Causal::kTopLeft ? i : i + skv - sq;
+            if (j <= diag - pr.window) hide = true;
+          }
           if (!hide && pr.hidden && pr.hidden(b, h, i, j)) hide = true;
           double add = 0.0;
           if (!hide && pr.bias) {

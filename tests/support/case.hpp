@@ -93,6 +93,7 @@ struct Spec {
   std::vector<int> q_len{5}, kv_len{5};
   Lay layout = Lay::BSND;
   ref::Causal causal = ref::Causal::kNone;
+  int window = 0;  // sliding window (with a causal mode)
   MaskKind mask = MaskKind::None;
   unsigned seed = 1;
   int threads = 1;
@@ -145,6 +146,7 @@ Data make_data(const Spec& s) {
   d.pr.kv_len = s.kv_len;
   d.pr.scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(s.d));
   d.pr.causal = s.causal;
+  d.pr.window = s.window;
   const int B = s.batch();
   auto fill = [&](ref::Seqs& x, const std::vector<int>& len, int heads, int dim) {
     x.resize(B);
@@ -368,6 +370,7 @@ LibResult run_lib(const Spec& s, const Data& d, Packed<T>* keep_o = nullptr) {
   p.causal = s.causal == ref::Causal::kNone      ? attnref::CausalMode::None
              : s.causal == ref::Causal::kTopLeft ? attnref::CausalMode::TopLeft
                                                  : attnref::CausalMode::BottomRight;
+  p.window = s.window;
   p.num_threads = s.threads;
   p.q_tile = s.q_tile;
   p.kv_tile = s.kv_tile;

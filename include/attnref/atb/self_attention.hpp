@@ -142,6 +142,10 @@ struct AtbSelfAttentionVariant {
   TileMask classify(const SeqInfo& s, Index q0, Index q1, Index k0, Index k1) const {
     return compressed ? compress.classify(s, q0, q1, k0, k1) : causal.classify(s, q0, q1, k0, k1);
   }
+  bool row_interval(const SeqInfo& s, const Coord& c, KvRange& visible) const {
+    visible = compressed ? compress.visible(s, c.q) : causal.visible(s, c.q);
+    return true;
+  }
   bool masked(const SeqInfo& s, const Coord& c) const {
     return compressed ? compress.masked(s, c.q, c.kv) : causal.masked(s, c.q, c.kv);
   }

@@ -156,6 +156,11 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   g.group = g.num_heads / g.num_kv_heads;
   ATTNREF_CHECK(std::isfinite(p.scale), std::invalid_argument, fn, "params.scale", "not finite",
                 "a finite value", p.scale);
+  ATTNREF_CHECK(p.window >= 0, std::invalid_argument, fn, "params.window", "negative", ">= 0",
+                p.window);
+  ATTNREF_CHECK(p.window == 0 || p.causal != CausalMode::None, std::invalid_argument, fn,
+                "params.window", "set without a causal mode",
+                "CausalMode::TopLeft or BottomRight with a window", "CausalMode::None");
   ATTNREF_CHECK(p.num_threads >= 0, std::invalid_argument, fn, "params.num_threads", "negative",
                 ">= 0", p.num_threads);
   ATTNREF_CHECK(p.q_tile >= 0, std::invalid_argument, fn, "params.q_tile", "negative", ">= 0",
@@ -342,6 +347,7 @@ void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params
   const detail::Geometry g = detail::resolve("attention", in, params, out);
   DefaultVariant var;
   var.causal.mode = params.causal;
+  var.causal.window = params.window;
   var.mask_add = in.mask_add;
   var.mask_bool = in.mask_bool;
   detail::run_attention<Acc>(in, params, out, var, g, detail::make_pages(in, g));

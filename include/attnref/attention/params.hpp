@@ -64,6 +64,10 @@ struct AttentionParams {
   /// Multiplies q·k (the softmax scale, typically 1/sqrt(D)). Must be finite.
   double scale = 1.0;
   CausalMode causal = CausalMode::None;
+  /// Sliding-window attention (needs a causal mode): each query sees its own position and the
+  /// window - 1 keys before it (aligned like the causal mode), i.e. key j is visible to query i
+  /// iff i' - window < j <= i'. 0 = no window; a window >= kv_len is plain causal.
+  Index window = 0;
   /// Worker threads; 0 = OpenMP's default. Results are bitwise identical for any value.
   int num_threads = 0;
   /// Tiling (0 = automatic). q_tile counts query positions per work item (each work item stacks

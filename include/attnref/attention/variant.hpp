@@ -20,6 +20,9 @@
 ///       // transform() of the keys c.kv .. c.kv + cols - 1 of one query row, in place, giving
 ///       // the same values; lets a variant vectorise. It may see masked keys too: the engine
 ///       // overwrites their entries afterwards.
+///   bool row_interval(const SeqInfo& s, const Coord& c, KvRange& visible) const;  // optional
+///       // true when the keys masked() hides from query c.q are exactly those outside
+///       // `visible` (then the engine masks partial tiles by range, without the predicate)
 ///
 /// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
 /// counted from the start of the sequence. A masked position is never read after its score is
@@ -69,31 +72,56 @@ struct has_transform_row<V, Acc,
                              std::declval<const SeqInfo&>(), std::declval<const Coord&>(),
                              std::declval<Acc*>(), Index{}))>> : std::true_type {};
 
+/// True when V has the optional row_interval hook.
+template <class V, class = void>
+struct has_row_interval : std::false_type {};
+template <class V>
+struct has_row_interval<V, std::void_t<decltype(std::declval<const V&>().row_interval(
+                               std::declval<const SeqInfo&>(), std::declval<const Coord&>(),
+                               std::declval<KvRange&>()))>> : std::true_type {};
+
 enum class TileMask { None, All, Partial };
 
 /// Causal predicate and tile classification (one small, separately tested piece).
 struct CausalHook {
   CausalMode mode = CausalMode::None;
+  /// Sliding window (needs a causal mode): W keys per query, its own position included — key j
+  /// visible to query i iff i' - W < j <= i' with i' = i + offset. 0 = no window.
+  Index window = 0;
 
   /// Offset added to the query position: key j visible iff j <= i + offset.
   Index offset(const SeqInfo& s) const {
     return mode == CausalMode::BottomRight ? s.kv_len - s.q_len : 0;
   }
   bool masked(const SeqInfo& s, Index i, Index j) const {
-    return mode != CausalMode::None && j > i + offset(s);
+    if (mode == CausalMode::None) return false;
+    const Index last = i + offset(s);
+    return j > last || (window > 0 && j <= last - window);
+  }
+  /// The keys query i sees: [i' - window + 1, i'] (or [0, i']) within [0, kv_len).
+  KvRange visible(const SeqInfo& s, Index i) const {
+    if (mode == CausalMode::None) return {0, s.kv_len};
+    const Index last = i + offset(s);
+    const Index first = window > 0 ? last - window + 1 : 0;
+    const Index end = std::clamp<Index>(last + 1, 0, s.kv_len);
+    return {std::clamp<Index>(first, 0, end), end};
   }
   KvRange kv_range(const SeqInfo& s, Index q_begin, Index q_end) const {
     if (mode == CausalMode::None || q_end <= q_begin) return {0, s.kv_len};
-    const Index last = q_end - 1 + offset(s);  // last key visible to the last query
-    return {0, std::clamp<Index>(last + 1, 0, s.kv_len)};
+    const Index off = offset(s);
+    const Index last = q_end - 1 + off;  // last key visible to the last query
+    const Index first = window > 0 ? q_begin + off - window + 1 : 0;  // first key of the first
+    return {std::clamp<Index>(first, 0, s.kv_len), std::clamp<Index>(last + 1, 0, s.kv_len)};
   }
   TileMask classify(const SeqInfo& s, Index q_begin, Index q_end, Index kv_begin,
                     Index kv_end) const {
     if (mode == CausalMode::None) return TileMask::None;
     const Index off = offset(s);
     if (kv_begin > q_end - 1 + off) return TileMask::All;
-    if (kv_end - 1 <= q_begin + off) return TileMask::None;
-    return TileMask::Partial;
+    if (window > 0 && kv_end - 1 <= q_begin + off - window) return TileMask::All;
+    const bool below = kv_end - 1 <= q_begin + off;
+    const bool inside = window == 0 || kv_begin > q_end - 1 + off - window;
+    return below && inside ? TileMask::None : TileMask::Partial;
   }
 };
 
@@ -115,6 +143,11 @@ struct DefaultVariant {
     const TileMask c = causal.classify(s, q_begin, q_end, kv_begin, kv_end);
     if (c == TileMask::All || !has_custom_mask()) return c;
     return TileMask::Partial;
+  }
+  bool row_interval(const SeqInfo& s, const Coord& c, KvRange& visible) const {
+    if (has_custom_mask()) return false;
+    visible = causal.visible(s, c.q);
+    return true;
   }
   bool masked(const SeqInfo& s, const Coord& c) const {
     if (causal.masked(s, c.q, c.kv)) return true;

@@ -286,38 +286,63 @@ struct Engine {
     const bool partial = tm == TileMask::Partial;
     const bool transform = var.has_transform();
     if (!partial && !transform) return;
-    if constexpr (has_transform_row<Variant, Acc>::value) {
-      if (transform) {
-        for (Index r = 0; r < rows; ++r) {
-          const Index gi = r / nq;
-          const Index i = q0 + r % nq;
-          Acc* srow = hd.s + r * ld();
-          std::uint8_t* frow = hd.f + r * ld();
-          const Coord c0{si.batch, i, j0, hd.kv_head * g.group + gi, hd.kv_head};
-          var.template transform_row<Acc>(si, c0, srow, cols);
-          for (Index c = 0; c < cols; ++c) {
-            frow[c] = partial && var.masked(si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head});
-            if (frow[c]) srow[c] = kNegInf;
-          }
-        }
-        return;
-      }
-    }
     for (Index r = 0; r < rows; ++r) {
       const Index gi = r / nq;
       const Index i = q0 + r % nq;
       Acc* srow = hd.s + r * ld();
       std::uint8_t* frow = hd.f + r * ld();
+      const Coord c0{si.batch, i, j0, hd.kv_head * g.group + gi, hd.kv_head};
+      // Rows whose visible keys form one interval [lo, hi) of the tile (or the whole tile) are
+      // masked by range; other rows ask the predicate per position.
+      Index lo = 0, hi = cols;
+      bool interval = !partial;
+      if constexpr (has_row_interval<Variant>::value) {
+        KvRange vr{0, 0};
+        if (partial && var.row_interval(si, c0, vr)) {
+          interval = true;
+          lo = std::clamp<Index>(vr.begin - j0, 0, cols);
+          hi = std::clamp<Index>(vr.end - j0, lo, cols);
+        }
+      }
+      if (interval) {
+        std::fill(frow, frow + lo, std::uint8_t{1});
+        std::fill(frow + lo, frow + hi, std::uint8_t{0});
+        std::fill(frow + hi, frow + cols, std::uint8_t{1});
+        if (transform) transform_span(si, c0, srow, lo, hi);
+        std::fill(srow, srow + lo, kNegInf);
+        std::fill(srow + hi, srow + cols, kNegInf);
+        continue;
+      }
+      bool done = false;  // transform_row may see masked positions: they are overwritten below
+      if constexpr (has_transform_row<Variant, Acc>::value) {
+        if (transform) {
+          var.template transform_row<Acc>(si, c0, srow, cols);
+          done = true;
+        }
+      }
       for (Index c = 0; c < cols; ++c) {
-        const Coord co{si.batch, i, j0 + c, hd.kv_head * g.group + gi, hd.kv_head};
-        if (partial && var.masked(si, co)) {
+        const Coord co{si.batch, i, j0 + c, c0.q_head, c0.kv_head};
+        if (var.masked(si, co)) {
           srow[c] = kNegInf;
           frow[c] = 1;
         } else {
           frow[c] = 0;
-          if (transform) srow[c] = var.template transform<Acc>(si, co, srow[c]);
+          if (transform && !done) srow[c] = var.template transform<Acc>(si, co, srow[c]);
         }
       }
+    }
+  }
+
+  /// The transform hook on the visible columns [lo, hi) of one row (c0: its first column).
+  void transform_span(const SeqInfo& si, const Coord& c0, Acc* srow, Index lo, Index hi) const {
+    if (hi <= lo) return;
+    if constexpr (has_transform_row<Variant, Acc>::value) {
+      var.template transform_row<Acc>(si, Coord{c0.batch, c0.q, c0.kv + lo, c0.q_head, c0.kv_head},
+                                      srow + lo, hi - lo);
+    } else {
+      for (Index c = lo; c < hi; ++c)
+        srow[c] = var.template transform<Acc>(
+            si, Coord{c0.batch, c0.q, c0.kv + c, c0.q_head, c0.kv_head}, srow[c]);
     }
   }
 

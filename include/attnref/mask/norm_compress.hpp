@@ -35,6 +35,10 @@ struct NormCompressHook {
   Index tile_row(const SeqInfo& s, Index i) const { return (i + offset(s)) % kTile; }
   static Index tile_col(Index j) { return j % kTile; }
 
+  /// The keys query i may see: every block up to its diagonal block.
+  KvRange visible(const SeqInfo& s, Index i) const {
+    return {0, std::min(s.kv_len, (block(s, i) + 1) * kTile)};
+  }
   KvRange kv_range(const SeqInfo& s, Index q_begin, Index q_end) const {
     if (q_end <= q_begin) return {0, 0};
     return {0, std::min(s.kv_len, (block(s, q_end - 1) + 1) * kTile)};
