@@ -286,7 +286,7 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   check_no_overlap(fn, "probs", out.probs, "block_table", in.block_table);
 
   // Tiling (depends on the problem only, never on threads).
-  g.q_tile = p.q_tile > 0 ? p.q_tile : std::max<Index>(1, 64 / g.group);
+  g.q_tile = p.q_tile > 0 ? p.q_tile : std::max<Index>(1, 256 / g.group);
   g.kv_tile = p.kv_tile > 0 ? p.kv_tile : 256;
   g.kv_split = p.kv_split < 0 ? 0 : (p.kv_split > 0 ? p.kv_split : 512);
   return g;
