@@ -64,6 +64,7 @@
 #include "attnref/core/view.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/mask/norm_compress.hpp"
+#include "attnref/mask/sliding_window.hpp"
 
 namespace attnref {
 
@@ -128,8 +129,16 @@ struct AtbSelfAttentionVariant {
   CausalHook causal;                  // CAUSAL_MASK (top-left, or bottom-right for PREFIX_ENCODER)
   bool compressed;                    // NORM_COMPRESS
   NormCompressHook compress;
+  bool swa_compressed;  // SLIDING_WINDOW_COMPRESS
+  SwaCompressHook swa;
 
   static constexpr float kMaskValue = -3e38f;
+
+  /// A full mask tensor read at (sequence, query, key): NORM, or SLIDING_WINDOW_NORM with one.
+  bool full_mask() const {
+    return !mask.absent() &&
+           (p->mask_type == P::MaskType::Norm || p->mask_type == P::MaskType::SlidingWindowNorm);
+  }
 
   // CAUSAL_MASK goes through the engine's mask predicate: its hidden keys get probability
   // exactly 0 either way (−3e38 absorbs any fp32 score, and fp16 overflows to −inf, while every
@@ -137,17 +146,25 @@ struct AtbSelfAttentionVariant {
   // blocks NORM_COMPRESS skips are skipped the same way.
   bool has_transform() const { return transform_needed; }
   KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
-    return compressed ? compress.kv_range(s, q0, q1) : causal.kv_range(s, q0, q1);
+    return compressed       ? compress.kv_range(s, q0, q1)
+           : swa_compressed ? swa.kv_range(s, q0, q1)
+                            : causal.kv_range(s, q0, q1);
   }
   TileMask classify(const SeqInfo& s, Index q0, Index q1, Index k0, Index k1) const {
-    return compressed ? compress.classify(s, q0, q1, k0, k1) : causal.classify(s, q0, q1, k0, k1);
+    return compressed       ? compress.classify(s, q0, q1, k0, k1)
+           : swa_compressed ? swa.classify(s, q0, q1, k0, k1)
+                            : causal.classify(s, q0, q1, k0, k1);
   }
   bool row_interval(const SeqInfo& s, const Coord& c, KvRange& visible) const {
-    visible = compressed ? compress.visible(s, c.q) : causal.visible(s, c.q);
+    visible = compressed       ? compress.visible(s, c.q)
+              : swa_compressed ? swa.visible(s, c.q)
+                               : causal.visible(s, c.q);
     return true;
   }
   bool masked(const SeqInfo& s, const Coord& c) const {
-    return compressed ? compress.masked(s, c.q, c.kv) : causal.masked(s, c.q, c.kv);
+    return compressed       ? compress.masked(s, c.q, c.kv)
+           : swa_compressed ? swa.masked(s, c.q, c.kv)
+                            : causal.masked(s, c.q, c.kv);
   }
 
   static float fp16(float x) { return static_cast<float>(half(x)); }
@@ -167,9 +184,12 @@ struct AtbSelfAttentionVariant {
     if (p->clamp_type == P::ClampType::MinMax)
       s = fp16(std::min(std::max(s, p->clamp_min), p->clamp_max));
     float m = 0.0f;  // CAUSAL_MASK: only visible keys reach the transform
-    if (p->mask_type == P::MaskType::Norm) {
+    if (full_mask()) {
       const Index b = mask.size(0) == 1 ? 0 : c.batch;
       m = static_cast<float>(mask(b, c.q, c.kv)) * mask_coeff;
+    } else if (swa_compressed) {
+      const Index r = swa.pattern_row(c.q, c.kv);
+      if (r >= 0) m = static_cast<float>(mask(0, r, swa.pattern_col(c.kv))) * mask_coeff;
     } else if (compressed && compress.on_diagonal(si, c.q, c.kv)) {
       m = static_cast<float>(
               mask(0, compress.tile_row(si, c.q), NormCompressHook::tile_col(c.kv))) *
@@ -222,7 +242,7 @@ struct AtbSelfAttentionVariant {
     }
     alignas(64) float mbuf[256];
     Eigen::Map<RowArray> m(mbuf, n);
-    if (p->mask_type == P::MaskType::Norm) {
+    if (full_mask()) {
       const Index b = mask.size(0) == 1 ? 0 : c.batch;
       const T* src = mask.ptr(b, c.q, c.kv);
       if (mask.stride(2) == 1)
@@ -230,6 +250,12 @@ struct AtbSelfAttentionVariant {
       else
         for (Index j = 0; j < n; ++j) mbuf[j] = static_cast<float>(src[j * mask.stride(2)]);
       m *= mask_coeff;
+    } else if (swa_compressed) {
+      for (Index j = 0; j < n; ++j) {
+        const Index r = swa.pattern_row(c.q, c.kv + j);
+        mbuf[j] =
+            r >= 0 ? static_cast<float>(mask(0, r, swa.pattern_col(c.kv + j))) * mask_coeff : 0.0f;
+      }
     } else if (compressed) {
       for (Index j = 0; j < n; ++j)
         mbuf[j] = compress.on_diagonal(si, c.q, c.kv + j)
@@ -298,6 +324,7 @@ struct SelfAttentionPlan {
   std::vector<Index> kv_len;  // per sequence (0 for inactive sequences)
   bool decoder = false;
   bool bottom_right = false;          // PREFIX_ENCODER
+  bool swa_rolling = false;           // cacheType SWA: the caches hold the last window tokens
   const KvPages<T>* pages = nullptr;  // kv tensorlist
 };
 
@@ -310,11 +337,11 @@ inline void sa_not_yet(bool ok, const char* field, const std::string& got) {
 inline void sa_check_implemented(const SelfAttentionParams& params) {
   using P = SelfAttentionParams;
   const P::MaskType m = params.mask_type;
-  sa_not_yet(
-      m == P::MaskType::Undefined || m == P::MaskType::Norm || m == P::MaskType::CausalMask ||
-          m == P::MaskType::NormCompress,
-      "params.mask_type",
-      std::to_string(static_cast<int>(m)) + " (ALiBi and sliding-window masks: the masks issue)");
+  sa_not_yet(m == P::MaskType::Undefined || m == P::MaskType::Norm ||
+                 m == P::MaskType::CausalMask || m == P::MaskType::NormCompress ||
+                 m == P::MaskType::SlidingWindowNorm || m == P::MaskType::SlidingWindowCompress,
+             "params.mask_type",
+             std::to_string(static_cast<int>(m)) + " (ALiBi masks: the masks issue)");
   sa_not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type",
              "quantized (the quantization issue)");
 }
@@ -328,8 +355,14 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
   constexpr const char* fn = "self_attention";
   const StridedView<const T, 3> mask = pl.mask ? *pl.mask : StridedView<const T, 3>{};
   const StridedView<const float, 1> log_n = pl.log_n ? *pl.log_n : StridedView<const float, 1>{};
-  if (params.mask_type == P::MaskType::Norm) {
-    ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM",
+  const bool swa_norm = params.mask_type == P::MaskType::SlidingWindowNorm;
+  if (swa_norm && pl.decoder)
+    ATTNREF_CHECK(mask.absent(), std::invalid_argument, fn, "mask",
+                  "given with SLIDING_WINDOW_NORM and DECODER (the window is generated)", "none",
+                  shape_str(mask));
+  if (params.mask_type == P::MaskType::Norm || (swa_norm && !pl.decoder)) {
+    ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask",
+                  swa_norm ? "missing for SLIDING_WINDOW_NORM" : "missing for NORM",
                   "a [maxSeq, maxSeq], [batch, maxSeq, maxSeq] or [batch, 1, maxSeq] mask", "none");
     ATTNREF_CHECK(mask.size(0) == 1 || mask.size(0) == pl.batch, std::invalid_argument, fn,
                   "mask.shape[0]", "mismatch", "1 or " + std::to_string(pl.batch), mask.size(0));
@@ -347,6 +380,15 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
     const std::array<Index, 3> want{1, NormCompressHook::kTile, NormCompressHook::kTile};
     ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
                   "mismatch for NORM_COMPRESS", shape_str<3>(want), shape_str(mask));
+  }
+  if (params.mask_type == P::MaskType::SlidingWindowCompress) {
+    ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask",
+                  "missing for SLIDING_WINDOW_COMPRESS",
+                  "the [512, 512] pattern (as [1, 512, 512])", "none");
+    const std::array<Index, 3> want{1, SwaCompressHook::kSize, SwaCompressHook::kSize};
+    ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
+                  "mismatch for SLIDING_WINDOW_COMPRESS", shape_str<3>(want), shape_str(mask));
+    check_data(fn, "mask", mask);
   }
   if (params.scale_type == P::ScaleType::LogN) {
     ATTNREF_CHECK(!log_n.absent(), std::invalid_argument, fn, "log_n", "missing for LOGN",
@@ -375,9 +417,20 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
   AttentionOutputs<T> eout{pl.o};
   const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
   const bool compressed = params.mask_type == P::MaskType::NormCompress;
+  const bool swa_compressed = params.mask_type == P::MaskType::SlidingWindowCompress;
+  const bool mask_read = params.mask_type == P::MaskType::Norm || compressed || swa_compressed ||
+                         (swa_norm && !pl.decoder);
   const bool transform_needed = fp16_scores || params.scale_type == P::ScaleType::LogN ||
-                                params.clamp_type == P::ClampType::MinMax ||
-                                params.mask_type == P::MaskType::Norm || compressed;
+                                params.clamp_type == P::ClampType::MinMax || mask_read;
+  // Sliding window (SLIDING_WINDOW_NORM): the encoders' window is aligned top-left like their
+  // masks; the decoder's query is the last token (bottom-right), and a rolling cache (cacheType
+  // SWA) holds exactly the window, so nothing is hidden there.
+  CausalHook causal{params.mask_type == P::MaskType::CausalMask
+                        ? (pl.bottom_right ? CausalMode::BottomRight : CausalMode::TopLeft)
+                        : CausalMode::None};
+  if (swa_norm && !pl.swa_rolling)
+    causal =
+        CausalHook{pl.decoder ? CausalMode::BottomRight : CausalMode::TopLeft, params.window_size};
   AttentionParams ep;
   // Without a transform the scores are q·k·qkScale in fp32: the engine applies qkScale itself
   // (folded into its q tile, a rounding-level difference from scaling the product).
@@ -394,15 +447,15 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
       &params,
       fp16_scores,
       fp16_scores ? 1.0f : AtbSelfAttentionVariant<T>::kMaskValue,
-      params.mask_type == P::MaskType::Norm || compressed ? mask : StridedView<const T, 3>{},
+      mask_read ? mask : StridedView<const T, 3>{},
       params.scale_type == P::ScaleType::LogN ? log_n : StridedView<const float, 1>{},
       pl.decoder,
       transform_needed,
-      CausalHook{params.mask_type != P::MaskType::CausalMask ? CausalMode::None
-                 : pl.bottom_right                           ? CausalMode::BottomRight
-                                                             : CausalMode::TopLeft},
+      causal,
       compressed,
-      NormCompressHook{pl.bottom_right}};
+      NormCompressHook{pl.bottom_right},
+      swa_compressed,
+      SwaCompressHook::make(params.window_size, pl.d, pl.dv)};
   if (pl.pages)
     attention_with_pages(var, pl.ein, ep, eout, *pl.pages);
   else
@@ -644,6 +697,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   } else {
     const auto& kc = out.key_cache;
     const auto& vc = out.value_cache;
+    const bool rolling = params.cache_type == P::CacheType::Swa;
+    const Index window = params.window_size;
     ATTNREF_CHECK(!kc.absent() && !vc.absent(), std::invalid_argument, fn, "key_cache/value_cache",
                   "missing", "[layerNum, batch, maxSeqLen, hidden]", "none");
     ATTNREF_CHECK(kc.size(1) == pl.batch && kc.size(3) == pl.nkv * pl.d, std::invalid_argument, fn,
@@ -659,10 +714,39 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
                   detail::shape_str(vc));
     ATTNREF_CHECK(in.layer_id >= 0 && in.layer_id < kc.size(0), std::out_of_range, fn, "layer_id",
                   "out of range", "[0, " + std::to_string(kc.size(0)) + ")", in.layer_id);
-    pl.kv_len = detail::sa_token_offsets(in.seq_len, in.token_offset, active, kc.size(2));
+    if (!rolling) {
+      pl.kv_len = detail::sa_token_offsets(in.seq_len, in.token_offset, active, kc.size(2));
+    } else {
+      // Rolling SWA cache: min(window, tokenOffset) slots in use, tokenOffset itself unbounded.
+      pl.kv_len = detail::sa_token_offsets(in.seq_len, in.token_offset, active,
+                                           std::numeric_limits<Index>::max());
+      for (Index b = 0; b < pl.batch; ++b) {
+        const Index off = in.token_offset[static_cast<size_t>(b)];
+        const std::string arg = "token_offset[" + std::to_string(b) + "]";
+        ATTNREF_CHECK(std::min(window, off) <= kc.size(2), std::invalid_argument, fn,
+                      "key_cache.shape[2]", "smaller than the rolling cache's slots in use",
+                      ">= " + std::to_string(std::min(window, off)), kc.size(2));
+        if (pl.decoder) {
+          pl.kv_len[static_cast<size_t>(b)] = std::min(window, pl.kv_len[static_cast<size_t>(b)]);
+        } else {
+          // A prompt into a rolling cache: attention over the new tokens themselves.
+          ATTNREF_CHECK(off == in.seq_len[static_cast<size_t>(b)] && !bypass, std::invalid_argument,
+                        fn, arg, "not supported with cacheType SWA outside DECODER",
+                        "== seq_len[" + std::to_string(b) + "] (a whole prompt), KCacheVCache",
+                        off);
+        }
+      }
+      pl.swa_rolling = pl.decoder;
+    }
     e.k = detail::cache_layer(StridedView<const T, 4>(kc), in.layer_id, pl.nkv, pl.d);
     e.v = detail::cache_layer(StridedView<const T, 4>(vc), in.layer_id, pl.nkv, pl.dv);
     e.seq.kv = pl.kv_len;
+    if (rolling && !pl.decoder) {
+      e.k = detail::packed(in.key);
+      e.v = detail::packed(in.value);
+      e.seq.kv.clear();
+      e.seq.kv_cu = cu;
+    }
     extra.push_back(StridedView<const T, 4>(kc));
     extra.push_back(StridedView<const T, 4>(vc));
   }
@@ -672,20 +756,24 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
                 detail::shape_str<3>(out_shape), detail::shape_str(out.out));
   pl.o = detail::packed(out.out);
 
-  // Cache write: rows token_offset - seq_len + j of the layer, active sequences only.
+  // Cache write: rows token_offset - seq_len + j of the layer, active sequences only (rolling
+  // SWA cache: slot (token_offset - seq_len + j) % window, the last window tokens only).
   auto write_caches = [&] {
-    if (pa || prefix || bypass) return;
+    if (pa || prefix || bypass || kv_list) return;
+    const bool rolling = params.cache_type == P::CacheType::Swa;
+    const Index window = params.window_size;
     for (Index b = 0; b < pl.batch; ++b) {
       if (!active[static_cast<size_t>(b)]) continue;
-      const Index first =
-          in.token_offset[static_cast<size_t>(b)] - in.seq_len[static_cast<size_t>(b)];
-      for (Index j = 0; j < in.seq_len[static_cast<size_t>(b)]; ++j) {
+      const Index len = in.seq_len[static_cast<size_t>(b)];
+      const Index first = in.token_offset[static_cast<size_t>(b)] - len;
+      for (Index j = rolling ? std::max<Index>(0, len - window) : 0; j < len; ++j) {
         const Index t = cu[static_cast<size_t>(b)] + j;
+        const Index row = rolling ? swa_cache_slot(first + j, window) : first + j;
         for (Index h = 0; h < pl.nkv; ++h) {
           for (Index x = 0; x < pl.d; ++x)
-            out.key_cache(in.layer_id, b, first + j, h * pl.d + x) = in.key(t, h, x);
+            out.key_cache(in.layer_id, b, row, h * pl.d + x) = in.key(t, h, x);
           for (Index x = 0; x < pl.dv; ++x)
-            out.value_cache(in.layer_id, b, first + j, h * pl.dv + x) = in.value(t, h, x);
+            out.value_cache(in.layer_id, b, row, h * pl.dv + x) = in.value(t, h, x);
         }
       }
     }
