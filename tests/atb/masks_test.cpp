@@ -8,6 +8,7 @@
 #include <attnref/mask/builders.hpp>
 #include <attnref/mask/sliding_window.hpp>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -501,6 +502,187 @@ TEST(SelfAttentionSwa, BadInput) {
         << e.what();
   }
   for (const T& x : kc) ASSERT_EQ(static_cast<float>(x), 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ALiBi through the operator (PA_ENCODER), against the reference's own bias formulas.
+
+struct AlibiRun {
+  std::vector<double> got, want;
+};
+
+template <class T>
+AlibiRun pa_alibi(P::MaskType mt, bool head_mask_form, const std::vector<Index>& len,
+                  bool high_precision = true) {
+  const Index nkv = 2, nh = 4, d = 32;
+  Index tokens = 0, max_len = 0;
+  for (Index l : len) tokens += l, max_len = std::max(max_len, l);
+  const auto q = randn<T>(static_cast<size_t>(tokens * nh * d), 21);
+  const auto k = randn<T>(static_cast<size_t>(tokens * nkv * d), 22);
+  const auto v = randn<T>(static_cast<size_t>(tokens * nkv * d), 23);
+  const std::vector<float> slopes = attnref::alibi_slopes(nh);
+  const bool fp16_scores = std::is_same_v<T, attnref::half> && !high_precision;
+  const float masked = fp16_scores ? -10000.0f : -std::numeric_limits<float>::infinity();
+  P p;
+  p.num_heads = nh;
+  p.num_kv_heads = nkv;
+  p.qk_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  p.calc_type = P::CalcType::PaEncoder;
+  p.kernel_type = high_precision ? P::KernelType::HighPrecision : P::KernelType::Default;
+  p.mask_type = mt;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = StridedView<const T, 3>(q.data(), {tokens, nh, d});
+  in.key = StridedView<const T, 3>(k.data(), {tokens, nkv, d});
+  in.value = StridedView<const T, 3>(v.data(), {tokens, nkv, d});
+  in.seq_len = len;
+  std::vector<T> tile, hm;
+  std::vector<float> in_slopes;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::function<double(int, int, int, int)> bias;  // the reference's term, from the formulas
+  if (mt == P::MaskType::Alibi) {
+    hm = attnref::alibi_mask<T>(slopes, max_len, false, masked);
+    in.head_mask = StridedView<const T, 4>(hm.data(), {1, nh, max_len, max_len});
+    bias = [&hm, max_len](int, int h, int i, int j) {  // the tensor itself: it is the input
+      return static_cast<double>(
+          static_cast<float>(hm[static_cast<size_t>((h * max_len + i) * max_len + j)]));
+    };
+  } else if (head_mask_form) {
+    hm = attnref::alibi_head_mask<T>(slopes, max_len, masked);
+    in.head_mask = StridedView<const T, 4>(hm.data(), {1, nh, max_len, 128});
+    bias = [&slopes, inf](int, int h, int i, int j) {
+      return j > i ? -inf : static_cast<double>(slopes[static_cast<size_t>(h)]) * (j - i);
+    };
+  } else {
+    const bool left = mt == P::MaskType::AlibiCompressLeftAlign;
+    const bool sq = mt == P::MaskType::AlibiCompressSqrt;
+    tile = left ? attnref::alibi_left_align_mask<T>() : attnref::alibi_compress_mask<T>(sq);
+    in_slopes = left ? slopes : attnref::alibi_compress_slopes(slopes);
+    in.mask = StridedView<const T, 3>(tile.data(), {1, 256, 256});
+    in.slopes = StridedView<const float, 1>(in_slopes.data(), {nh});
+    bias = [&slopes, inf, left, sq](int, int h, int i, int j) {
+      const double s = slopes[static_cast<size_t>(h)];
+      if (j > i) return -inf;
+      if (left) return s * j;
+      return sq ? -s * std::sqrt(static_cast<double>(i - j)) : s * (j - i);
+    };
+  }
+  std::vector<T> o(static_cast<size_t>(tokens * nh * d));
+  attnref::self_attention(
+      p, in, attnref::SelfAttentionOutputs<T>{StridedView<T, 3>(o.data(), {tokens, nh, d})});
+  ref::AtbSelfAttention r;
+  r.num_heads = static_cast<int>(nh);
+  r.num_kv_heads = static_cast<int>(nkv);
+  r.head_size = r.v_head_size = static_cast<int>(d);
+  r.qk_scale = p.qk_scale;
+  r.fp16_scores = fp16_scores;
+  r.head_bias = bias;
+  std::vector<std::vector<double>> rq, rk, rv;
+  Index t0 = 0;
+  for (Index l : len) {
+    r.seq_len.push_back(static_cast<int>(l));
+    rq.emplace_back(
+        to_double(std::vector<T>(q.begin() + t0 * nh * d, q.begin() + (t0 + l) * nh * d)));
+    rk.emplace_back(
+        to_double(std::vector<T>(k.begin() + t0 * nkv * d, k.begin() + (t0 + l) * nkv * d)));
+    rv.emplace_back(
+        to_double(std::vector<T>(v.begin() + t0 * nkv * d, v.begin() + (t0 + l) * nkv * d)));
+    t0 += l;
+  }
+  AlibiRun res;
+  for (const auto& x : ref::atb_self_attention(r, rq, rk, rv))
+    res.want.insert(res.want.end(), x.begin(), x.end());
+  res.got = to_double(o);
+  return res;
+}
+
+TEST(SelfAttentionAlibi, FullMaskInEveryEncoding) {
+  const std::vector<Index> len = {37, 130, 1};
+  const auto bf = pa_alibi<attnref::bfloat16>(P::MaskType::Alibi, false, len);
+  EXPECT_TRUE(support::all_close(bf.want, bf.got, support::tolerance(support::Kind::BF16)));
+  const auto hp = pa_alibi<attnref::half>(P::MaskType::Alibi, false, len, true);
+  EXPECT_TRUE(support::all_close(hp.want, hp.got, support::tolerance(support::Kind::F16)));
+  const auto def = pa_alibi<attnref::half>(P::MaskType::Alibi, false, len, false);
+  EXPECT_TRUE(support::all_close(def.want, def.got, support::tolerance(support::Kind::F16)));
+}
+
+TEST(SelfAttentionAlibi, CompressedTilesExpandToTheBias) {
+  // Lengths around the 128-blocks the tile is expanded over.
+  const std::vector<Index> len = {300, 129, 128, 5};
+  const auto tol = support::tolerance(support::Kind::BF16);
+  const auto dist = pa_alibi<attnref::bfloat16>(P::MaskType::AlibiCompress, false, len);
+  EXPECT_TRUE(support::all_close(dist.want, dist.got, tol)) << "ALIBI_COMPRESS";
+  const auto left = pa_alibi<attnref::bfloat16>(P::MaskType::AlibiCompressLeftAlign, false, len);
+  EXPECT_TRUE(support::all_close(left.want, left.got, tol)) << "LEFT_ALIGN";
+  const auto head = pa_alibi<attnref::bfloat16>(P::MaskType::AlibiCompress, true, len);
+  EXPECT_TRUE(support::all_close(head.want, head.got, tol)) << "[headNum, seqLen, 128]";
+  // The sqrt tile holds irrational values: float data keeps them exact enough to compare.
+  const auto sq = pa_alibi<float>(P::MaskType::AlibiCompressSqrt, false, len);
+  EXPECT_TRUE(support::all_close(sq.want, sq.got, support::tolerance(support::Kind::F32)))
+      << "SQRT";
+  const auto hp16 = pa_alibi<attnref::half>(P::MaskType::AlibiCompress, false, len, true);
+  EXPECT_TRUE(support::all_close(hp16.want, hp16.got, support::tolerance(support::Kind::F16)));
+}
+
+TEST(SelfAttentionAlibi, BadInput) {
+  using T = attnref::bfloat16;
+  const Index tokens = 6, nh = 2, d = 16;
+  std::vector<T> q(static_cast<size_t>(tokens * nh * d), T(0.5f)), o(q.size(), T(7.0f));
+  const auto tile = attnref::alibi_compress_mask<T>();
+  const std::vector<float> slopes = {-0.5f, -0.25f, -0.125f};
+  auto expect = [&](const P& p, const attnref::SelfAttentionInputs<T>& in,
+                    const std::string& fragment) {
+    try {
+      attnref::self_attention(
+          p, in, attnref::SelfAttentionOutputs<T>{StridedView<T, 3>(o.data(), {tokens, nh, d})});
+      ADD_FAILURE() << "no exception for " << fragment;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+    for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
+  };
+  P p;
+  p.num_heads = nh;
+  p.calc_type = P::CalcType::PaEncoder;
+  p.mask_type = P::MaskType::AlibiCompress;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = StridedView<const T, 3>(q.data(), {tokens, nh, d});
+  in.key = StridedView<const T, 3>(q.data(), {tokens, nh, d});
+  in.value = StridedView<const T, 3>(q.data(), {tokens, nh, d});
+  in.seq_len = {tokens};
+  expect(p, in, "mask missing for a compressed ALiBi mask");
+  in.mask = StridedView<const T, 3>(tile.data(), {1, 256, 256});
+  expect(p, in, "slopes missing for a compressed ALiBi mask");
+  in.slopes = StridedView<const float, 1>(slopes.data(), {3});
+  expect(p, in, "slopes.shape[0] mismatch with the number of heads: expected 2, got 3");
+  in.slopes = StridedView<const float, 1>(slopes.data(), {2});
+  in.mask = StridedView<const T, 3>(tile.data(), {1, 128, 128});
+  expect(p, in, "mask.shape mismatch for a compressed ALiBi mask: expected [1, 256, 256]");
+  p.mask_type = P::MaskType::Alibi;
+  expect(p, in, "head_mask missing for ALIBI");
+  P enc = p;
+  enc.mask_type = P::MaskType::AlibiCompressSqrt;
+  enc.calc_type = P::CalcType::Encoder;
+  expect(enc, in, "params.calc_type not supported with a compressed ALiBi mask");
+  // fp16 needs HIGH_PRECISION with a compressed ALiBi mask.
+  using H = attnref::half;
+  std::vector<H> qh(q.size(), H(0.5f)), oh(q.size(), H(7.0f));
+  const auto tile16 = attnref::alibi_compress_mask<H>();
+  attnref::SelfAttentionInputs<H> ih;
+  ih.query = StridedView<const H, 3>(qh.data(), {tokens, nh, d});
+  ih.key = ih.query;
+  ih.value = ih.query;
+  ih.seq_len = {tokens};
+  ih.mask = StridedView<const H, 3>(tile16.data(), {1, 256, 256});
+  ih.slopes = StridedView<const float, 1>(slopes.data(), {2});
+  P ph = p;
+  ph.mask_type = P::MaskType::AlibiCompress;
+  EXPECT_THROW(
+      attnref::self_attention(
+          ph, ih, attnref::SelfAttentionOutputs<H>{StridedView<H, 3>(oh.data(), {tokens, nh, d})}),
+      std::invalid_argument);
+  ph.kernel_type = P::KernelType::HighPrecision;
+  EXPECT_NO_THROW(attnref::self_attention(
+      ph, ih, attnref::SelfAttentionOutputs<H>{StridedView<H, 3>(oh.data(), {tokens, nh, d})}));
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ struct AtbSelfAttention {
   // Mask term added to the score of (sequence b, query i, key j), already multiplied by the
   // encoding's coefficient (binary x -3e38, or the additive fp16 value).
   std::function<double(int b, int i, int j)> mask;
+  // Per-head additive term (ALiBi masks), added like the mask.
+  std::function<double(int b, int h, int i, int j)> head_bias;
   // Rounds a value to the data type (q * qScale is computed in the data type).
   std::function<double(double)> to_dtype = [](double x) { return x; };
 };
@@ -68,7 +70,8 @@ inline std::vector<std::vector<double>> atb_self_attention(
             x *= pr.qk_scale;
           }
           if (pr.clamp) x = round_fp16(std::min(std::max(x, pr.clamp_min), pr.clamp_max));
-          const double m = pr.mask ? pr.mask(static_cast<int>(b), i, j) : 0.0;
+          const double m = (pr.mask ? pr.mask(static_cast<int>(b), i, j) : 0.0) +
+                           (pr.head_bias ? pr.head_bias(static_cast<int>(b), h, i, j) : 0.0);
           // The NPU adds the mask in fp16 (DEFAULT) or fp32: -3e38 absorbs the score in fp32.
           if (pr.fp16_scores)
             x = round_fp16(x + round_fp16(m));

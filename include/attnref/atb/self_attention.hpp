@@ -63,6 +63,7 @@
 #include "attnref/core/error.hpp"
 #include "attnref/core/view.hpp"
 #include "attnref/detail/simd.hpp"
+#include "attnref/mask/alibi.hpp"
 #include "attnref/mask/norm_compress.hpp"
 #include "attnref/mask/sliding_window.hpp"
 
@@ -73,13 +74,17 @@ struct SelfAttentionInputs {
   StridedView<const T, 3> query;
   StridedView<const T, 3> key{};  ///< new tokens (absent with kv-bypass); PrefixEncoder: cache
   StridedView<const T, 3> value{};
-  std::vector<Index> seq_len;                             ///< seqLen [batch]
-  StridedView<const T, 3> mask{};                         ///< NORM / NORM_COMPRESS mask (see above)
-  StridedView<const float, 1> log_n{};                    ///< logN (scaleType LOGN)
-  std::vector<Index> token_offset{};                      ///< tokenOffset [batch] (cache calcTypes)
-  Index layer_id = 0;                                     ///< layerId (cache calcTypes)
-  std::vector<std::int32_t> batch_run_status{};           ///< batchRunStatus [batch], 0 or 1
-  std::vector<Index> kv_seq_len{};                        ///< kvSeqLen [batch] (PrefixEncoder)
+  std::vector<Index> seq_len;           ///< seqLen [batch]
+  StridedView<const T, 3> mask{};       ///< NORM / NORM_COMPRESS mask (see above)
+  StridedView<const float, 1> log_n{};  ///< logN (scaleType LOGN)
+  /// ALiBi masks with a head axis: ALIBI [batch or 1, headNum, maxSeq, maxSeq] (ATB's 3-D
+  /// [headNum, maxSeq, maxSeq] as [1, ...]); ALIBI_COMPRESS [headNum, seqLen, 128] as [1, ...]
+  StridedView<const T, 4> head_mask{};
+  StridedView<const float, 1> slopes{};          ///< ALIBI_COMPRESS*: [headNum] (with the 256 tile)
+  std::vector<Index> token_offset{};             ///< tokenOffset [batch] (cache calcTypes)
+  Index layer_id = 0;                            ///< layerId (cache calcTypes)
+  std::vector<std::int32_t> batch_run_status{};  ///< batchRunStatus [batch], 0 or 1
+  std::vector<Index> kv_seq_len{};               ///< kvSeqLen [batch] (PrefixEncoder)
   StridedView<const std::int32_t, 2> block_tables{};      ///< blockTables (PrefixEncoder)
   std::vector<StridedView<const T, 2>> key_cache_list{};  ///< kv tensorlist (Decoder + bypass)
   std::vector<StridedView<const T, 2>> value_cache_list{};
@@ -127,10 +132,14 @@ struct AtbSelfAttentionVariant {
   bool log_n_per_batch;               // DECODER: one logN value per sequence
   bool transform_needed;              // false: plain scaled scores (qk_scale is the engine's scale)
   CausalHook causal;                  // CAUSAL_MASK (top-left, or bottom-right for PREFIX_ENCODER)
-  bool compressed;                    // NORM_COMPRESS
+  bool compressed;                    // 128-block causal structure: NORM_COMPRESS, ALIBI_COMPRESS*
   NormCompressHook compress;
   bool swa_compressed;  // SLIDING_WINDOW_COMPRESS
   SwaCompressHook swa;
+  StridedView<const T, 4> head_mask;   // ALIBI: [batch or 1, heads, rows, keys]; ALIBI_COMPRESS
+                                       // [1, heads, seqLen, 128]; absent otherwise
+  StridedView<const float, 1> slopes;  // ALIBI_COMPRESS* with the [256, 256] tile
+  AlibiCompressHook alibi;
 
   static constexpr float kMaskValue = -3e38f;
 
@@ -169,6 +178,42 @@ struct AtbSelfAttentionVariant {
 
   static float fp16(float x) { return static_cast<float>(half(x)); }
 
+  /// The mask term added to the score of a visible position (0 without a mask).
+  float mask_term(const SeqInfo& si, const Coord& c) const {
+    using M = P::MaskType;
+    switch (p->mask_type) {
+      case M::Norm:
+      case M::SlidingWindowNorm:
+        if (mask.absent()) return 0.0f;  // the decoder's generated window
+        return static_cast<float>(mask(mask.size(0) == 1 ? 0 : c.batch, c.q, c.kv)) * mask_coeff;
+      case M::NormCompress:
+        if (!compress.on_diagonal(si, c.q, c.kv)) return 0.0f;
+        return static_cast<float>(
+                   mask(0, compress.tile_row(si, c.q), NormCompressHook::tile_col(c.kv))) *
+               mask_coeff;
+      case M::SlidingWindowCompress: {
+        const Index r = swa.pattern_row(c.q, c.kv);
+        return r >= 0 ? static_cast<float>(mask(0, r, swa.pattern_col(c.kv))) * mask_coeff : 0.0f;
+      }
+      case M::Alibi:  // additive, with a head axis
+        return static_cast<float>(
+            head_mask(head_mask.size(0) == 1 ? 0 : c.batch, c.q_head, c.q, c.kv));
+      case M::AlibiCompress:
+      case M::AlibiCompressSqrt:
+      case M::AlibiCompressLeftAlign:
+        if (alibi.kind == AlibiCompressHook::Kind::HeadMask)
+          return static_cast<float>(alibi.value(si, c.q, c.kv, [&](Index r, Index col) {
+            return static_cast<float>(head_mask(0, c.q_head, r, col));
+          }));
+        return static_cast<float>(alibi.value(
+                   si, c.q, c.kv,
+                   [&](Index r, Index col) { return static_cast<float>(mask(0, r, col)); })) *
+               slopes(c.q_head);
+      default:
+        return 0.0f;
+    }
+  }
+
   template <class Acc>
   Acc transform(const SeqInfo& si, const Coord& c, Acc raw) const {
     // raw = (q · qScale) · k, accumulated in float (the engine's scale is 1).
@@ -183,18 +228,7 @@ struct AtbSelfAttentionVariant {
     }
     if (p->clamp_type == P::ClampType::MinMax)
       s = fp16(std::min(std::max(s, p->clamp_min), p->clamp_max));
-    float m = 0.0f;  // CAUSAL_MASK: only visible keys reach the transform
-    if (full_mask()) {
-      const Index b = mask.size(0) == 1 ? 0 : c.batch;
-      m = static_cast<float>(mask(b, c.q, c.kv)) * mask_coeff;
-    } else if (swa_compressed) {
-      const Index r = swa.pattern_row(c.q, c.kv);
-      if (r >= 0) m = static_cast<float>(mask(0, r, swa.pattern_col(c.kv))) * mask_coeff;
-    } else if (compressed && compress.on_diagonal(si, c.q, c.kv)) {
-      m = static_cast<float>(
-              mask(0, compress.tile_row(si, c.q), NormCompressHook::tile_col(c.kv))) *
-          mask_coeff;
-    }
+    const float m = mask_term(si, c);  // CAUSAL_MASK: only visible keys reach the transform
     if (fp16_scores) return static_cast<Acc>(fp16(s + fp16(m)));
     return static_cast<Acc>(s + m);
   }
@@ -242,7 +276,7 @@ struct AtbSelfAttentionVariant {
     }
     alignas(64) float mbuf[256];
     Eigen::Map<RowArray> m(mbuf, n);
-    if (full_mask()) {
+    if (full_mask()) {  // a contiguous run of one mask row: vectorised conversion
       const Index b = mask.size(0) == 1 ? 0 : c.batch;
       const T* src = mask.ptr(b, c.q, c.kv);
       if (mask.stride(2) == 1)
@@ -250,19 +284,10 @@ struct AtbSelfAttentionVariant {
       else
         for (Index j = 0; j < n; ++j) mbuf[j] = static_cast<float>(src[j * mask.stride(2)]);
       m *= mask_coeff;
-    } else if (swa_compressed) {
-      for (Index j = 0; j < n; ++j) {
-        const Index r = swa.pattern_row(c.q, c.kv + j);
-        mbuf[j] =
-            r >= 0 ? static_cast<float>(mask(0, r, swa.pattern_col(c.kv + j))) * mask_coeff : 0.0f;
-      }
-    } else if (compressed) {
+    } else if (p->mask_type != P::MaskType::Undefined && p->mask_type != P::MaskType::CausalMask &&
+               !(p->mask_type == P::MaskType::SlidingWindowNorm && mask.absent())) {
       for (Index j = 0; j < n; ++j)
-        mbuf[j] = compress.on_diagonal(si, c.q, c.kv + j)
-                      ? static_cast<float>(mask(0, compress.tile_row(si, c.q),
-                                                NormCompressHook::tile_col(c.kv + j))) *
-                            mask_coeff
-                      : 0.0f;
+        mbuf[j] = mask_term(si, Coord{c.batch, c.q, c.kv + j, c.q_head, c.kv_head});
     } else {
       return;  // no mask term: adding 0 changes no score (fp16 values stay fp16)
     }
@@ -319,6 +344,8 @@ struct SelfAttentionPlan {
   StridedView<T, 4> o;  // engine output view
   const StridedView<const T, 3>* mask = nullptr;
   const StridedView<const float, 1>* log_n = nullptr;
+  const StridedView<const T, 4>* head_mask = nullptr;  // ALiBi masks with a head axis
+  const StridedView<const float, 1>* slopes = nullptr;
   Index batch = 0, max_q = 0, max_kv = 0, nh = 0, nkv = 0, d = 0, dv = 0;
   std::vector<Index> q_len;   // per sequence
   std::vector<Index> kv_len;  // per sequence (0 for inactive sequences)
@@ -339,9 +366,10 @@ inline void sa_check_implemented(const SelfAttentionParams& params) {
   const P::MaskType m = params.mask_type;
   sa_not_yet(m == P::MaskType::Undefined || m == P::MaskType::Norm ||
                  m == P::MaskType::CausalMask || m == P::MaskType::NormCompress ||
-                 m == P::MaskType::SlidingWindowNorm || m == P::MaskType::SlidingWindowCompress,
+                 m == P::MaskType::SlidingWindowNorm || m == P::MaskType::SlidingWindowCompress ||
+                 (is_alibi(m) && params.input_layout == P::InputLayout::BSND),
              "params.mask_type",
-             std::to_string(static_cast<int>(m)) + " (ALiBi masks: the masks issue)");
+             std::to_string(static_cast<int>(m)) + " (ALiBi masks with BNSD inputs)");
   sa_not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type",
              "quantized (the quantization issue)");
 }
@@ -381,6 +409,61 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
     ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
                   "mismatch for NORM_COMPRESS", shape_str<3>(want), shape_str(mask));
   }
+  const StridedView<const T, 4> head_mask =
+      pl.head_mask ? *pl.head_mask : StridedView<const T, 4>{};
+  const StridedView<const float, 1> slopes = pl.slopes ? *pl.slopes : StridedView<const float, 1>{};
+  const bool alibi_compressed = params.mask_type == P::MaskType::AlibiCompress ||
+                                params.mask_type == P::MaskType::AlibiCompressSqrt ||
+                                params.mask_type == P::MaskType::AlibiCompressLeftAlign;
+  // ALIBI_COMPRESS takes either the [256, 256] tile with slopes or a [headNum, seqLen, 128] mask.
+  const bool head_mask_form =
+      params.mask_type == P::MaskType::AlibiCompress && !head_mask.absent() && mask.absent();
+  if (params.mask_type == P::MaskType::Alibi) {
+    ATTNREF_CHECK(!head_mask.absent(), std::invalid_argument, fn, "head_mask", "missing for ALIBI",
+                  "[batch or 1, headNum, maxSeq, maxSeq]", "none");
+    ATTNREF_CHECK(head_mask.size(0) == 1 || head_mask.size(0) == pl.batch, std::invalid_argument,
+                  fn, "head_mask.shape[0]", "mismatch", "1 or " + std::to_string(pl.batch),
+                  head_mask.size(0));
+    ATTNREF_CHECK(head_mask.size(1) == pl.nh, std::invalid_argument, fn, "head_mask.shape[1]",
+                  "mismatch with the number of heads", pl.nh, head_mask.size(1));
+    ATTNREF_CHECK(head_mask.size(2) >= pl.max_q, std::invalid_argument, fn, "head_mask.shape[2]",
+                  "smaller than the longest query sequence", ">= " + std::to_string(pl.max_q),
+                  head_mask.size(2));
+    ATTNREF_CHECK(head_mask.size(3) >= pl.max_kv, std::invalid_argument, fn, "head_mask.shape[3]",
+                  "smaller than the longest key sequence", ">= " + std::to_string(pl.max_kv),
+                  head_mask.size(3));
+    check_data(fn, "head_mask", head_mask);
+  }
+  if (alibi_compressed) {
+    ATTNREF_CHECK(pl.d <= 128 && pl.dv <= 128, std::invalid_argument, fn, "head size",
+                  "above the compressed ALiBi limit", "<= 128", std::max(pl.d, pl.dv));
+    ATTNREF_CHECK(!(std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default),
+                  std::invalid_argument, fn, "params.kernel_type",
+                  "must be HighPrecision for a compressed ALiBi mask with fp16", "HighPrecision",
+                  "Default");
+    if (head_mask_form) {
+      const Index rows = pl.bottom_right ? pl.max_kv : pl.max_q;
+      ATTNREF_CHECK(head_mask.size(0) == 1 && head_mask.size(1) == pl.nh &&
+                        head_mask.size(2) >= rows && head_mask.size(3) == AlibiCompressHook::kTile,
+                    std::invalid_argument, fn, "head_mask.shape", "mismatch for ALIBI_COMPRESS",
+                    "[1, " + std::to_string(pl.nh) + ", >= " + std::to_string(rows) + ", 128]",
+                    shape_str(head_mask));
+      check_data(fn, "head_mask", head_mask);
+    } else {
+      ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask",
+                    "missing for a compressed ALiBi mask",
+                    "the [256, 256] tile (as [1, 256, 256]) with slopes", "none");
+      const std::array<Index, 3> want{1, 2 * AlibiCompressHook::kTile,
+                                      2 * AlibiCompressHook::kTile};
+      ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
+                    "mismatch for a compressed ALiBi mask", shape_str<3>(want), shape_str(mask));
+      check_data(fn, "mask", mask);
+      ATTNREF_CHECK(!slopes.absent(), std::invalid_argument, fn, "slopes",
+                    "missing for a compressed ALiBi mask", "[headNum] float", "none");
+      ATTNREF_CHECK(slopes.size(0) == pl.nh, std::invalid_argument, fn, "slopes.shape[0]",
+                    "mismatch with the number of heads", pl.nh, slopes.size(0));
+    }
+  }
   if (params.mask_type == P::MaskType::SlidingWindowCompress) {
     ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask",
                   "missing for SLIDING_WINDOW_COMPRESS",
@@ -416,12 +499,22 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
 
   AttentionOutputs<T> eout{pl.o};
   const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
-  const bool compressed = params.mask_type == P::MaskType::NormCompress;
+  const bool alibi_blocks = alibi_compressed && !head_mask_form;  // the [256, 256] tile
+  const bool compressed = params.mask_type == P::MaskType::NormCompress || alibi_compressed;
   const bool swa_compressed = params.mask_type == P::MaskType::SlidingWindowCompress;
-  const bool mask_read = params.mask_type == P::MaskType::Norm || compressed || swa_compressed ||
-                         (swa_norm && !pl.decoder);
+  const bool mask_read = params.mask_type == P::MaskType::Norm ||
+                         params.mask_type == P::MaskType::NormCompress || swa_compressed ||
+                         (swa_norm && !pl.decoder) || alibi_blocks;
   const bool transform_needed = fp16_scores || params.scale_type == P::ScaleType::LogN ||
-                                params.clamp_type == P::ClampType::MinMax || mask_read;
+                                params.clamp_type == P::ClampType::MinMax || mask_read ||
+                                params.mask_type == P::MaskType::Alibi || alibi_compressed;
+  AlibiCompressHook alibi_hook;
+  alibi_hook.blocks = NormCompressHook{pl.bottom_right};
+  alibi_hook.kind =
+      head_mask_form                                            ? AlibiCompressHook::Kind::HeadMask
+      : params.mask_type == P::MaskType::AlibiCompressSqrt      ? AlibiCompressHook::Kind::Sqrt
+      : params.mask_type == P::MaskType::AlibiCompressLeftAlign ? AlibiCompressHook::Kind::LeftAlign
+                                                                : AlibiCompressHook::Kind::Distance;
   // Sliding window (SLIDING_WINDOW_NORM): the encoders' window is aligned top-left like their
   // masks; the decoder's query is the last token (bottom-right), and a rolling cache (cacheType
   // SWA) holds exactly the window, so nothing is hidden there.
@@ -455,7 +548,11 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
       compressed,
       NormCompressHook{pl.bottom_right},
       swa_compressed,
-      SwaCompressHook::make(params.window_size, pl.d, pl.dv)};
+      SwaCompressHook::make(params.window_size, pl.d, pl.dv),
+      params.mask_type == P::MaskType::Alibi || head_mask_form ? head_mask
+                                                               : StridedView<const T, 4>{},
+      alibi_blocks ? slopes : StridedView<const float, 1>{},
+      alibi_hook};
   if (pl.pages)
     attention_with_pages(var, pl.ein, ep, eout, *pl.pages);
   else
@@ -558,6 +655,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   pl.bottom_right = prefix;
   pl.mask = &in.mask;
   pl.log_n = &in.log_n;
+  pl.head_mask = &in.head_mask;
+  pl.slopes = &in.slopes;
   const Index tokens = in.query.size(0);
   pl.nh = in.query.size(1);
   pl.d = in.query.size(2);
