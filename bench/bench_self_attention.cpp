@@ -3,11 +3,14 @@
 // K/V):
 //   self_attention/pa_encoder/<f16|bf16>/<default|high_precision>/S:<S>/threads:<T>  causal
 //   self_attention/encoder/f16/S:<S>/threads:<T>  cache write + causal prefill (high precision)
+//   prefill/f32/alibi_compress/S:2048/threads:<T>  PA_ENCODER, ALIBI_COMPRESS tile + slopes, next
+//   to self_attention/pa_encoder/f32/causal/S:2048 (CAUSAL_MASK, same shape)
 //   self_attention/decoder/f16/B:<B>/KV:4096/threads:<T>  cache write + decode (high precision)
 
 #include <benchmark/benchmark.h>
 
 #include <attnref/atb/self_attention.hpp>
+#include <attnref/mask/builders.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +49,42 @@ void pa_encoder(benchmark::State& state, Index s, bool high_precision, int threa
   in.key = attnref::StridedView<const T, 3>(k.data(), {s, kKvHeads, kD});
   in.value = attnref::StridedView<const T, 3>(v.data(), {s, kKvHeads, kD});
   in.seq_len = {s};
+  attnref::SelfAttentionOutputs<T> out;
+  out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
+  for (auto _ : state) {
+    attnref::self_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+  }
+  const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
+  state.counters["GFLOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ALIBI_COMPRESS ([256, 256] tile + slopes) against the same shape's CAUSAL_MASK, f32 data.
+void alibi_compress(benchmark::State& state, Index s, bool alibi, int threads) {
+  using T = float;
+  const auto q = random_data<T>(static_cast<size_t>(s * kHeads * kD), 1);
+  const auto k = random_data<T>(static_cast<size_t>(s * kKvHeads * kD), 2);
+  const auto v = random_data<T>(k.size(), 3);
+  std::vector<T> o(q.size());
+  const auto tile = attnref::alibi_compress_mask<T>();
+  const auto slopes = attnref::alibi_compress_slopes(attnref::alibi_slopes(kHeads));
+  P p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.qk_scale = 0.088f;
+  p.calc_type = P::CalcType::PaEncoder;
+  p.kernel_type = P::KernelType::HighPrecision;
+  p.mask_type = alibi ? P::MaskType::AlibiCompress : P::MaskType::CausalMask;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = attnref::StridedView<const T, 3>(q.data(), {s, kHeads, kD});
+  in.key = attnref::StridedView<const T, 3>(k.data(), {s, kKvHeads, kD});
+  in.value = attnref::StridedView<const T, 3>(v.data(), {s, kKvHeads, kD});
+  in.seq_len = {s};
+  if (alibi) {
+    in.mask = attnref::StridedView<const T, 3>(tile.data(), {1, 256, 256});
+    in.slopes = attnref::StridedView<const float, 1>(slopes.data(), {kHeads});
+  }
   attnref::SelfAttentionOutputs<T> out;
   out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
   for (auto _ : state) {
@@ -139,6 +178,10 @@ const bool registered = [] {
     for (Index s : {512, 2048})
       reg("self_attention/pa_encoder/bf16/high_precision/S:" + std::to_string(s) + th,
           [=](benchmark::State& st) { pa_encoder<attnref::bfloat16>(st, s, true, t); });
+    reg("prefill/f32/alibi_compress/S:2048" + th,
+        [=](benchmark::State& st) { alibi_compress(st, 2048, true, t); });
+    reg("self_attention/pa_encoder/f32/causal/S:2048" + th,
+        [=](benchmark::State& st) { alibi_compress(st, 2048, false, t); });
     for (Index s : {512, 2048})
       reg("self_attention/encoder/f16/S:" + std::to_string(s) + th,
           [=](benchmark::State& st) { encoder<attnref::half>(st, s, t); });

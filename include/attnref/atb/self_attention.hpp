@@ -131,6 +131,7 @@ struct AtbSelfAttentionVariant {
   StridedView<const float, 1> log_n;  // LOGN, absent otherwise
   bool log_n_per_batch;               // DECODER: one logN value per sequence
   bool transform_needed;              // false: plain scaled scores (qk_scale is the engine's scale)
+  bool scale_folded;                  // qk_scale applied by the engine (fp32 path, no logN/clamp)
   CausalHook causal;                  // CAUSAL_MASK (top-left, or bottom-right for PREFIX_ENCODER)
   bool compressed;                    // 128-block causal structure: NORM_COMPRESS, ALIBI_COMPRESS*
   NormCompressHook compress;
@@ -202,13 +203,12 @@ struct AtbSelfAttentionVariant {
       case M::AlibiCompressSqrt:
       case M::AlibiCompressLeftAlign:
         if (alibi.kind == AlibiCompressHook::Kind::HeadMask)
-          return static_cast<float>(alibi.value(si, c.q, c.kv, [&](Index r, Index col) {
+          return alibi.value(si, c.q, c.kv, [&](Index r, Index col) {
             return static_cast<float>(head_mask(0, c.q_head, r, col));
-          }));
-        return static_cast<float>(alibi.value(
-                   si, c.q, c.kv,
-                   [&](Index r, Index col) { return static_cast<float>(mask(0, r, col)); })) *
-               slopes(c.q_head);
+          });
+        return alibi.value(si, c.q, c.kv, [&](Index r, Index col) {
+          return static_cast<float>(mask(0, r, col));
+        }) * slopes(c.q_head);
       default:
         return 0.0f;
     }
@@ -224,7 +224,7 @@ struct AtbSelfAttentionVariant {
       s = fp16(s * fp16(p->qk_scale));
     } else {
       if (!log_n.absent()) s *= log_n(log_n_per_batch ? c.batch : c.q);
-      s *= p->qk_scale;
+      if (!scale_folded) s *= p->qk_scale;
     }
     if (p->clamp_type == P::ClampType::MinMax)
       s = fp16(std::min(std::max(s, p->clamp_min), p->clamp_max));
@@ -254,6 +254,32 @@ struct AtbSelfAttentionVariant {
  private:
   using RowArray = Eigen::Array<float, Eigen::Dynamic, 1>;
 
+  /// Compressed ALiBi terms of keys c.kv .. c.kv + n − 1 of one query, a key block at a time:
+  /// one contiguous mask row per block, converted and transformed as a vector.
+  void alibi_run(const SeqInfo& si, const Coord& c, float* out, Index n) const {
+    const bool heads = alibi.kind == AlibiCompressHook::Kind::HeadMask;
+    const float slope = heads ? 1.0f : slopes(c.q_head);
+    for (Index j = 0; j < n;) {
+      const Index key = c.kv + j, blk = key / AlibiCompressHook::kTile;
+      const Index b0 = key % AlibiCompressHook::kTile;
+      const Index len = std::min(n - j, AlibiCompressHook::kTile - b0);
+      const AlibiCompressHook::BlockRead r = alibi.block_read(si, c.q, blk);
+      const T* src = heads ? head_mask.ptr(0, c.q_head, r.row, b0) : mask.ptr(0, r.row, b0);
+      const Index stride = heads ? head_mask.stride(3) : mask.stride(2);
+      if (stride == 1)
+        simd::to_float(src, len, out + j);
+      else
+        for (Index x = 0; x < len; ++x) out[j + x] = static_cast<float>(src[x * stride]);
+      Eigen::Map<RowArray> seg(out + j, len);
+      if (r.sqrt)
+        seg = (seg * seg + r.add).sqrt();
+      else if (r.add != 0.0f)
+        seg += r.add;
+      if (!heads) seg *= slope;
+      j += len;
+    }
+  }
+
   void row_chunk(const SeqInfo& si, const Coord& c, float* row, Index n) const {
     Eigen::Map<RowArray> s(row, n);
     const auto r16 = [n](float* x) { simd::round_to_half(x, n); };
@@ -268,7 +294,7 @@ struct AtbSelfAttentionVariant {
       r16(row);
     } else {
       if (!log_n.absent()) s *= ln;
-      s *= p->qk_scale;
+      if (!scale_folded) s *= p->qk_scale;
     }
     if (p->clamp_type == P::ClampType::MinMax) {  // Eigen's max / min keep std::max's NaN rule
       s = s.max(p->clamp_min).min(p->clamp_max);
@@ -284,6 +310,8 @@ struct AtbSelfAttentionVariant {
       else
         for (Index j = 0; j < n; ++j) mbuf[j] = static_cast<float>(src[j * mask.stride(2)]);
       m *= mask_coeff;
+    } else if (is_alibi(p->mask_type) && p->mask_type != P::MaskType::Alibi) {
+      alibi_run(si, c, mbuf, n);
     } else if (p->mask_type != P::MaskType::Undefined && p->mask_type != P::MaskType::CausalMask &&
                !(p->mask_type == P::MaskType::SlidingWindowNorm && mask.absent())) {
       for (Index j = 0; j < n; ++j)
@@ -527,7 +555,11 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
   AttentionParams ep;
   // Without a transform the scores are q·k·qkScale in fp32: the engine applies qkScale itself
   // (folded into its q tile, a rounding-level difference from scaling the product).
-  ep.scale = transform_needed ? 1.0 : static_cast<double>(params.qk_scale);
+  // The same when the transform only adds a mask term in fp32.
+  const bool scale_folded =
+      !transform_needed || (!fp16_scores && params.scale_type != P::ScaleType::LogN &&
+                            params.clamp_type != P::ClampType::MinMax);
+  ep.scale = scale_folded ? static_cast<double>(params.qk_scale) : 1.0;
   ep.num_threads = num_threads;
   validate(pl.ein, ep, eout);  // engine checks (overlaps included) before anything is written
   for (const auto& x : extra_inputs)
@@ -544,6 +576,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
       params.scale_type == P::ScaleType::LogN ? log_n : StridedView<const float, 1>{},
       pl.decoder,
       transform_needed,
+      scale_folded,
       causal,
       compressed,
       NormCompressHook{pl.bottom_right},

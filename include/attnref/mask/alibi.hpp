@@ -31,27 +31,38 @@ struct AlibiCompressHook {
   Kind kind = Kind::Distance;
   NormCompressHook blocks{};  // causal block structure (and the PREFIX_ENCODER shift)
 
+  /// How query i reads key block n (n <= i's block): the mask row, and what is done to it.
+  struct BlockRead {
+    Index row;  // row of the tile (HeadMask: of the head's mask)
+    float add;  // added to the value (Distance: Δ − 128; LeftAlign: 128·n)
+    bool sqrt;  // Sqrt off the diagonal: sqrt(x² + add)
+  };
+  BlockRead block_read(const SeqInfo& s, Index i, Index n) const {
+    const Index ip = i + blocks.offset(s);
+    const Index m = ip / kTile, a = ip % kTile;
+    const float delta = static_cast<float>((m - n) * kTile - kTile);
+    switch (kind) {
+      case Kind::Distance:
+        return m == n ? BlockRead{a, 0.0f, false} : BlockRead{kTile + a, delta, false};
+      case Kind::Sqrt:
+        return m == n ? BlockRead{a, 0.0f, false} : BlockRead{kTile + a, delta, true};
+      case Kind::LeftAlign:
+        return {m == n ? a : kTile + a, static_cast<float>(n * kTile), false};
+      case Kind::HeadMask:
+        return {ip - n * kTile, 0.0f, false};
+    }
+    return {a, 0.0f, false};
+  }
+  static float apply(const BlockRead& r, float x) {
+    return r.sqrt ? std::sqrt(x * x + r.add) : x + r.add;
+  }
+
   /// The value read from the mask for (i, j) of a visible block, before the slope multiply;
   /// `tile(r, c)` reads the [256, 256] tile (or, for HeadMask, row r of the head's mask).
   template <class Tile>
-  double value(const SeqInfo& s, Index i, Index j, Tile&& tile) const {
-    const Index ip = i + blocks.offset(s);
-    const Index m = ip / kTile, n = j / kTile, a = ip % kTile, b = j % kTile;
-    const double delta = static_cast<double>((m - n) * kTile) - static_cast<double>(kTile);
-    switch (kind) {
-      case Kind::Distance:
-        return m == n ? tile(a, b) : tile(kTile + a, b) + delta;
-      case Kind::Sqrt: {
-        if (m == n) return tile(a, b);
-        const double x = tile(kTile + a, b);
-        return std::sqrt(x * x + delta);
-      }
-      case Kind::LeftAlign:
-        return (m == n ? tile(a, b) : tile(kTile + a, b)) + static_cast<double>(n * kTile);
-      case Kind::HeadMask:
-        return tile(ip - n * kTile, b);
-    }
-    return 0.0;
+  float value(const SeqInfo& s, Index i, Index j, Tile&& tile) const {
+    const BlockRead r = block_read(s, i, j / kTile);
+    return apply(r, tile(r.row, j % kTile));
   }
 };
 
