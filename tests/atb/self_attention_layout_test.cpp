@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <attnref/atb/self_attention.hpp>
+#include <attnref/mask/builders.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -51,6 +52,7 @@ struct PrefixCase {
   int nkv = 2, group = 2, d = 32, dv = 16;
   bool compress = false;     // NORM_COMPRESS tile instead of CAUSAL_MASK
   bool random_tile = false;  // a non-triangular tile: checks the block expansion rule itself
+  bool alibi = false;        // ALIBI_COMPRESS: the [256, 256] distance tile + negated slopes
 };
 
 template <class T>
@@ -122,7 +124,9 @@ PrefixRun<T> run_prefix(const PrefixCase& c, unsigned seed) {
   p.calc_type = P::CalcType::PrefixEncoder;
   p.kernel_type = P::KernelType::HighPrecision;
   p.is_triu_mask = 1;
-  p.mask_type = c.compress ? P::MaskType::NormCompress : P::MaskType::CausalMask;
+  p.mask_type = c.alibi      ? P::MaskType::AlibiCompress
+                : c.compress ? P::MaskType::NormCompress
+                             : P::MaskType::CausalMask;
   p.qk_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
   attnref::SelfAttentionInputs<T> in;
   in.query = StridedView<const T, 3>(q.data(), {tokens, nh, c.d});
@@ -132,6 +136,13 @@ PrefixRun<T> run_prefix(const PrefixCase& c, unsigned seed) {
   in.kv_seq_len.assign(c.kv_len.begin(), c.kv_len.end());
   in.block_tables = StridedView<const std::int32_t, 2>(table.data(), {nb, max_blocks});
   if (c.compress) in.mask = StridedView<const T, 3>(tile.data(), {1, 128, 128});
+  const std::vector<float> slopes = attnref::alibi_slopes(nh);
+  const std::vector<float> neg = attnref::alibi_compress_slopes(slopes);
+  const std::vector<T> alibi_tile = attnref::alibi_compress_mask<T>();
+  if (c.alibi) {
+    in.mask = StridedView<const T, 3>(alibi_tile.data(), {1, 256, 256});
+    in.slopes = StridedView<const float, 1>(neg.data(), {nh});
+  }
   std::vector<T> o(static_cast<size_t>(tokens * nh * c.dv), T(7.0f));
   attnref::self_attention(
       p, in, attnref::SelfAttentionOutputs<T>{StridedView<T, 3>(o.data(), {tokens, nh, c.dv})});
@@ -146,7 +157,16 @@ PrefixRun<T> run_prefix(const PrefixCase& c, unsigned seed) {
   r.qk_scale = static_cast<double>(p.qk_scale);
   const std::vector<int> ql = c.q_len, kl = c.kv_len;
   // Query i of sequence b sits at absolute position i + kv - q (bottom-right alignment).
-  if (c.compress) {
+  if (c.alibi) {
+    // Bias slope_h * (j - pos), keys after pos hidden.
+    r.mask = [ql, kl](int b, int i, int j) {
+      return j > i + kl[static_cast<size_t>(b)] - ql[static_cast<size_t>(b)] ? -3e38 : 0.0;
+    };
+    r.head_bias = [&slopes, ql, kl](int b, int h, int i, int j) {
+      const int pos = i + kl[static_cast<size_t>(b)] - ql[static_cast<size_t>(b)];
+      return j > pos ? 0.0 : static_cast<double>(slopes[static_cast<size_t>(h)]) * (j - pos);
+    };
+  } else if (c.compress) {
     r.mask = [&tile, ql, kl](int b, int i, int j) {
       const int pos = i + kl[static_cast<size_t>(b)] - ql[static_cast<size_t>(b)];
       if (j / 128 > pos / 128) return -3e38;  // block above the diagonal: skipped
@@ -189,6 +209,15 @@ TEST(SelfAttentionPrefixEncoder, CausalMaskMatchesReference) {
   c.d = 128;
   c.dv = 128;
   expect_prefix<attnref::half>(c, 4);
+}
+
+TEST(SelfAttentionPrefixEncoder, AlibiCompressIsAlignedBottomRight) {
+  PrefixCase c;
+  c.q_len = {150, 3, 260};
+  c.kv_len = {200, 131, 260};
+  c.alibi = true;
+  expect_prefix<attnref::bfloat16>(c, 8);
+  expect_prefix<attnref::half>(c, 9);
 }
 
 TEST(SelfAttentionPrefixEncoder, NormCompressTileExpandsBlockByBlock) {
