@@ -137,7 +137,7 @@ struct Engine {
   const Geometry& g;
   const KvPages<TKV>& pages;
   Acc scale;
-  Index max_heads;    // kv heads per item, at most
+  Index max_rows;     // stacked rows (group x q positions x kv heads) of the largest item
   simd::Level level;  // hand-vectorised level in use for this call (Portable: none)
 
   static constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
@@ -172,14 +172,13 @@ struct Engine {
     std::uint8_t* f;
   };
 
-  Index head_rows() const { return g.group * g.q_tile; }
   /// Row stride of the score and flag buffers: the tile width rounded up to 16 plus 16, so
   /// consecutive rows never sit a power of two apart (which maps them onto the same cache sets).
   Index ld() const { return (g.kv_tile + 15) / 16 * 16 + 16; }
 
   Workspace make_workspace() const {
     Workspace ws;
-    const Index rows = head_rows() * max_heads;
+    const Index rows = max_rows;
     ws.q.resize(static_cast<size_t>(rows * g.head_size));
     ws.o.resize(static_cast<size_t>(rows * g.v_head_size));
     ws.st.resize(static_cast<size_t>(rows));
@@ -538,21 +537,27 @@ struct Engine {
 inline constexpr Index kMaxSplits = 32;
 
 /// Builds the item list: sequences in order, then kv heads, q tiles and kv splits.
+/// max_rows: stacked rows of the largest item; split_rows: of the largest split item (the size
+/// of one partial slot). Both follow the items, not the tile capacity, so that short sequences
+/// (decode) get small buffers.
 inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, bool allow_split,
-                                        Index& max_heads) {
+                                        Index& max_rows, Index& split_rows) {
   std::vector<WorkItem> items;
   num_partials = 0;
-  max_heads = 1;
+  max_rows = 1;
+  split_rows = 0;
   for (Index b = 0; b < static_cast<Index>(g.seqs.size()); ++b) {
     const ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
     if (s.q_len == 0) continue;
     const Index n_qt = (s.q_len + g.q_tile - 1) / g.q_tile;
     const Index heads = n_qt == 1 ? g.num_kv_heads : 1;
-    max_heads = std::max(max_heads, heads);
     const bool split = allow_split && g.kv_split > 0 && n_qt == 1 && s.kv_len > g.kv_split;
     for (Index h = 0; h < g.num_kv_heads; h += heads) {
       for (Index q0 = 0; q0 < s.q_len; q0 += g.q_tile) {
         const Index q1 = std::min(s.q_len, q0 + g.q_tile);
+        const Index rows = g.group * (q1 - q0) * heads;
+        max_rows = std::max(max_rows, rows);
+        if (split) split_rows = std::max(split_rows, rows);
         if (!split) {
           items.push_back({b, h, h + heads, q0, q1, 0, s.kv_len, -1});
           continue;
@@ -578,9 +583,10 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
   using E = Engine<Acc, TQ, TKV, TO, TS, Variant>;
   const int threads = resolve_threads(p.num_threads);
   const bool want_probs = !out.probs.absent();
-  Index num_partials = 0, max_heads = 1;
-  std::vector<WorkItem> items = make_items(g, num_partials, /*allow_split=*/!want_probs, max_heads);
-  const E eng{in, out, var, g, pages, static_cast<Acc>(p.scale), max_heads, simd::level()};
+  Index num_partials = 0, max_rows = 1, split_rows = 0;
+  std::vector<WorkItem> items =
+      make_items(g, num_partials, /*allow_split=*/!want_probs, max_rows, split_rows);
+  const E eng{in, out, var, g, pages, static_cast<Acc>(p.scale), max_rows, simd::level()};
 
   // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
   // own range clipped to it.
@@ -591,7 +597,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
     it.kv_end = std::min(it.kv_end, std::min(r.end, s.kv_len));
   }
 
-  const Index rows = eng.head_rows() * max_heads;  // rows of one partial slot
+  const Index rows = split_rows;  // rows of one partial slot
   const Index dv = g.v_head_size;
   // Partials of split items: unnormalised O rows then (m, l) per row.
   std::vector<Acc> part_o(static_cast<size_t>(num_partials * rows * dv));
