@@ -4,10 +4,12 @@
 /// Implemented: calcType PA_ENCODER (packed tokens, no cache; MLA merged kv cache),
 /// ENCODER / DECODER / UNDEFINED (KV caches, written then read; kv-bypass; batchRunStatus; kv
 /// tensorlist), PREFIX_ENCODER (paged KV cache with block tables, causal aligned bottom-right),
-/// inputLayout BSND and BNSD (second overload), maskType UNDEFINED, NORM, NORM_COMPRESS and
-/// CAUSAL_MASK, qScale, qkScale, logN (scaleType LOGN), clamp, GQA, kernelType DEFAULT (fp16
-/// score path) and HIGH_PRECISION. ALiBi, sliding-window masks and qkv quantization are
-/// validated (attnref::validate(SelfAttentionParams)) and then rejected as not implemented yet.
+/// inputLayout BSND and BNSD (second overload), every maskType (NORM, NORM_COMPRESS, ALIBI and
+/// the compressed ALiBi forms, SLIDING_WINDOW_NORM / _COMPRESS with the decoder's window and the
+/// rolling SWA cache, CAUSAL_MASK), qScale, qkScale, logN (scaleType LOGN), clamp, GQA,
+/// kernelType DEFAULT (fp16 score path) and HIGH_PRECISION. qkv quantization and ALiBi with the
+/// BNSD inputs are validated (attnref::validate(SelfAttentionParams)) and then rejected as not
+/// implemented yet.
 ///
 /// Shapes (BSND; ATB's [nTokens, hidden] and [B, S, N, D] forms are the same memory):
 ///   query        [nTokens, headNum, headSize]   tokens of all sequences packed by seq_len
@@ -25,8 +27,13 @@
 ///                row t % blockSize of block block_tables[b][t / blockSize], t < kv_seq_len[b]
 ///   mask         NORM: [maxSeq, maxSeq] (as [1, maxSeq, maxSeq]), [batch, maxSeq, maxSeq], or
 ///                decoder [batch, 1, maxSeq]; sliced top-left (rows = query positions, columns =
-///                key positions of the sequence). NORM_COMPRESS: the [128, 128] tile (as
-///                [1, 128, 128]), expanded as in attnref/mask/norm_compress.hpp
+///                key positions of the sequence); SLIDING_WINDOW_NORM the same (none with
+///                DECODER). NORM_COMPRESS: the [128, 128] tile (as [1, 128, 128]), expanded as
+///                in attnref/mask/norm_compress.hpp; ALIBI_COMPRESS*: the [256, 256] tile with
+///                `slopes` (attnref/mask/alibi.hpp); SLIDING_WINDOW_COMPRESS: the [512, 512]
+///                pattern (attnref/mask/sliding_window.hpp)
+///   head_mask    ALIBI [batch or 1, headNum, maxSeq, maxSeq]; ALIBI_COMPRESS [1, headNum,
+///                seqLen, 128] (then no tile, no slopes)
 ///   log_n        LOGN: float, [maxSeqLen] per query position (PA_ENCODER) or [batch] (DECODER)
 ///   out          [nTokens, headNum, headSizeV]
 /// batchRunStatus (batch_run_status_enable): a sequence with status 0 gets zero output rows and
@@ -36,10 +43,11 @@
 ///   s = (q_i · qScale) · k_j  (fp32 accumulation)
 ///   s = s · logN[i] (LOGN) · qkScale
 ///   s = fp16(clamp(s, clampMin, clampMax))      (clampType MIN_MAX)
-///   s = s + mask term                            (NORM / NORM_COMPRESS: binary mask × −3e38
-///                                                 with HIGH_PRECISION or bf16, additive fp16
-///                                                 values with DEFAULT; CAUSAL_MASK: keys
-///                                                 j > i (PREFIX_ENCODER: j > i + kv − q) get
+///   s = s + mask term                            (NORM / NORM_COMPRESS / SWA: binary mask ×
+///                                                 −3e38 with HIGH_PRECISION or bf16, additive
+///                                                 fp16 values with DEFAULT; ALiBi: additive in
+///                                                 every dtype; CAUSAL_MASK, blocks a compressed
+///                                                 mask skips and keys outside a window get
 ///                                                 probability 0)
 ///   out = softmax_j(s) · V                       (fp32), rounded to the data type
 /// DEFAULT with fp16 data rounds s to fp16 after the product, after logN (a float32 factor),
