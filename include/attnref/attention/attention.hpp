@@ -29,20 +29,6 @@ namespace attnref {
 
 namespace detail {
 
-template <class T, int R>
-inline std::string shape_str(const StridedView<T, R>& v) {
-  std::string s = "[";
-  for (int i = 0; i < R; ++i) s += (i ? ", " : "") + std::to_string(v.size(i));
-  return s + "]";
-}
-
-template <int R>
-inline std::string shape_str(const std::array<Index, R>& a) {
-  std::string s = "[";
-  for (int i = 0; i < R; ++i) s += (i ? ", " : "") + std::to_string(a[i]);
-  return s + "]";
-}
-
 inline void check_lengths(const char* fn, const char* name, const std::vector<Index>& lens,
                           Index batch, Index extent, const char* extent_name) {
   ATTNREF_CHECK(static_cast<Index>(lens.size()) == batch, std::invalid_argument, fn, name,

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -130,6 +131,21 @@ bool overlaps(const StridedView<A, RA>& a, const StridedView<B, RB>& b) {
   const auto rb = byte_range(b);
   if (ra[0] == ra[1] || rb[0] == rb[1]) return false;
   return ra[0] < rb[1] && rb[0] < ra[1];
+}
+
+/// "[a, b, c]": the shape of a view (or of an extent array), for error messages.
+template <class T, int R>
+inline std::string shape_str(const StridedView<T, R>& v) {
+  std::string s = "[";
+  for (int i = 0; i < R; ++i) s += (i ? ", " : "") + std::to_string(v.size(i));
+  return s + "]";
+}
+
+template <int R>
+inline std::string shape_str(const std::array<Index, R>& a) {
+  std::string s = "[";
+  for (int i = 0; i < R; ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
 }
 
 }  // namespace detail
