@@ -1,5 +1,6 @@
 #pragma once
 /// Umbrella header: everything public in attnref.
+#include "attnref/atb/qkv_quant.hpp"
 #include "attnref/atb/self_attention.hpp"
 #include "attnref/atb/self_attention_params.hpp"
 #include "attnref/attention/attention.hpp"

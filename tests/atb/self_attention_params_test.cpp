@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/atb_qkv_quant.hpp"
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
@@ -388,8 +389,8 @@ TEST(SelfAttentionParams, PerFeatureConstraints) {
 // ---------------------------------------------------------------------------------------------
 // The walk again, through the operator: every Y pair (with its companions) runs on fp16 data and
 // is checked against the independent reference, caches included; every N pair is rejected
-// naming both features; a pair needing a feature that has its own issue still (qkv quantization,
-// sliding-window attention) is rejected as not implemented yet.
+// naming both features. Pairs with qkv quantization run on int8 data against the quantized
+// reference.
 
 using H = attnref::half;
 using attnref::Index;
@@ -620,14 +621,103 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
   return res;
 }
 
-// A feature whose implementation belongs to a later issue.
-bool pending(const std::set<int>& features) {
-  return features.count(static_cast<int>(F::QkvQuant)) != 0;
+// qkv quantization pairs: int8 q / k / v (head sizes multiples of 32) against the quantized
+// reference. Rows whose P̂ rounding sits on a tie (see the reference) are left out and counted.
+PairRun run_quant_pair(const Built& built, std::mt19937& rng, int& ties) {
+  P p = built.p;
+  if (p.mla_v_head_size > 0) p.mla_v_head_size = 32;
+  const int nh = p.num_heads, nkv = p.num_kv_heads, d = 64;
+  const bool mla = p.mla_v_head_size > 0;
+  const int dv = mla ? 32 : 64;
+  const bool binary = p.kernel_type == P::KernelType::HighPrecision;  // fp16 output
+  const std::vector<int> len{5, 9, 3};
+  const int tokens = 17;
+  std::uniform_int_distribution<int> u(-128, 127);
+  auto i8 = [&](size_t n) {
+    std::vector<std::int8_t> x(n);
+    for (auto& e : x) e = static_cast<std::int8_t>(u(rng));
+    return x;
+  };
+  const auto q = i8(static_cast<size_t>(tokens * nh * d));
+  const auto k = i8(static_cast<size_t>(tokens * nkv * d));
+  const auto v = i8(static_cast<size_t>(tokens * nkv * dv));
+  std::vector<float> qk_descale, vpv_descale, p_scale;
+  for (int h = 0; h < nh; ++h) {
+    qk_descale.push_back((1.0f + 0.1f * static_cast<float>(h)) / (127.0f * 127.0f * 4.0f));
+    vpv_descale.push_back(0.01f * static_cast<float>(h + 1));
+    p_scale.push_back((1.0f + 0.25f * static_cast<float>(h)) / 127.0f);
+  }
+  ref::AtbQkvQuant r;
+  r.num_heads = nh;
+  r.num_kv_heads = nkv;
+  r.head_size = d;
+  r.v_head_size = dv;
+  r.seq_len = len;
+  r.qk_scale = p.qk_scale;
+  r.clamp = p.clamp_type == P::ClampType::MinMax;
+  r.clamp_min = p.clamp_min;
+  r.clamp_max = p.clamp_max;
+  r.qk_descale = qk_descale;
+  r.vpv_descale = vpv_descale;
+  r.p_scale = p_scale;
+  std::vector<H> mask;
+  StridedView<const H, 3> mview;
+  if (p.mask_type == P::MaskType::NormCompress) {
+    const float hidden = binary ? 1.0f : -10000.0f;
+    const double coeff = binary ? -3e38 : 1.0;
+    for (int i = 0; i < 128; ++i)
+      for (int j = 0; j < 128; ++j) mask.push_back(H(j > i ? hidden : 0.0f));
+    mview = StridedView<const H, 3>(mask.data(), {1, 128, 128});
+    r.mask = [=](int, int i, int j) { return j > i ? static_cast<double>(hidden) * coeff : 0.0; };
+  }
+  std::vector<std::vector<std::int8_t>> rq, rk, rv;
+  for (size_t b = 0, t0 = 0; b < len.size(); t0 += static_cast<size_t>(len[b]), ++b) {
+    const size_t l = static_cast<size_t>(len[b]);
+    rq.emplace_back(q.begin() + static_cast<long>(t0 * nh * d),
+                    q.begin() + static_cast<long>((t0 + l) * nh * d));
+    rk.emplace_back(k.begin() + static_cast<long>(t0 * nkv * d),
+                    k.begin() + static_cast<long>((t0 + l) * nkv * d));
+    std::vector<std::int8_t> vb;
+    for (size_t t = t0; t < t0 + l; ++t)
+      for (int h = 0; h < nkv; ++h)
+        for (int e = 0; e < dv; ++e)
+          vb.push_back(mla ? k[(t * nkv + h) * d + e] : v[(t * nkv + h) * dv + e]);
+    rv.push_back(std::move(vb));
+  }
+  const ref::QuantResult want = ref::atb_qkv_quant(r, rq, rk, rv);
+
+  attnref::SelfAttentionQuantInputs<H> in;
+  in.query = StridedView<const std::int8_t, 3>(q.data(), {tokens, nh, d});
+  in.key = StridedView<const std::int8_t, 3>(k.data(), {tokens, nkv, d});
+  if (!mla) in.value = StridedView<const std::int8_t, 3>(v.data(), {tokens, nkv, dv});
+  in.seq_len = {5, 9, 3};
+  in.mask = mview;
+  in.qk_descale = StridedView<const float, 1>(qk_descale.data(), {nh});
+  in.vpv_descale = StridedView<const float, 1>(vpv_descale.data(), {nh});
+  in.p_scale = StridedView<const float, 1>(p_scale.data(), {nh});
+  std::vector<H> out(static_cast<size_t>(tokens * nh * dv), H(7.0f));
+  attnref::self_attention(
+      p, in, attnref::SelfAttentionOutputs<H>{StridedView<H, 3>(out.data(), {tokens, nh, dv})});
+  PairRun res;
+  size_t row = 0;
+  for (size_t b = 0; b < want.out.size(); ++b)
+    for (size_t rr = 0; rr < want.tie[b].size(); ++rr, ++row) {
+      if (want.tie[b][rr]) {
+        ++ties;
+        continue;
+      }
+      for (int e = 0; e < dv; ++e) {
+        res.out_want.push_back(static_cast<float>(
+            H(static_cast<float>(want.out[b][rr * dv + static_cast<size_t>(e)]))));
+        res.out.push_back(static_cast<float>(out[row * dv + static_cast<size_t>(e)]));
+      }
+    }
+  return res;
 }
 
 TEST(SelfAttentionCoexistence, EveryYPairRunsAndEveryNPairThrows) {
   std::mt19937 rng(77);
-  int ran = 0, conflicts = 0, later = 0;
+  int ran = 0, conflicts = 0, later = 0, quant = 0, ties = 0;
   for (int a = 0; a < kN; ++a)
     for (int c = a; c < kN; ++c) {  // c == a: the feature alone
       Built b = build({a, c});
@@ -640,21 +730,23 @@ TEST(SelfAttentionCoexistence, EveryYPairRunsAndEveryNPairThrows) {
       if (!all_combine(b.features)) {
         expect_error = "not supported together";
         ++conflicts;
-      } else if (pending(b.features)) {
-        expect_error = "not implemented yet";
-        ++later;
       }
+      const bool quantized = b.features.count(static_cast<int>(F::QkvQuant)) != 0;
       if (expect_error.empty()) {
         ++ran;
+        quant += quantized ? 1 : 0;
         PairRun r;
-        ASSERT_NO_THROW(r = run_pair(b, rng)) << pair;
+        ASSERT_NO_THROW(r = quantized ? run_quant_pair(b, rng, ties) : run_pair(b, rng)) << pair;
         EXPECT_TRUE(support::all_close(r.out_want, r.out, support::tolerance(support::Kind::F16)))
             << pair;
         EXPECT_TRUE(support::all_close(r.cache_want, r.cache, {0.0, 0.0})) << pair << " (caches)";
         continue;
       }
       try {
-        run_pair(b, rng);
+        if (quantized)
+          run_quant_pair(b, rng, ties);
+        else
+          run_pair(b, rng);
         ADD_FAILURE() << pair << ": no exception";
       } catch (const std::invalid_argument& e) {
         EXPECT_NE(std::string(e.what()).find(expect_error), std::string::npos)
@@ -666,9 +758,12 @@ TEST(SelfAttentionCoexistence, EveryYPairRunsAndEveryNPairThrows) {
     for (int c = a + 1; c < kN; ++c) n_pairs += kSpecTable[a][c] == 'N';
   EXPECT_EQ(conflicts, n_pairs);  // companions never add a conflict of their own
   EXPECT_EQ(ran + conflicts + later, kN + kN * (kN - 1) / 2);
-  // Pending: qkv quant alone and with highPrec, clamp, cmpMask, MLA (the Y entries of its row).
-  EXPECT_EQ(later, 5);
-  std::printf("coexistence walk: %d ran, %d N pairs rejected, %d pending\n", ran, conflicts, later);
+  // qkv quant alone and with highPrec, clamp, cmpMask, MLA (the Y entries of its row).
+  EXPECT_EQ(quant, 5);
+  EXPECT_EQ(later, 0);
+  EXPECT_LE(ties, 3);
+  std::printf("coexistence walk: %d ran (%d with qkv quantization), %d N pairs rejected\n", ran,
+              quant, conflicts);
 }
 
 }  // namespace

@@ -315,7 +315,7 @@ TEST(SelfAttentionPaEncoder, BadInputIsRejectedBeforeWriting) {
   p.num_heads = 2;
   p.quant_type = P::QuantType::QkvOnline;
   p.out_data_type = P::OutDataType::Float16;
-  expect("params.quant_type not implemented yet");
+  expect("query/key/value not int8 with qkv full quantization: expected int8");
 }
 
 }  // namespace

@@ -66,6 +66,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnref/atb/qkv_quant.hpp"
 #include "attnref/atb/self_attention_params.hpp"
 #include "attnref/attention/attention.hpp"
 #include "attnref/core/error.hpp"
@@ -96,6 +97,26 @@ struct SelfAttentionInputs {
   StridedView<const std::int32_t, 2> block_tables{};      ///< blockTables (PrefixEncoder)
   std::vector<StridedView<const T, 2>> key_cache_list{};  ///< kv tensorlist (Decoder + bypass)
   std::vector<StridedView<const T, 2>> value_cache_list{};
+};
+
+/// int8 inputs of the qkv full quantization (quantType QKV_OFFLINE / QKV_ONLINE; calcType
+/// PA_ENCODER, BSND; semantics.md §2.8). TO, the type of the output and of the masks, is
+/// params.out_data_type: half (Float16) or bfloat16 (BFloat16).
+template <class TO>
+struct SelfAttentionQuantInputs {
+  StridedView<const std::int8_t, 3> query;    ///< [nTokens, headNum, headSize]
+  StridedView<const std::int8_t, 3> key;      ///< [nTokens, kvHeadNum, headSize]
+  StridedView<const std::int8_t, 3> value{};  ///< [nTokens, kvHeadNum, headSizeV]; none with MLA
+  std::vector<Index> seq_len;                 ///< seqLen [batch]
+  StridedView<const TO, 3> mask{};            ///< as SelfAttentionInputs::mask
+  StridedView<const TO, 4> head_mask{};       ///< as SelfAttentionInputs::head_mask
+  StridedView<const float, 1> slopes{};       ///< as SelfAttentionInputs::slopes
+  StridedView<const float, 1> qk_descale{};   ///< qkDescale [headNum]: dequant scale of q·k
+  StridedView<const float, 1> vpv_descale{};  ///< vpvDescale [headNum]: offline of P·V, online of V
+  StridedView<const float, 1> p_scale{};      ///< pScale [headNum]: offline only (none online)
+  /// qkOffset / vpvOffset [headNum] int32: reserved by ATB ("any non-empty tensor"), never read.
+  StridedView<const std::int32_t, 1> qk_offset{};
+  StridedView<const std::int32_t, 1> vpv_offset{};
 };
 
 template <class T>
@@ -149,6 +170,7 @@ struct AtbSelfAttentionVariant {
                                        // [1, heads, seqLen, 128]; absent otherwise
   StridedView<const float, 1> slopes;  // ALIBI_COMPRESS* with the [256, 256] tile
   AlibiCompressHook alibi;
+  StridedView<const float, 1> qk_descale;  // qkv quant: [headNum], scores are int32(q·k)
 
   static constexpr float kMaskValue = -3e38f;
 
@@ -227,7 +249,7 @@ struct AtbSelfAttentionVariant {
     // raw = (q · qScale) · k, accumulated in float (the engine's scale is 1).
     float s = static_cast<float>(raw);
     if (fp16_scores) {
-      s = fp16(s);
+      s = qk_descale.absent() ? fp16(s) : fp16(s * qk_descale(c.q_head));
       if (!log_n.absent()) s = fp16(s * log_n(log_n_per_batch ? c.batch : c.q));
       s = fp16(s * fp16(p->qk_scale));
     } else {
@@ -293,6 +315,7 @@ struct AtbSelfAttentionVariant {
     const auto r16 = [n](float* x) { simd::round_to_half(x, n); };
     const float ln = log_n.absent() ? 1.0f : log_n(log_n_per_batch ? c.batch : c.q);
     if (fp16_scores) {
+      if (!qk_descale.absent()) s *= qk_descale(c.q_head);
       r16(row);
       if (!log_n.absent()) {
         s *= ln;
@@ -337,6 +360,24 @@ struct AtbSelfAttentionVariant {
   }
 };
 
+/// The qkv-quantized path: the SelfAttention hooks (with qk_descale) plus the P stage.
+template <class T>
+struct AtbQkvQuantVariant : AtbSelfAttentionVariant<T> {
+  QkvQuantPHook p_stage;
+
+  template <class Acc>
+  Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& row_state, Acc& sum) const {
+    return p_stage.template quantize_p<Acc>(c, row, cols, row_state, sum);
+  }
+};
+
+/// What sa_run needs of the qkv-quantized path.
+struct SaQuant {
+  StridedView<const float, 1> qk_descale;
+  QkvQuantPHook p_stage;
+  Index block = 128;
+};
+
 /// [layer, batch, maxSeq, heads * d] cache -> engine view [batch, maxSeq, heads, d] of one layer.
 template <class E>
 StridedView<E, 4> cache_layer(const StridedView<E, 4>& c, Index layer, Index heads, Index d) {
@@ -373,10 +414,11 @@ StridedView<E, 4> split_hidden(const StridedView<E, 3>& v, Index heads, Index d)
                            {v.stride(0), v.stride(1), d * v.stride(2), v.stride(2)});
 }
 
-/// Everything self_attention resolved from the ATB inputs, in the engine's terms.
-template <class T>
+/// Everything self_attention resolved from the ATB inputs, in the engine's terms (TIn: the
+/// storage of q, k, v; T: of masks and the output).
+template <class T, class TIn = T>
 struct SelfAttentionPlan {
-  AttentionInputs<T> ein;
+  AttentionInputs<TIn> ein;
   StridedView<T, 4> o;  // engine output view
   const StridedView<const T, 3>* mask = nullptr;
   const StridedView<const float, 1>* log_n = nullptr;
@@ -386,9 +428,9 @@ struct SelfAttentionPlan {
   std::vector<Index> q_len;   // per sequence
   std::vector<Index> kv_len;  // per sequence (0 for inactive sequences)
   bool decoder = false;
-  bool bottom_right = false;          // PREFIX_ENCODER
-  bool swa_rolling = false;           // cacheType SWA: the caches hold the last window tokens
-  const KvPages<T>* pages = nullptr;  // kv tensorlist
+  bool bottom_right = false;            // PREFIX_ENCODER
+  bool swa_rolling = false;             // cacheType SWA: the caches hold the last window tokens
+  const KvPages<TIn>* pages = nullptr;  // kv tensorlist
 };
 
 inline void sa_not_yet(bool ok, const char* field, const std::string& got) {
@@ -406,15 +448,14 @@ inline void sa_check_implemented(const SelfAttentionParams& params) {
                  (is_alibi(m) && params.input_layout == P::InputLayout::BSND),
              "params.mask_type",
              std::to_string(static_cast<int>(m)) + " (ALiBi masks with BNSD inputs)");
-  sa_not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type",
-             "quantized (the quantization issue)");
 }
 
 /// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
 /// `prepare` (zeroing, cache writes: after every check), and the engine.
-template <class T, class Prepare>
-void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num_threads,
-            const std::vector<StridedView<const T, 4>>& extra_inputs, Prepare&& prepare) {
+template <class T, class TIn, class Prepare>
+void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, int num_threads,
+            const std::vector<StridedView<const TIn, 4>>& extra_inputs, Prepare&& prepare,
+            const SaQuant* quant = nullptr) {
   using P = SelfAttentionParams;
   constexpr const char* fn = "self_attention";
   const StridedView<const T, 3> mask = pl.mask ? *pl.mask : StridedView<const T, 3>{};
@@ -520,21 +561,28 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
 
   // qScale multiplies q in the data type before the product (ATB golden); the engine's scale
   // would multiply in float, so a scaled copy of q (never of K/V) is made when qScale != 1.
-  std::vector<T> q_scaled;
-  if (params.q_scale != 1.0f) {
-    const auto& q = pl.ein.q;
-    q_scaled.resize(static_cast<size_t>(q.numel()));
-    StridedView<T, 4> qs(q_scaled.data(), q.shape());
-    for (Index a = 0; a < q.size(0); ++a)
-      for (Index t = 0; t < q.size(1); ++t)
-        for (Index h = 0; h < q.size(2); ++h)
-          for (Index e = 0; e < q.size(3); ++e)
-            qs(a, t, h, e) = T(static_cast<float>(q(a, t, h, e)) * params.q_scale);
-    pl.ein.q = qs;
+  // (int8 q: validate() rejects qScale != 1 with qkv quantization.)
+  std::vector<TIn> q_scaled;
+  if constexpr (!std::is_same_v<TIn, std::int8_t>) {
+    if (params.q_scale != 1.0f) {
+      const auto& q = pl.ein.q;
+      q_scaled.resize(static_cast<size_t>(q.numel()));
+      StridedView<TIn, 4> qs(q_scaled.data(), q.shape());
+      for (Index a = 0; a < q.size(0); ++a)
+        for (Index t = 0; t < q.size(1); ++t)
+          for (Index h = 0; h < q.size(2); ++h)
+            for (Index e = 0; e < q.size(3); ++e)
+              qs(a, t, h, e) = TIn(static_cast<float>(q(a, t, h, e)) * params.q_scale);
+      pl.ein.q = qs;
+    }
   }
 
   AttentionOutputs<T> eout{pl.o};
-  const bool fp16_scores = std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
+  // fp16 mask encodings: additive with the DEFAULT kernel, binary x -3e38 otherwise.
+  const bool additive_mask =
+      std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
+  // The qkv-quantized path always computes its scores in fp16 (semantics.md §2.8).
+  const bool fp16_scores = additive_mask || quant != nullptr;
   const bool alibi_blocks = alibi_compressed && !head_mask_form;  // the [256, 256] tile
   const bool compressed = params.mask_type == P::MaskType::NormCompress || alibi_compressed;
   const bool swa_compressed = params.mask_type == P::MaskType::SlidingWindowCompress;
@@ -569,6 +617,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
                             params.clamp_type != P::ClampType::MinMax);
   ep.scale = scale_folded ? static_cast<double>(params.qk_scale) : 1.0;
   ep.num_threads = num_threads;
+  if (quant) ep.kv_tile = quant->block;  // P is quantized block by block
   validate(pl.ein, ep, eout);  // engine checks (overlaps included) before anything is written
   for (const auto& x : extra_inputs)
     ATTNREF_CHECK(!overlaps(pl.o, x), std::invalid_argument, fn, "out",
@@ -579,7 +628,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
   AtbSelfAttentionVariant<T> var{
       &params,
       fp16_scores,
-      fp16_scores ? 1.0f : AtbSelfAttentionVariant<T>::kMaskValue,
+      additive_mask ? 1.0f : AtbSelfAttentionVariant<T>::kMaskValue,
       mask_read ? mask : StridedView<const T, 3>{},
       params.scale_type == P::ScaleType::LogN ? log_n : StridedView<const float, 1>{},
       pl.decoder,
@@ -593,7 +642,12 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T>& pl, int num
       params.mask_type == P::MaskType::Alibi || head_mask_form ? head_mask
                                                                : StridedView<const T, 4>{},
       alibi_blocks ? slopes : StridedView<const float, 1>{},
-      alibi_hook};
+      alibi_hook,
+      quant ? quant->qk_descale : StridedView<const float, 1>{}};
+  if (quant) {
+    attention_with(AtbQkvQuantVariant<T>{var, quant->p_stage}, pl.ein, ep, eout);
+    return;
+  }
   if (pl.pages)
     attention_with_pages(var, pl.ein, ep, eout, *pl.pages);
   else
@@ -654,8 +708,8 @@ inline std::vector<Index> sa_token_offsets(const std::vector<Index>& seq_len,
   return kv;
 }
 
-template <class T>
-void sa_finish_lengths(SelfAttentionPlan<T>& pl) {
+template <class T, class TIn>
+void sa_finish_lengths(SelfAttentionPlan<T, TIn>& pl) {
   pl.max_q = 0;
   pl.max_kv = 0;
   for (Index l : pl.q_len) pl.max_q = std::max(pl.max_q, l);
@@ -686,6 +740,9 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
                 "params.input_layout", "BNSD with the BSND inputs",
                 "BSND (use SelfAttentionBnsdInputs for BNSD)", "BNSD");
   detail::sa_check_implemented(params);
+  ATTNREF_CHECK(params.quant_type == P::QuantType::Unquant, std::invalid_argument, fn,
+                "query/key/value", "not int8 with qkv full quantization",
+                "int8 (SelfAttentionQuantInputs)", "floating-point data");
   const bool pa = params.calc_type == P::CalcType::PaEncoder;
   const bool prefix = params.calc_type == P::CalcType::PrefixEncoder;
   const bool bypass = params.kvcache_cfg == P::KvCacheCfg::KBypassVBypass;
@@ -919,6 +976,129 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     }
   };
   detail::sa_run(params, pl, num_threads, extra, write_caches);
+}
+
+/// ATB SelfAttention with qkv full quantization (quantType QkvOffline / QkvOnline), semantics.md
+/// §2.8. Per sequence b, head h (kv head h / G), query i, key j:
+///   s = fp16(fp16(int32(q_i · k_j) · qkDescale[h]) · fp16(qkScale)), clamp (fp16), + mask (fp16)
+/// then the online softmax over blocks of params.quant_block_size keys (128) with P quantized to
+/// int8 per block (attnref/atb/qkv_quant.hpp): online with the running row amax / 127, offline
+/// with pScale[h]; P8 · V8 exact; dequantized by vpvDescale[h] times the P scale; out = O / l,
+/// rounded to TO. The scores are fp16 whatever the output type and kernel type (the vendor's
+/// golden); masks follow the usual encodings of TO (fp16 DEFAULT: additive; bf16 or
+/// HIGH_PRECISION: binary x -3e38). MLA (mla_v_head_size > 0): V = the first mlaVHeadSize
+/// elements of each K head, no value input. Head sizes: multiples of 32, <= 256 (<= 576 with
+/// MLA). qScale must be 1 (fold it into qkDescale). Everything is checked before `out` is written.
+template <class TO>
+void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantInputs<TO>& in,
+                    const SelfAttentionOutputs<TO>& out, int num_threads = 0) {
+  using P = SelfAttentionParams;
+  static_assert(std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>,
+                "qkv-quantized self_attention output: half or bfloat16");
+  constexpr const char* fn = "self_attention";
+  validate(params);
+  const bool online = params.quant_type == P::QuantType::QkvOnline;
+  ATTNREF_CHECK(online || params.quant_type == P::QuantType::QkvOffline, std::invalid_argument, fn,
+                "params.quant_type", "not a qkv quantization with int8 inputs",
+                "QkvOffline or QkvOnline", static_cast<int>(params.quant_type));
+  const P::OutDataType want_out =
+      std::is_same_v<TO, half> ? P::OutDataType::Float16 : P::OutDataType::BFloat16;
+  ATTNREF_CHECK(params.out_data_type == want_out, std::invalid_argument, fn, "params.out_data_type",
+                "mismatch with the output type", static_cast<int>(want_out),
+                static_cast<int>(params.out_data_type));
+  detail::sa_check_implemented(params);
+  const bool mla = params.mla_v_head_size > 0;
+
+  detail::SelfAttentionPlan<TO, std::int8_t> pl;
+  pl.mask = &in.mask;
+  pl.head_mask = &in.head_mask;
+  pl.slopes = &in.slopes;
+  const Index tokens = in.query.size(0);
+  pl.nh = in.query.size(1);
+  pl.d = in.query.size(2);
+  pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
+  pl.dv = out.out.size(2);
+  ATTNREF_CHECK(pl.nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
+                "mismatch with params.num_heads", params.num_heads, pl.nh);
+  const Index max_head = mla ? 576 : 256;
+  for (Index hs : {pl.d, pl.dv})
+    ATTNREF_CHECK(hs > 0 && hs % 32 == 0 && hs <= max_head, std::invalid_argument, fn, "head size",
+                  "not supported by qkv full quantization",
+                  "a multiple of 32, <= " + std::to_string(max_head), hs);
+  if (mla) {
+    ATTNREF_CHECK(pl.dv == params.mla_v_head_size, std::invalid_argument, fn, "out.shape[2]",
+                  "mismatch with params.mla_v_head_size", params.mla_v_head_size, pl.dv);
+    ATTNREF_CHECK(pl.dv <= pl.d, std::invalid_argument, fn, "params.mla_v_head_size",
+                  "larger than the head size", "<= " + std::to_string(pl.d), pl.dv);
+    ATTNREF_CHECK(in.value.absent(), std::invalid_argument, fn, "value",
+                  "given with the MLA merged kv cache (V is the first mlaVHeadSize dims of K)",
+                  "absent", "a tensor");
+  }
+  detail::sa_sequences(params, in.seq_len, {}, -1, "");
+  pl.batch = static_cast<Index>(in.seq_len.size());
+  std::vector<Index> cu(1, 0);
+  for (Index l : in.seq_len) cu.push_back(cu.back() + l);
+  ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
+                "sum mismatch with query.shape[0]", tokens, cu.back());
+  const std::array<Index, 3> ks{tokens, pl.nkv, pl.d};
+  ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
+                detail::shape_str<3>(ks), detail::shape_str(in.key));
+  detail::check_data(fn, "key", in.key);
+  std::vector<StridedView<const std::int8_t, 4>> extra{detail::packed(in.query),
+                                                       detail::packed(in.key)};
+  if (!mla) {
+    const std::array<Index, 3> vs{tokens, pl.nkv, pl.dv};
+    ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
+                  detail::shape_str<3>(vs), detail::shape_str(in.value));
+    detail::check_data(fn, "value", in.value);
+    extra.push_back(detail::packed(in.value));
+  }
+  // Per-head scales.
+  auto check_scale = [&](const StridedView<const float, 1>& s, const char* name, bool positive) {
+    ATTNREF_CHECK(!s.absent(), std::invalid_argument, fn, name, "missing for qkv full quantization",
+                  "[headNum] float", "none");
+    ATTNREF_CHECK(s.size(0) == pl.nh, std::invalid_argument, fn, std::string(name) + ".shape[0]",
+                  "mismatch with the number of heads", pl.nh, s.size(0));
+    for (Index h = 0; h < pl.nh; ++h)
+      ATTNREF_CHECK(std::isfinite(s(h)) && (!positive || s(h) > 0.0f), std::invalid_argument, fn,
+                    std::string(name) + "[" + std::to_string(h) + "]",
+                    positive ? "not a positive finite scale" : "not finite",
+                    positive ? "> 0 and finite" : "finite", s(h));
+  };
+  check_scale(in.qk_descale, "qk_descale", false);
+  check_scale(in.vpv_descale, "vpv_descale", false);
+  if (online)
+    ATTNREF_CHECK(in.p_scale.absent(), std::invalid_argument, fn, "p_scale",
+                  "given with QkvOnline (the P scale comes from the data)", "absent",
+                  detail::shape_str(in.p_scale));
+  else
+    check_scale(in.p_scale, "p_scale", true);
+
+  AttentionInputs<std::int8_t>& e = pl.ein;
+  e.q = detail::packed(in.query);
+  e.k = detail::packed(in.key);
+  e.v = mla ? StridedView<const std::int8_t, 4>(
+                  in.key.data(), {1, tokens, pl.nkv, pl.dv},
+                  {0, in.key.stride(0), in.key.stride(1), in.key.stride(2)})
+            : detail::packed(in.value);
+  e.seq.q_cu = cu;
+  e.seq.kv_cu = cu;
+  pl.q_len = in.seq_len;
+  pl.kv_len = in.seq_len;
+  detail::sa_finish_lengths(pl);
+  const std::array<Index, 3> out_shape{tokens, pl.nh, pl.dv};
+  ATTNREF_CHECK(out.out.shape() == out_shape, std::invalid_argument, fn, "out.shape", "mismatch",
+                detail::shape_str<3>(out_shape), detail::shape_str(out.out));
+  pl.o = detail::packed(out.out);
+
+  detail::SaQuant quant;
+  quant.qk_descale = in.qk_descale;
+  quant.p_stage.mode = online ? QkvQuantPHook::Mode::Online : QkvQuantPHook::Mode::Offline;
+  quant.p_stage.vpv_descale = in.vpv_descale;
+  quant.p_stage.p_scale = in.p_scale;
+  quant.block = params.quant_block_size;
+  detail::sa_run(
+      params, pl, num_threads, extra, [] {}, &quant);
 }
 
 /// ATB SelfAttention, inputLayout BNSD (semantics.md §2.10): ENCODER / DECODER / UNDEFINED with

@@ -103,6 +103,9 @@ struct SelfAttentionParams {
   std::int64_t mla_v_head_size = 0;  ///< mlaVHeadSize, [0, 576]
   CacheType cache_type = CacheType::Norm;
   std::int64_t window_size = 0;  ///< windowSize (> 0 enables sliding-window attention)
+  /// attnref extension (no ATB field): keys per block of the qkv-quantized path's online
+  /// softmax, whose P is quantized block by block (the NPU kernel's 128), in [1, 1024].
+  std::int64_t quant_block_size = 128;
 };
 
 /// The features of the vendor's co-existence table, in its order.
@@ -279,6 +282,11 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
     require(pa, "params.calc_type", "not supported with qkv full quantization", "PaEncoder", calc);
     require(p.out_data_type != P::OutDataType::Undefined, "params.out_data_type",
             "required by qkv full quantization", "Float16 or BFloat16", "Undefined");
+    require(p.quant_block_size >= 1 && p.quant_block_size <= 1024, "params.quant_block_size",
+            "out of range", "[1, 1024]", std::to_string(p.quant_block_size));
+    require(p.q_scale == 1.0f, "params.q_scale",
+            "not supported with qkv full quantization (q is int8: fold qScale into qk_descale)",
+            "1", std::to_string(p.q_scale));
   }
   if (p.mask_type == P::MaskType::Undefined)
     require(p.is_triu_mask == 0, "params.is_triu_mask", "set without a mask type", "0", "1");

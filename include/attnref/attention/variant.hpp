@@ -23,6 +23,18 @@
 ///   bool row_interval(const SeqInfo& s, const Coord& c, KvRange& visible) const;  // optional
 ///       // true when the keys masked() hides from query c.q are exactly those outside
 ///       // `visible` (then the engine masks partial tiles by range, without the predicate)
+///   template <class Acc> Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& row_state,
+///                                       Acc& sum) const;   // optional
+///       // Quantized P·V (ATB's int8 Q/K/V path). Called for every row of every kv tile after
+///       // the exponentials, c: the row's first key of the tile. `row` holds P̂ = exp(s - m)
+///       // (0 for masked keys); the hook replaces it by the values that multiply V (integers),
+///       // sets `sum` to the tile's share of the softmax denominator (its P̂ as the operator
+///       // rounds them), may keep state across the tiles of one row in `row_state` (0 before
+///       // the row's first tile) and returns the factor applied to the tile's P·V product before
+///       // it is added to O. The product is computed in Acc: exact when P and V hold integers of
+///       // at most 8 bits and kv_tile <= 1024 (every partial sum an integer below 2^24). With
+///       // this hook the engine runs each row's tiles in order on the grid of kv_tile keys from
+///       // key 0 (the operator's block grid) and never splits a kv range.
 ///
 /// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
 /// counted from the start of the sequence. A masked position is never read after its score is
@@ -79,6 +91,15 @@ template <class V>
 struct has_row_interval<V, std::void_t<decltype(std::declval<const V&>().row_interval(
                                std::declval<const SeqInfo&>(), std::declval<const Coord&>(),
                                std::declval<KvRange&>()))>> : std::true_type {};
+
+/// True when V has the optional quantize_p hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_quantize_p : std::false_type {};
+template <class V, class Acc>
+struct has_quantize_p<V, Acc,
+                      std::void_t<decltype(std::declval<const V&>().template quantize_p<Acc>(
+                          std::declval<const Coord&>(), std::declval<Acc*>(), Index{},
+                          std::declval<Acc&>(), std::declval<Acc&>()))>> : std::true_type {};
 
 enum class TileMask { None, All, Partial };
 

@@ -142,13 +142,15 @@ struct Engine {
 
   static constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   static constexpr bool kMapK = std::is_same_v<TKV, Acc>;
+  /// The variant quantizes P before P·V (quantize_p hook).
+  static constexpr bool kQuantP = has_quantize_p<Variant, Acc>::value;
   /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
   /// whose packing and conversion buffers cost more than the products, and stream K/V rows
   /// through the hand-vectorised kernels instead (when compiled in and enabled).
   static constexpr Index kSmallRows = 8;
   bool small(Index rows) const {
-    return std::is_same_v<Acc, float> && level != simd::Level::Portable && rows <= kSmallRows &&
-           in.k.stride(3) == 1 && in.v.stride(3) == 1;
+    return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
+           rows <= kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1;
   }
   /// Per-worker scratch, sized once per call (O(tile), independent of sequence lengths).
   /// Aligned to Eigen's packet size: Eigen's vectorised reductions and exp peel unaligned heads
@@ -159,6 +161,7 @@ struct Engine {
     std::vector<SoftmaxState<Acc>> st;
     std::vector<std::uint8_t> flags;
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
+    AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
   };
 
   /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
@@ -170,6 +173,8 @@ struct Engine {
     SoftmaxState<Acc>* st;
     Acc* s;
     std::uint8_t* f;
+    Acc* aux;  // quantize_p row state and tile factors (null without the hook)
+    Acc* fac;
   };
 
   /// Row stride of the score and flag buffers: the tile width rounded up to 16 plus 16, so
@@ -188,6 +193,11 @@ struct Engine {
     ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
     ws.krow.resize(static_cast<size_t>(g.kv_tile));
     ws.vrow.resize(static_cast<size_t>(g.kv_tile));
+    if (kQuantP) {
+      ws.aux.resize(static_cast<size_t>(rows));
+      ws.fac.resize(static_cast<size_t>(rows));
+      ws.pv.resize(static_cast<size_t>(rows * g.v_head_size));
+    }
     return ws;
   }
 
@@ -199,7 +209,9 @@ struct Engine {
             ws.o.data() + k * g.v_head_size,
             ws.st.data() + k,
             ws.s.data() + k * ld(),
-            ws.flags.data() + k * ld()};
+            ws.flags.data() + k * ld(),
+            kQuantP ? ws.aux.data() + k : nullptr,
+            kQuantP ? ws.fac.data() + k : nullptr};
   }
 
   /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages.
@@ -356,8 +368,10 @@ struct Engine {
     }
   }
 
-  /// Online-softmax update of one head with the scores of one tile; leaves P in hd.s.
-  void softmax_update(const Head& hd, Index rows, Index cols, bool partial) const {
+  /// Online-softmax update of one head with the scores of one tile; leaves P in hd.s (with the
+  /// quantize_p hook: the quantized P, and the tile's factor per row in hd.fac).
+  void softmax_update(const Head& hd, const SeqInfo& si, Index rows, Index cols, bool partial,
+                      Index q0, Index nq, Index j0) const {
     const Index dv = g.v_head_size;
     for (Index r = 0; r < rows; ++r) {
       Acc* srow = hd.s + r * ld();
@@ -367,6 +381,7 @@ struct Engine {
       const Acc m_new = std::max(st.m, mx);
       if (m_new == kNegInf) {  // nothing visible to this row yet
         row.setZero();
+        if constexpr (kQuantP) hd.fac[r] = Acc(0);
         continue;
       }
       const Acc alpha = exp_diff(st.m, m_new);
@@ -376,7 +391,14 @@ struct Engine {
         for (Index c = 0; c < cols; ++c)
           if (frow[c]) srow[c] = Acc(0);
       }
-      st.l = st.l * alpha + row.sum();
+      Acc tile_sum;
+      if constexpr (kQuantP) {
+        const Coord c0{si.batch, q0 + r % nq, j0, hd.kv_head * g.group + r / nq, hd.kv_head};
+        hd.fac[r] = var.template quantize_p<Acc>(c0, srow, cols, hd.aux[r], tile_sum);
+      } else {
+        tile_sum = row.sum();
+      }
+      st.l = st.l * alpha + tile_sum;
       st.m = m_new;
       if (alpha != Acc(1)) ArrayMap<Acc>(hd.o + r * dv, dv) *= alpha;
     }
@@ -433,14 +455,19 @@ struct Engine {
       const Head hd = head(ws, it, h);
       ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
       RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
+      // Quantized P: the tile's product alone (exact), then scaled by each row's factor.
+      RowMap<Acc> T(kQuantP ? ws.pv.data() : hd.o, rows, dv, Eigen::OuterStride<>(dv));
+      if (kQuantP) T.setZero();
       auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v);
       if (partial && !V.allFinite()) {
         for (Index r = 0; r < rows; ++r)
           for (Index c = 0; c < cols; ++c)
-            if (hd.f[r * ld() + c] == 0) O.row(r) += P(r, c) * V.row(c);
+            if (hd.f[r * ld() + c] == 0) T.row(r) += P(r, c) * V.row(c);
       } else {
-        O.noalias() += P * V;
+        T.noalias() += P * V;
       }
+      if constexpr (kQuantP)
+        for (Index r = 0; r < rows; ++r) O.row(r) += hd.fac[r] * T.row(r);
     }
   }
 
@@ -453,6 +480,7 @@ struct Engine {
     const Index all_rows = rows * (it.head_end - it.head_begin);
     std::fill(ws.st.begin(), ws.st.begin() + all_rows, SoftmaxState<Acc>{});
     std::fill(ws.o.begin(), ws.o.begin() + all_rows * g.v_head_size, Acc(0));
+    if (kQuantP) std::fill(ws.aux.begin(), ws.aux.begin() + all_rows, Acc(0));
     if (it.kv_end <= it.kv_begin) return;
     for (Index h = it.head_begin; h < it.head_end; ++h) load_q(head(ws, it, h), s, it.q_begin, nq);
     // Small row blocks process all heads of the tile together (token-major streaming); GEMM
@@ -470,7 +498,7 @@ struct Engine {
         for (Index h = h0; h < h1; ++h) {
           const Head hd = head(ws, it, h);
           apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
-          softmax_update(hd, rows, cols, partial);
+          softmax_update(hd, si, rows, cols, partial, it.q_begin, nq, j0);
         }
         accumulate_pv(ws, it, h0, h1, rows, cols, partial);
       }
@@ -585,7 +613,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
   const bool want_probs = !out.probs.absent();
   Index num_partials = 0, max_rows = 1, split_rows = 0;
   std::vector<WorkItem> items =
-      make_items(g, num_partials, /*allow_split=*/!want_probs, max_rows, split_rows);
+      make_items(g, num_partials, /*allow_split=*/!want_probs && !E::kQuantP, max_rows, split_rows);
   const E eng{in, out, var, g, pages, static_cast<Acc>(p.scale), max_rows, simd::level()};
 
   // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
@@ -594,6 +622,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
     const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
     const KvRange r = var.kv_range(SeqInfo{it.seq, s.q_len, s.kv_len}, it.q_begin, it.q_end);
     it.kv_begin = std::max(it.kv_begin, std::max<Index>(r.begin, 0));
+    if (E::kQuantP) it.kv_begin -= it.kv_begin % g.kv_tile;  // the operator's block grid
     it.kv_end = std::min(it.kv_end, std::min(r.end, s.kv_len));
   }
 

@@ -1,0 +1,145 @@
+// The engine's int8 paths: q·k of int8 data reaches the hooks as the exact int32 product, and
+// the quantize_p hook's integer P times int8 V is exact, tile by tile, with the hook's row state
+// carried across the tiles of a row in key order.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <attnref/attention/attention.hpp>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace {
+
+using attnref::Coord;
+using attnref::Index;
+using attnref::KvRange;
+using attnref::SeqInfo;
+using attnref::StridedView;
+using attnref::TileMask;
+
+std::vector<std::int8_t> extreme_i8(size_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> u(-128, 127);
+  std::bernoulli_distribution edge(0.5);
+  std::vector<std::int8_t> x(n);
+  for (auto& e : x) e = static_cast<std::int8_t>(edge(rng) ? (u(rng) < 0 ? -128 : 127) : u(rng));
+  return x;
+}
+
+// Records the raw score of every (head, query, key); every key visible.
+struct RecordScores {
+  std::vector<double>* raw;
+  Index heads, len;
+  bool has_transform() const { return true; }
+  KvRange kv_range(const SeqInfo& s, Index, Index) const { return {0, s.kv_len}; }
+  TileMask classify(const SeqInfo&, Index, Index, Index, Index) const { return TileMask::None; }
+  bool masked(const SeqInfo&, const Coord&) const { return false; }
+  template <class Acc>
+  Acc transform(const SeqInfo&, const Coord& c, Acc s) const {
+    (*raw)[static_cast<size_t>((c.q_head * len + c.q) * len + c.kv)] = static_cast<double>(s);
+    return Acc(0);
+  }
+};
+
+TEST(EngineInt8, ScoresAreTheExactInt32Products) {
+  std::mt19937 rng(3);
+  for (Index d : {32, 576, 1024}) {
+    const Index len = 40, heads = 2;
+    auto q = extreme_i8(static_cast<size_t>(len * heads * d), rng);
+    auto k = extreme_i8(static_cast<size_t>(len * d), rng);
+    if (d == 1024) {  // the largest magnitude: 1024 · (-128)² = 2^24
+      std::fill(q.begin(), q.begin() + d, std::int8_t{-128});
+      std::fill(k.begin(), k.begin() + d, std::int8_t{-128});
+    }
+    const std::vector<std::int8_t> v(static_cast<size_t>(len * 8), 1);
+    std::vector<float> o(static_cast<size_t>(len * heads * 8));
+    attnref::AttentionInputs<std::int8_t> in;
+    in.q = StridedView<const std::int8_t, 4>(q.data(), {1, len, heads, d});
+    in.k = StridedView<const std::int8_t, 4>(k.data(), {1, len, 1, d});
+    in.v = StridedView<const std::int8_t, 4>(v.data(), {1, len, 1, 8});
+    std::vector<double> raw(static_cast<size_t>(heads * len * len), -1.0);
+    attnref::AttentionParams p;
+    p.num_threads = 1;
+    attnref::attention_with(
+        RecordScores{&raw, heads, len}, in, p,
+        attnref::AttentionOutputs<float>{StridedView<float, 4>(o.data(), {1, len, heads, 8})});
+    for (Index h = 0; h < heads; ++h)
+      for (Index i = 0; i < len; ++i)
+        for (Index j = 0; j < len; ++j) {
+          std::int64_t dot = 0;
+          for (Index e = 0; e < d; ++e)
+            dot += static_cast<std::int64_t>(q[static_cast<size_t>((i * heads + h) * d + e)]) *
+                   k[static_cast<size_t>(j * d + e)];
+          ASSERT_EQ(raw[static_cast<size_t>((h * len + i) * len + j)], static_cast<double>(dot))
+              << "d " << d << " head " << h << " q " << i << " k " << j;
+        }
+    if (d == 1024) {
+      EXPECT_EQ(raw[0], 16777216.0);
+    }
+  }
+}
+
+// Scores 0 (so m = 0 and no rescaling), P replaced by a pattern of int8 values, factor 1, and a
+// denominator of 1 (the first tile's sum): the output is Σ over the tiles of P8 · V, exactly.
+struct PatternP {
+  std::atomic<int>* bad;  // set when a row's state does not count its tiles in key order
+  Index tile;
+  bool has_transform() const { return true; }
+  KvRange kv_range(const SeqInfo& s, Index, Index) const { return {0, s.kv_len}; }
+  TileMask classify(const SeqInfo&, Index, Index, Index, Index) const { return TileMask::None; }
+  bool masked(const SeqInfo&, const Coord&) const { return false; }
+  template <class Acc>
+  Acc transform(const SeqInfo&, const Coord&, Acc) const {
+    return Acc(0);
+  }
+  static int p8(Index q, Index kv) { return static_cast<int>((q * 7 + kv * 13) % 256) - 128; }
+  template <class Acc>
+  Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& state, Acc& sum) const {
+    for (Index j = 0; j < cols; ++j) row[j] = static_cast<Acc>(p8(c.q, c.kv + j));
+    // the row state counts this row's tiles; the tile's first key says which tile it is
+    if (c.kv % tile != 0 || state != static_cast<Acc>(c.kv / tile)) bad->store(1);
+    state += Acc(1);
+    sum = c.kv == 0 ? Acc(1) : Acc(0);
+    return Acc(1);
+  }
+};
+
+TEST(EngineInt8, QuantizedPTimesVIsExactTileByTile) {
+  std::mt19937 rng(4);
+  struct Shape {
+    Index len, tile, dv;
+  };
+  for (const Shape sh : {Shape{1024, 1024, 16}, Shape{1024, 128, 24}, Shape{300, 100, 8}}) {
+    const Index heads = 2;
+    const std::vector<std::int8_t> q(static_cast<size_t>(sh.len * heads * 32), 1);
+    const std::vector<std::int8_t> k(static_cast<size_t>(sh.len * 32), 1);
+    const auto v = extreme_i8(static_cast<size_t>(sh.len * sh.dv), rng);
+    std::vector<double> o(static_cast<size_t>(sh.len * heads * sh.dv));
+    attnref::AttentionInputs<std::int8_t> in;
+    in.q = StridedView<const std::int8_t, 4>(q.data(), {1, sh.len, heads, 32});
+    in.k = StridedView<const std::int8_t, 4>(k.data(), {1, sh.len, 1, 32});
+    in.v = StridedView<const std::int8_t, 4>(v.data(), {1, sh.len, 1, sh.dv});
+    attnref::AttentionParams p;
+    p.kv_tile = sh.tile;
+    p.q_tile = 64;
+    std::atomic<int> bad{0};
+    attnref::attention_with(PatternP{&bad, sh.tile}, in, p,
+                            attnref::AttentionOutputs<double>{
+                                StridedView<double, 4>(o.data(), {1, sh.len, heads, sh.dv})});
+    EXPECT_EQ(bad.load(), 0);
+    for (Index h = 0; h < heads; ++h)
+      for (Index i = 0; i < sh.len; ++i)
+        for (Index e = 0; e < sh.dv; ++e) {
+          std::int64_t pv = 0;
+          for (Index j = 0; j < sh.len; ++j)
+            pv += PatternP::p8(i, j) *
+                  static_cast<std::int64_t>(v[static_cast<size_t>(j * sh.dv + e)]);
+          const double got = o[static_cast<size_t>((i * heads + h) * sh.dv + e)];
+          ASSERT_EQ(got, static_cast<double>(pv))
+              << "len " << sh.len << " tile " << sh.tile << " q " << i << " e " << e;
+        }
+  }
+}
+
+}  // namespace
