@@ -6,9 +6,12 @@
 //   prefill/f32/alibi_compress/S:2048/threads:<T>  PA_ENCODER, ALIBI_COMPRESS tile + slopes, next
 //   to self_attention/pa_encoder/f32/causal/S:2048 (CAUSAL_MASK, same shape)
 //   self_attention/decoder/f16/B:<B>/KV:4096/threads:<T>  cache write + decode (high precision)
+//   quant/self_attention/<offline|online>/S:<S>/threads:<T>  qkv full quantization: int8 q/k/v
+//   (quantize_qkv of normal data), CAUSAL_MASK, fp16 output; compare with prefill/f32/causal
 
 #include <benchmark/benchmark.h>
 
+#include <attnref/atb/qkv_quant.hpp>
 #include <attnref/atb/self_attention.hpp>
 #include <attnref/mask/builders.hpp>
 #include <random>
@@ -164,6 +167,43 @@ void decoder(benchmark::State& state, Index batch, Index kv, int threads) {
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// qkv full quantization (PA_ENCODER, causal), int8 q/k/v and fp16 output.
+void quant(benchmark::State& state, Index s, bool online, int threads) {
+  const auto qf = random_data<float>(static_cast<size_t>(s * kHeads * kD), 1);
+  const auto kf = random_data<float>(static_cast<size_t>(s * kKvHeads * kD), 2);
+  const auto vf = random_data<float>(kf.size(), 3);
+  const attnref::QkvQuantized qz =
+      attnref::quantize_qkv(attnref::StridedView<const float, 3>(qf.data(), {s, kHeads, kD}),
+                            attnref::StridedView<const float, 3>(kf.data(), {s, kKvHeads, kD}),
+                            attnref::StridedView<const float, 3>(vf.data(), {s, kKvHeads, kD}));
+  std::vector<attnref::half> o(qf.size());
+  P p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.qk_scale = 0.088f;
+  p.calc_type = P::CalcType::PaEncoder;
+  p.mask_type = P::MaskType::CausalMask;
+  p.quant_type = online ? P::QuantType::QkvOnline : P::QuantType::QkvOffline;
+  p.out_data_type = P::OutDataType::Float16;
+  attnref::SelfAttentionQuantInputs<attnref::half> in;
+  in.query = attnref::StridedView<const std::int8_t, 3>(qz.query.data(), {s, kHeads, kD});
+  in.key = attnref::StridedView<const std::int8_t, 3>(qz.key.data(), {s, kKvHeads, kD});
+  in.value = attnref::StridedView<const std::int8_t, 3>(qz.value.data(), {s, kKvHeads, kD});
+  in.seq_len = {s};
+  in.qk_descale = attnref::StridedView<const float, 1>(qz.qk_descale.data(), {kHeads});
+  in.vpv_descale = attnref::StridedView<const float, 1>(qz.vpv_descale.data(), {kHeads});
+  if (!online) in.p_scale = attnref::StridedView<const float, 1>(qz.p_scale.data(), {kHeads});
+  attnref::SelfAttentionOutputs<attnref::half> out;
+  out.out = attnref::StridedView<attnref::half, 3>(o.data(), {s, kHeads, kD});
+  for (auto _ : state) {
+    attnref::self_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+  }
+  const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
+  state.counters["GOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 const bool registered = [] {
   auto reg = [](const std::string& name, auto fn) {
     benchmark::RegisterBenchmark(name.c_str(), fn)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -188,6 +228,11 @@ const bool registered = [] {
     for (Index b : {1, 8})
       reg("self_attention/decoder/f16/B:" + std::to_string(b) + "/KV:4096" + th,
           [=](benchmark::State& st) { decoder<attnref::half>(st, b, 4096, t); });
+    for (bool online : {false, true})
+      for (Index s : {512, 2048})
+        reg(std::string("quant/self_attention/") + (online ? "online" : "offline") +
+                "/S:" + std::to_string(s) + th,
+            [=](benchmark::State& st) { quant(st, s, online, t); });
   }
   return true;
 }();

@@ -8,6 +8,7 @@
 
 #include <attnref/atb/qkv_quant.hpp>
 #include <attnref/atb/self_attention.hpp>
+#include <attnref/detail/simd.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -386,6 +387,29 @@ TEST(QkvQuant, ResultsDoNotDependOnThreads) {
     ASSERT_EQ(one.out.size(), two.out.size());
     EXPECT_EQ(std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(double)), 0)
         << c.str();
+  }
+}
+
+// The int8 kernels (AVX-512 VNNI) and the float GEMM compute the same exact integers, and every
+// other step has level-independent bits: the same output at every SIMD level.
+TEST(QkvQuant, SameBitsAtEverySimdLevel) {
+  namespace simd = attnref::detail::simd;
+  for (bool online : {true, false}) {
+    Case c;
+    c.online = online;
+    c.mask = Mask::Norm;
+    c.seq = {3, 129, 200};
+    std::vector<std::vector<double>> outs;
+    for (simd::Level l : {simd::Level::Portable, simd::Level::Avx2, simd::Level::Avx512}) {
+      if (l > simd::compiled_level()) continue;
+      const simd::Level previous = simd::set_level(l);
+      const QRun r = run_case<half>(c);
+      simd::set_level(previous);
+      EXPECT_TRUE(matches(r, false)) << c.str() << " level " << static_cast<int>(l);
+      outs.push_back(r.out);
+    }
+    for (size_t i = 1; i < outs.size(); ++i)
+      EXPECT_EQ(outs[i], outs[0]) << c.str() << " level #" << i;
   }
 }
 

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <attnref/attention/attention.hpp>
+#include <attnref/detail/gemm_i8.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -18,6 +20,16 @@ using attnref::KvRange;
 using attnref::SeqInfo;
 using attnref::StridedView;
 using attnref::TileMask;
+namespace simd = attnref::detail::simd;
+
+// Every SIMD level this build has: the int8 (VNNI) kernels run at Avx512 when compiled in, the
+// float GEMM below it.
+std::vector<simd::Level> levels() {
+  std::vector<simd::Level> l{simd::Level::Portable};
+  if (simd::compiled_level() >= simd::Level::Avx2) l.push_back(simd::Level::Avx2);
+  if (simd::compiled_level() >= simd::Level::Avx512) l.push_back(simd::Level::Avx512);
+  return l;
+}
 
 std::vector<std::int8_t> extreme_i8(size_t n, std::mt19937& rng) {
   std::uniform_int_distribution<int> u(-128, 127);
@@ -42,7 +54,18 @@ struct RecordScores {
   }
 };
 
-TEST(EngineInt8, ScoresAreTheExactInt32Products) {
+// The same with a quantize_p hook (P left at 0): the int8 kernels' Q·Kᵀ when they are enabled.
+struct RecordScoresQuant : RecordScores {
+  template <class Acc>
+  Acc quantize_p(const Coord&, Acc* row, Index cols, Acc&, Acc& sum) const {
+    std::fill(row, row + cols, Acc(0));
+    sum = Acc(1);
+    return Acc(0);
+  }
+};
+
+template <class Variant>
+void check_scores(simd::Level level) {
   std::mt19937 rng(3);
   for (Index d : {32, 576, 1024}) {
     const Index len = 40, heads = 2;
@@ -61,8 +84,9 @@ TEST(EngineInt8, ScoresAreTheExactInt32Products) {
     std::vector<double> raw(static_cast<size_t>(heads * len * len), -1.0);
     attnref::AttentionParams p;
     p.num_threads = 1;
+    p.kv_tile = 24;  // several tiles, a partial last one
     attnref::attention_with(
-        RecordScores{&raw, heads, len}, in, p,
+        Variant{{&raw, heads, len}}, in, p,
         attnref::AttentionOutputs<float>{StridedView<float, 4>(o.data(), {1, len, heads, 8})});
     for (Index h = 0; h < heads; ++h)
       for (Index i = 0; i < len; ++i)
@@ -72,11 +96,23 @@ TEST(EngineInt8, ScoresAreTheExactInt32Products) {
             dot += static_cast<std::int64_t>(q[static_cast<size_t>((i * heads + h) * d + e)]) *
                    k[static_cast<size_t>(j * d + e)];
           ASSERT_EQ(raw[static_cast<size_t>((h * len + i) * len + j)], static_cast<double>(dot))
-              << "d " << d << " head " << h << " q " << i << " k " << j;
+              << "d " << d << " head " << h << " q " << i << " k " << j << " level "
+              << static_cast<int>(level);
         }
     if (d == 1024) {
       EXPECT_EQ(raw[0], 16777216.0);
     }
+  }
+}
+
+struct Plain : RecordScores {};
+
+TEST(EngineInt8, ScoresAreTheExactInt32Products) {
+  for (simd::Level level : levels()) {
+    const simd::Level previous = simd::set_level(level);
+    check_scores<Plain>(level);
+    check_scores<RecordScoresQuant>(level);
+    simd::set_level(previous);
   }
 }
 
@@ -110,36 +146,48 @@ TEST(EngineInt8, QuantizedPTimesVIsExactTileByTile) {
   struct Shape {
     Index len, tile, dv;
   };
-  for (const Shape sh : {Shape{1024, 1024, 16}, Shape{1024, 128, 24}, Shape{300, 100, 8}}) {
-    const Index heads = 2;
-    const std::vector<std::int8_t> q(static_cast<size_t>(sh.len * heads * 32), 1);
-    const std::vector<std::int8_t> k(static_cast<size_t>(sh.len * 32), 1);
-    const auto v = extreme_i8(static_cast<size_t>(sh.len * sh.dv), rng);
-    std::vector<double> o(static_cast<size_t>(sh.len * heads * sh.dv));
-    attnref::AttentionInputs<std::int8_t> in;
-    in.q = StridedView<const std::int8_t, 4>(q.data(), {1, sh.len, heads, 32});
-    in.k = StridedView<const std::int8_t, 4>(k.data(), {1, sh.len, 1, 32});
-    in.v = StridedView<const std::int8_t, 4>(v.data(), {1, sh.len, 1, sh.dv});
-    attnref::AttentionParams p;
-    p.kv_tile = sh.tile;
-    p.q_tile = 64;
-    std::atomic<int> bad{0};
-    attnref::attention_with(PatternP{&bad, sh.tile}, in, p,
-                            attnref::AttentionOutputs<double>{
-                                StridedView<double, 4>(o.data(), {1, sh.len, heads, sh.dv})});
-    EXPECT_EQ(bad.load(), 0);
-    for (Index h = 0; h < heads; ++h)
-      for (Index i = 0; i < sh.len; ++i)
-        for (Index e = 0; e < sh.dv; ++e) {
-          std::int64_t pv = 0;
-          for (Index j = 0; j < sh.len; ++j)
-            pv += PatternP::p8(i, j) *
-                  static_cast<std::int64_t>(v[static_cast<size_t>(j * sh.dv + e)]);
-          const double got = o[static_cast<size_t>((i * heads + h) * sh.dv + e)];
-          ASSERT_EQ(got, static_cast<double>(pv))
-              << "len " << sh.len << " tile " << sh.tile << " q " << i << " e " << e;
-        }
-  }
+  for (simd::Level level : levels())
+    for (const Shape sh :
+         {Shape{1024, 1024, 16}, Shape{1024, 128, 24}, Shape{300, 100, 8}, Shape{77, 33, 40}}) {
+      const simd::Level previous = simd::set_level(level);
+      const Index heads = 2;
+      const std::vector<std::int8_t> q(static_cast<size_t>(sh.len * heads * 32), 1);
+      const std::vector<std::int8_t> k(static_cast<size_t>(sh.len * 32), 1);
+      const auto v = extreme_i8(static_cast<size_t>(sh.len * sh.dv), rng);
+      std::vector<double> o(static_cast<size_t>(sh.len * heads * sh.dv));
+      attnref::AttentionInputs<std::int8_t> in;
+      in.q = StridedView<const std::int8_t, 4>(q.data(), {1, sh.len, heads, 32});
+      in.k = StridedView<const std::int8_t, 4>(k.data(), {1, sh.len, 1, 32});
+      in.v = StridedView<const std::int8_t, 4>(v.data(), {1, sh.len, 1, sh.dv});
+      attnref::AttentionParams p;
+      p.kv_tile = sh.tile;
+      p.q_tile = 64;
+      std::atomic<int> bad{0};
+      attnref::attention_with(PatternP{&bad, sh.tile}, in, p,
+                              attnref::AttentionOutputs<double>{
+                                  StridedView<double, 4>(o.data(), {1, sh.len, heads, sh.dv})});
+      EXPECT_EQ(bad.load(), 0);
+      for (Index h = 0; h < heads; ++h)
+        for (Index i = 0; i < sh.len; ++i)
+          for (Index e = 0; e < sh.dv; ++e) {
+            std::int64_t pv = 0;
+            for (Index j = 0; j < sh.len; ++j)
+              pv += PatternP::p8(i, j) *
+                    static_cast<std::int64_t>(v[static_cast<size_t>(j * sh.dv + e)]);
+            const double got = o[static_cast<size_t>((i * heads + h) * sh.dv + e)];
+            ASSERT_EQ(got, static_cast<double>(pv))
+                << "len " << sh.len << " tile " << sh.tile << " q " << i << " e " << e << " level "
+                << static_cast<int>(level);
+          }
+      simd::set_level(previous);
+    }
+}
+
+TEST(EngineInt8, VnniKernelsAreCompiledWhereTheMachineHasThem) {
+  // Informational on machines without AVX-512 VNNI (the float GEMM path is then the one tested).
+  std::printf("int8 VNNI kernels: %s\n", ATTNREF_HAVE_VNNI ? "compiled in" : "not compiled in");
+  EXPECT_EQ(attnref::detail::i8::enabled(),
+            ATTNREF_HAVE_VNNI && simd::level() == simd::Level::Avx512);
 }
 
 }  // namespace

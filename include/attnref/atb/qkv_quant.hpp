@@ -17,6 +17,8 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -38,27 +40,36 @@ struct QkvQuantPHook {
 
   template <class Acc>
   Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& amax, Acc& sum) const {
+    Acc mx;
     if constexpr (std::is_same_v<Acc, float>) {
-      detail::simd::round_to_half(row, cols);
+      detail::simd::round_to_half_sum_max(row, cols, sum, mx);
     } else {
-      for (Index j = 0; j < cols; ++j)
+      sum = Acc(0);
+      mx = -std::numeric_limits<Acc>::infinity();
+      for (Index j = 0; j < cols; ++j) {
         row[j] = static_cast<Acc>(static_cast<float>(half(static_cast<float>(row[j]))));
+        sum += row[j];
+        mx = std::max(mx, row[j]);
+      }
     }
-    Eigen::Map<Eigen::Array<Acc, Eigen::Dynamic, 1>> p(row, cols);
-    sum = p.sum();
     const Acc vd = static_cast<Acc>(vpv_descale(c.q_head));
     Acc scale;
     if (mode == Mode::Online) {
-      amax = std::max(amax, p.maxCoeff());  // P̂ >= 0: the largest |P̂|
-      if (amax == Acc(0)) {                 // nothing visible yet: P8 = 0
-        p.setZero();
+      amax = std::max(amax, mx);  // P̂ >= 0: the largest |P̂|
+      if (amax == Acc(0)) {       // nothing visible yet: P8 = 0
+        std::fill(row, row + cols, Acc(0));
         return Acc(0);
       }
       scale = amax / Acc(127);
     } else {
       scale = static_cast<Acc>(p_scale(c.q_head));
     }
-    p = (p / scale).rint().max(Acc(-128)).min(Acc(127));
+    if constexpr (std::is_same_v<Acc, float>) {
+      detail::simd::div_rint_clamp(row, cols, scale, -128.0f, 127.0f);
+    } else {
+      for (Index j = 0; j < cols; ++j)
+        row[j] = std::min(std::max(std::nearbyint(row[j] / scale), Acc(-128)), Acc(127));
+    }
     return vd * scale;
   }
 };

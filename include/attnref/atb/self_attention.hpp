@@ -314,15 +314,13 @@ struct AtbSelfAttentionVariant {
     Eigen::Map<RowArray> s(row, n);
     const auto r16 = [n](float* x) { simd::round_to_half(x, n); };
     const float ln = log_n.absent() ? 1.0f : log_n(log_n_per_batch ? c.batch : c.q);
-    if (fp16_scores) {
-      if (!qk_descale.absent()) s *= qk_descale(c.q_head);
-      r16(row);
-      if (!log_n.absent()) {
-        s *= ln;
+    if (fp16_scores) {  // each product in fp32, then rounded to fp16 (one pass each)
+      if (!qk_descale.absent())
+        simd::mul_round_to_half(row, n, qk_descale(c.q_head));
+      else
         r16(row);
-      }
-      s *= fp16(p->qk_scale);
-      r16(row);
+      if (!log_n.absent()) simd::mul_round_to_half(row, n, ln);
+      simd::mul_round_to_half(row, n, fp16(p->qk_scale));
     } else {
       if (!log_n.absent()) s *= ln;
       if (!scale_folded) s *= p->qk_scale;

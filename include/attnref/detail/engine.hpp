@@ -23,6 +23,7 @@
 #include "attnref/core/softmax.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/detail/gemm_i8.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/detail/threading.hpp"
 
@@ -43,7 +44,8 @@ using AlignedVector = std::vector<T, Eigen::aligned_allocator<T>>;
 template <class Acc, class T>
 inline void load_row(const T* src, Index stride, Index n, Acc* dst, Acc mul) {
   if constexpr (std::is_same_v<Acc, float> &&
-                (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)) {
+                (std::is_same_v<T, half> || std::is_same_v<T, bfloat16> ||
+                 std::is_same_v<T, std::int8_t>)) {
     if (stride == 1 && simd::enabled()) {  // same bits as the portable conversion
       simd::to_float(src, n, dst);         // exact, same bits as the portable path
       if (mul != Acc(1)) ArrayMap<Acc>(dst, n) *= mul;
@@ -82,6 +84,12 @@ inline TO to_output(Acc x) {
 /// Stores an Acc row into the output type.
 template <class TO, class Acc>
 inline void store_row(const Acc* src, Acc mul, Index n, TO* dst, Index stride) {
+  if constexpr (std::is_same_v<Acc, float> && std::is_same_v<TO, half>) {
+    if (stride == 1) {  // the same bits as the conversion below, vectorised
+      simd::to_half(src, mul, n, dst);
+      return;
+    }
+  }
   if (stride == 1) {
     using Dst = Eigen::Map<Eigen::Array<TO, Eigen::Dynamic, 1>>;
     using Src = Eigen::Map<const Eigen::Array<Acc, Eigen::Dynamic, 1>>;
@@ -144,6 +152,14 @@ struct Engine {
   static constexpr bool kMapK = std::is_same_v<TKV, Acc>;
   /// The variant quantizes P before P·V (quantize_p hook).
   static constexpr bool kQuantP = has_quantize_p<Variant, Acc>::value;
+  /// int8 q / k / v with quantized P: both products can run on the int8 kernels.
+  static constexpr bool kI8 = kQuantP && std::is_same_v<Acc, float> &&
+                              std::is_same_v<TQ, std::int8_t> && std::is_same_v<TKV, std::int8_t>;
+  /// The int8 kernels are in use for this call (compiled in, level Avx512, unit element strides).
+  bool i8() const {
+    return kI8 && i8::enabled() && in.q.stride(3) == 1 && in.k.stride(3) == 1 &&
+           in.v.stride(3) == 1 && g.head_size % 4 == 0;
+  }
   /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
   /// whose packing and conversion buffers cost more than the products, and stream K/V rows
   /// through the hand-vectorised kernels instead (when compiled in and enabled).
@@ -162,6 +178,10 @@ struct Engine {
     std::vector<std::uint8_t> flags;
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
     AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
+    // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
+    std::vector<std::uint8_t> q8, p8;
+    std::vector<std::int8_t> kp, vp;
+    std::vector<std::int32_t> kcorr, vcorr;
   };
 
   /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
@@ -197,6 +217,16 @@ struct Engine {
       ws.aux.resize(static_cast<size_t>(rows));
       ws.fac.resize(static_cast<size_t>(rows));
       ws.pv.resize(static_cast<size_t>(rows * g.v_head_size));
+    }
+    if (i8()) {
+      const Index tile16 = i8::round_up(g.kv_tile, 16), tile4 = i8::round_up(g.kv_tile, 4);
+      const Index dv16 = i8::round_up(g.v_head_size, 16);
+      ws.q8.resize(static_cast<size_t>(rows * g.head_size));
+      ws.p8.resize(static_cast<size_t>(rows * tile4));
+      ws.kp.resize(static_cast<size_t>(g.head_size * tile16));
+      ws.kcorr.resize(static_cast<size_t>(tile16));
+      ws.vp.resize(static_cast<size_t>(tile4 * dv16));
+      ws.vcorr.resize(static_cast<size_t>(dv16));
     }
     return ws;
   }
@@ -279,6 +309,20 @@ struct Engine {
         });
       }
       return;
+    }
+    if constexpr (kI8) {
+      if (i8()) {  // int8 Q·Kᵀ, exact in int32
+        const Index n_pad = i8::round_up(cols, 16);
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          const Index first = (h - it.head_begin) * rows;  // the head's rows in the item
+          i8::pack_cols(ws.krow.data(), h * in.k.stride(2), g.head_size, cols, n_pad, ws.kp.data(),
+                        ws.kcorr.data());
+          i8::gemm(ws.q8.data() + first * g.head_size, g.head_size, rows, ws.kp.data(), n_pad,
+                   g.head_size / 4, ws.kcorr.data(), cols, hd.s, ld());
+        }
+        return;
+      }
     }
     for (Index h = h0; h < h1; ++h) {
       const Head hd = head(ws, it, h);
@@ -451,18 +495,41 @@ struct Engine {
       }
       return;
     }
+    if constexpr (kI8) {
+      if (i8()) {  // int8 P·V, exact in int32, then scaled by the rows' factors
+        const Index k4 = (cols + 3) / 4, d_pad = i8::round_up(dv, 16);
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          i8::pack_rows(ws.vrow.data(), h * in.v.stride(2), cols, dv, d_pad, ws.vp.data(),
+                        ws.vcorr.data());
+          for (Index r = 0; r < rows; ++r) {
+            std::uint8_t* dst = ws.p8.data() + r * k4 * 4;
+            i8::to_u8_offset(hd.s + r * ld(), cols, dst);
+            std::fill(dst + cols, dst + k4 * 4, std::uint8_t{128});  // meets zero rows of V
+          }
+          i8::gemm(ws.p8.data(), k4 * 4, rows, ws.vp.data(), d_pad, k4, ws.vcorr.data(), dv,
+                   ws.pv.data(), dv);
+          RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
+          ConstRowMap<Acc> T(ws.pv.data(), rows, dv, Eigen::OuterStride<>(dv));
+          for (Index r = 0; r < rows; ++r) O.row(r) += hd.fac[r] * T.row(r);
+        }
+        return;
+      }
+    }
     for (Index h = h0; h < h1; ++h) {
       const Head hd = head(ws, it, h);
       ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
       RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
       // Quantized P: the tile's product alone (exact), then scaled by each row's factor.
       RowMap<Acc> T(kQuantP ? ws.pv.data() : hd.o, rows, dv, Eigen::OuterStride<>(dv));
-      if (kQuantP) T.setZero();
       auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v);
       if (partial && !V.allFinite()) {
+        if (kQuantP) T.setZero();
         for (Index r = 0; r < rows; ++r)
           for (Index c = 0; c < cols; ++c)
             if (hd.f[r * ld() + c] == 0) T.row(r) += P(r, c) * V.row(c);
+      } else if (kQuantP) {
+        T.noalias() = P * V;
       } else {
         T.noalias() += P * V;
       }
@@ -483,6 +550,18 @@ struct Engine {
     if (kQuantP) std::fill(ws.aux.begin(), ws.aux.begin() + all_rows, Acc(0));
     if (it.kv_end <= it.kv_begin) return;
     for (Index h = it.head_begin; h < it.head_end; ++h) load_q(head(ws, it, h), s, it.q_begin, nq);
+    if constexpr (kI8) {
+      if (i8()) {  // q + 128 as u8, the item's rows in head order
+        std::uint8_t* q8 = ws.q8.data();
+        for (Index h = it.head_begin; h < it.head_end; ++h)
+          for (Index gi = 0; gi < g.group; ++gi)
+            for (Index t = 0; t < nq; ++t, q8 += g.head_size) {
+              const TQ* src = in.q.ptr(s.q_batch, s.q_off + it.q_begin + t, h * g.group + gi, 0);
+              for (Index e = 0; e < g.head_size; ++e)
+                q8[e] = static_cast<std::uint8_t>(static_cast<int>(src[e]) + 128);
+            }
+      }
+    }
     // Small row blocks process all heads of the tile together (token-major streaming); GEMM
     // blocks one head at a time (its scores stay in cache between the two products).
     const Index step = small(rows) ? it.head_end - it.head_begin : 1;

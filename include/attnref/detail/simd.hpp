@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "attnref/core/types.hpp"
@@ -127,7 +129,7 @@ struct V16 {
 // ------------------------------------------------------------------------------------------
 // Conversions (exact at every level).
 
-/// fp16 / bf16 -> float, n elements.
+/// fp16 / bf16 / int8 -> float, n elements.
 template <class T>
 inline void to_float(const T* src, Index n, float* dst) {
   Index i = 0;
@@ -155,6 +157,97 @@ inline void round_to_half(float* x, Index n) {
                                                               _MM_FROUND_TO_NEAREST_INT)));
 #endif
   for (; i < n; ++i) x[i] = static_cast<float>(half(x[i]));
+}
+
+/// x[i] = float(half(x[i] * a)): one float multiply, then rounding to fp16, in place (the same
+/// bits at every level).
+inline void mul_round_to_half(float* x, Index n, float a) {
+  Index i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(
+                                  _mm256_mul_ps(_mm256_loadu_ps(x + i), va), _MM_FROUND_TO_NEAREST_INT)));
+  }
+#endif
+  for (; i < n; ++i) x[i] = static_cast<float>(half(x[i] * a));
+}
+
+/// dst[i] = half(src[i] * mul), round to nearest even (the same bits at every level).
+inline void to_half(const float* src, float mul, Index n, half* dst) {
+  Index i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    const __m256 vm = _mm256_set1_ps(mul);
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vm),
+                                       _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = half(src[i] * mul);
+}
+
+/// Rounds x[0..n) to fp16 in place and returns their sum and maximum (n >= 1). The sum is taken
+/// in eight float lanes (element i in lane i % 8, the last n % 8 elements added in order after
+/// the lanes are combined as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))): the same bits at
+/// every level.
+inline void round_to_half_sum_max(float* x, Index n, float& sum, float& max) {
+  Index i = 0;
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float mx = -std::numeric_limits<float>::infinity();
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    __m256 vs = _mm256_setzero_ps();
+    __m256 vm = _mm256_set1_ps(mx);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_cvtph_ps(
+          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+      _mm256_storeu_ps(x + i, v);
+      vs = _mm256_add_ps(vs, v);
+      vm = _mm256_max_ps(vm, v);
+    }
+    _mm256_storeu_ps(lanes, vs);
+    alignas(32) float m8[8];
+    _mm256_store_ps(m8, vm);
+    for (float m : m8) mx = std::max(mx, m);
+  }
+#endif
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float v = static_cast<float>(half(x[i + l]));
+      x[i + l] = v;
+      lanes[l] += v;
+      mx = std::max(mx, v);
+    }
+  float s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+            ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(half(x[i]));
+    x[i] = v;
+    s += v;
+    mx = std::max(mx, v);
+  }
+  sum = s;
+  max = mx;
+}
+
+/// x[i] = clamp(rint(x[i] / d), lo, hi): IEEE division, round half to even (the same bits at
+/// every level).
+inline void div_rint_clamp(float* x, Index n, float d, float lo, float hi) {
+  Index i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_storeu_ps(x + i, _mm256_min_ps(_mm256_max_ps(r, vlo), vhi));
+    }
+  }
+#endif
+  for (; i < n; ++i) x[i] = std::min(std::max(std::nearbyint(x[i] / d), lo), hi);
 }
 
 // ------------------------------------------------------------------------------------------
