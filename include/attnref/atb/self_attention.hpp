@@ -7,8 +7,9 @@
 /// inputLayout BSND and BNSD (second overload), every maskType (NORM, NORM_COMPRESS, ALIBI and
 /// the compressed ALiBi forms, SLIDING_WINDOW_NORM / _COMPRESS with the decoder's window and the
 /// rolling SWA cache, CAUSAL_MASK), qScale, qkScale, logN (scaleType LOGN), clamp, GQA,
-/// kernelType DEFAULT (fp16 score path) and HIGH_PRECISION. qkv quantization and ALiBi with the
-/// BNSD inputs are validated (attnref::validate(SelfAttentionParams)) and then rejected as not
+/// kernelType DEFAULT (fp16 score path) and HIGH_PRECISION, qkv full quantization (int8 q/k/v,
+/// quantType QKV_OFFLINE / QKV_ONLINE: the SelfAttentionQuantInputs overload). ALiBi with the
+/// BNSD inputs is validated (attnref::validate(SelfAttentionParams)) and then rejected as not
 /// implemented yet.
 ///
 /// Shapes (BSND; ATB's [nTokens, hidden] and [B, S, N, D] forms are the same memory):
