@@ -1,13 +1,16 @@
 #pragma once
 /// Umbrella header: everything public in attnref.
 #include "attnref/atb/qkv_quant.hpp"
+#include "attnref/atb/reshape_and_cache.hpp"
 #include "attnref/atb/self_attention.hpp"
 #include "attnref/atb/self_attention_params.hpp"
 #include "attnref/attention/attention.hpp"
+#include "attnref/attention/paged_kv.hpp"
 #include "attnref/attention/params.hpp"
 #include "attnref/attention/variant.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/layout.hpp"
+#include "attnref/core/nz.hpp"
 #include "attnref/core/quant.hpp"
 #include "attnref/core/softmax.hpp"
 #include "attnref/core/types.hpp"
