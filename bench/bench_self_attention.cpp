@@ -25,6 +25,16 @@ using P = attnref::SelfAttentionParams;
 
 constexpr Index kHeads = 32, kKvHeads = 8, kD = 128;
 
+// The foundation's shape: Hq=32, Hkv=8, qkScale ~ 1/sqrt(128).
+P params(P::CalcType calc) {
+  P p;
+  p.num_heads = kHeads;
+  p.num_kv_heads = kKvHeads;
+  p.qk_scale = 0.088f;
+  p.calc_type = calc;
+  return p;
+}
+
 template <class T>
 std::vector<T> random_data(size_t n, unsigned seed) {
   std::mt19937 rng(seed);
@@ -40,11 +50,7 @@ void pa_encoder(benchmark::State& state, Index s, bool high_precision, int threa
   const auto k = random_data<T>(static_cast<size_t>(s * kKvHeads * kD), 2);
   const auto v = random_data<T>(k.size(), 3);
   std::vector<T> o(q.size());
-  P p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.qk_scale = 0.088f;
-  p.calc_type = P::CalcType::PaEncoder;
+  P p = params(P::CalcType::PaEncoder);
   p.mask_type = P::MaskType::CausalMask;
   p.kernel_type = high_precision ? P::KernelType::HighPrecision : P::KernelType::Default;
   attnref::SelfAttentionInputs<T> in;
@@ -72,11 +78,7 @@ void alibi_compress(benchmark::State& state, Index s, bool alibi, int threads) {
   std::vector<T> o(q.size());
   const auto tile = attnref::alibi_compress_mask<T>();
   const auto slopes = attnref::alibi_compress_slopes(attnref::alibi_slopes(kHeads));
-  P p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.qk_scale = 0.088f;
-  p.calc_type = P::CalcType::PaEncoder;
+  P p = params(P::CalcType::PaEncoder);
   p.kernel_type = P::KernelType::HighPrecision;
   p.mask_type = alibi ? P::MaskType::AlibiCompress : P::MaskType::CausalMask;
   attnref::SelfAttentionInputs<T> in;
@@ -107,11 +109,7 @@ void encoder(benchmark::State& state, Index s, int threads) {
   const auto k = random_data<T>(kc.size(), 2);
   const auto v = random_data<T>(kc.size(), 3);
   std::vector<T> o(q.size());
-  P p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.qk_scale = 0.088f;
-  p.calc_type = P::CalcType::Encoder;
+  P p = params(P::CalcType::Encoder);
   p.mask_type = P::MaskType::CausalMask;
   p.kernel_type = P::KernelType::HighPrecision;
   attnref::SelfAttentionInputs<T> in;
@@ -142,11 +140,7 @@ void decoder(benchmark::State& state, Index batch, Index kv, int threads) {
   const auto k = random_data<T>(static_cast<size_t>(batch * kKvHeads * kD), 7);
   const auto v = random_data<T>(k.size(), 8);
   std::vector<T> o(q.size());
-  P p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.qk_scale = 0.088f;
-  p.calc_type = P::CalcType::Decoder;
+  P p = params(P::CalcType::Decoder);
   p.kernel_type = P::KernelType::HighPrecision;
   attnref::SelfAttentionInputs<T> in;
   in.query = attnref::StridedView<const T, 3>(q.data(), {batch, kHeads, kD});
@@ -177,11 +171,7 @@ void quant(benchmark::State& state, Index s, bool online, int threads) {
                             attnref::StridedView<const float, 3>(kf.data(), {s, kKvHeads, kD}),
                             attnref::StridedView<const float, 3>(vf.data(), {s, kKvHeads, kD}));
   std::vector<attnref::half> o(qf.size());
-  P p;
-  p.num_heads = kHeads;
-  p.num_kv_heads = kKvHeads;
-  p.qk_scale = 0.088f;
-  p.calc_type = P::CalcType::PaEncoder;
+  P p = params(P::CalcType::PaEncoder);
   p.mask_type = P::MaskType::CausalMask;
   p.quant_type = online ? P::QuantType::QkvOnline : P::QuantType::QkvOffline;
   p.out_data_type = P::OutDataType::Float16;

@@ -65,6 +65,20 @@ Index rac_check(const char* fn, const ReshapeAndCacheInputs<T>& in, bool has_val
   return slots;
 }
 
+/// The caches must not overlap the inputs nor each other.
+template <class T>
+void rac_check_overlaps(const char* fn, const ReshapeAndCacheInputs<T>& in,
+                        const StridedView<T, 4>& key_cache, const StridedView<T, 4>& value_cache) {
+  for (const auto* c : {&key_cache, &value_cache}) {
+    ATTNREF_CHECK(
+        !overlaps(*c, in.key) && !overlaps(*c, in.value) && !overlaps(*c, in.slot_mapping),
+        std::invalid_argument, fn, c == &key_cache ? "key_cache" : "value_cache",
+        "overlaps an input", "disjoint memory", "overlapping memory");
+  }
+  ATTNREF_CHECK(!overlaps(key_cache, value_cache), std::invalid_argument, fn, "value_cache",
+                "overlaps key_cache", "disjoint memory", "overlapping memory");
+}
+
 }  // namespace detail
 
 /// ReshapeAndCache into ND caches [numBlocks, blockSize, kvHead, headSize(V)].
@@ -89,14 +103,7 @@ void reshape_and_cache(const ReshapeAndCacheInputs<T>& in, const StridedView<T, 
             std::to_string(heads) + ", " + std::to_string(in.value.size(2)) + "]",
         detail::shape_str(value_cache));
   detail::rac_check(fn, in, !value_cache.absent(), key_cache.size(0), key_cache.size(1));
-  for (const auto* c : {&key_cache, &value_cache}) {
-    ATTNREF_CHECK(!detail::overlaps(*c, in.key) && !detail::overlaps(*c, in.value) &&
-                      !detail::overlaps(*c, in.slot_mapping),
-                  std::invalid_argument, fn, c == &key_cache ? "key_cache" : "value_cache",
-                  "overlaps an input", "disjoint memory", "overlapping memory");
-  }
-  ATTNREF_CHECK(!detail::overlaps(key_cache, value_cache), std::invalid_argument, fn, "value_cache",
-                "overlaps key_cache", "disjoint memory", "overlapping memory");
+  detail::rac_check_overlaps(fn, in, key_cache, value_cache);
   const Index bs = key_cache.size(1);
   for (Index i = 0; i < in.key.size(0); ++i) {
     const std::int32_t s = in.slot_mapping(i);
@@ -136,14 +143,7 @@ void reshape_and_cache_nz(const ReshapeAndCacheInputs<T>& in, const StridedView<
   if (!value_cache.absent() && !in.value.absent())
     check_cache(value_cache, "value_cache", heads * in.value.size(2));
   detail::rac_check(fn, in, !value_cache.absent(), key_cache.size(0), bs);
-  for (const auto* c : {&key_cache, &value_cache}) {
-    ATTNREF_CHECK(!detail::overlaps(*c, in.key) && !detail::overlaps(*c, in.value) &&
-                      !detail::overlaps(*c, in.slot_mapping),
-                  std::invalid_argument, fn, c == &key_cache ? "key_cache" : "value_cache",
-                  "overlaps an input", "disjoint memory", "overlapping memory");
-  }
-  ATTNREF_CHECK(!detail::overlaps(key_cache, value_cache), std::invalid_argument, fn, "value_cache",
-                "overlaps key_cache", "disjoint memory", "overlapping memory");
+  detail::rac_check_overlaps(fn, in, key_cache, value_cache);
   for (Index i = 0; i < in.key.size(0); ++i) {
     const std::int32_t s = in.slot_mapping(i);
     if (s < 0) continue;

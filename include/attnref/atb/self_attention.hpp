@@ -715,6 +715,41 @@ void sa_finish_lengths(SelfAttentionPlan<T, TIn>& pl) {
   for (Index l : pl.kv_len) pl.max_kv = std::max(pl.max_kv, l);
 }
 
+/// The BSND front matter shared by the float and the int8 overloads: mask pointers, head counts
+/// and sizes (query and out), the MLA checks, and the packed-token offsets of seq_len (checked
+/// against query.shape[0]). Returns the offsets.
+template <class Plan, class In, class Out>
+std::vector<Index> sa_bsnd_front(Plan& pl, const SelfAttentionParams& params, const In& in,
+                                 const Out& out) {
+  constexpr const char* fn = "self_attention";
+  pl.mask = &in.mask;
+  pl.head_mask = &in.head_mask;
+  pl.slopes = &in.slopes;
+  const Index tokens = in.query.size(0);
+  pl.nh = in.query.size(1);
+  pl.d = in.query.size(2);
+  pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
+  pl.dv = out.out.size(2);
+  ATTNREF_CHECK(pl.nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
+                "mismatch with params.num_heads", params.num_heads, pl.nh);
+  if (params.mla_v_head_size > 0) {
+    ATTNREF_CHECK(pl.dv == params.mla_v_head_size, std::invalid_argument, fn, "out.shape[2]",
+                  "mismatch with params.mla_v_head_size", params.mla_v_head_size, pl.dv);
+    ATTNREF_CHECK(pl.dv <= pl.d, std::invalid_argument, fn, "params.mla_v_head_size",
+                  "larger than the head size", "<= " + std::to_string(pl.d), pl.dv);
+    ATTNREF_CHECK(in.value.absent(), std::invalid_argument, fn, "value",
+                  "given with the MLA merged kv cache (V is the first mlaVHeadSize dims of K)",
+                  "absent", "a tensor");
+  }
+  std::vector<Index> cu(1, 0);
+  for (Index l : in.seq_len) cu.push_back(cu.back() + l);
+  ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
+                "sum mismatch with query.shape[0]", tokens, cu.back());
+  pl.batch = static_cast<Index>(in.seq_len.size());
+  pl.q_len = in.seq_len;
+  return cu;
+}
+
 template <class T>
 constexpr void sa_check_type() {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
@@ -750,34 +785,11 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   detail::SelfAttentionPlan<T> pl;
   pl.decoder = params.calc_type == P::CalcType::Decoder;
   pl.bottom_right = prefix;
-  pl.mask = &in.mask;
   pl.log_n = &in.log_n;
-  pl.head_mask = &in.head_mask;
-  pl.slopes = &in.slopes;
-  const Index tokens = in.query.size(0);
-  pl.nh = in.query.size(1);
-  pl.d = in.query.size(2);
-  pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
-  pl.dv = out.out.size(2);
-  ATTNREF_CHECK(pl.nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
-                "mismatch with params.num_heads", params.num_heads, pl.nh);
   const std::vector<bool> active =
       detail::sa_sequences(params, in.seq_len, in.batch_run_status, -1, "");
-  pl.batch = static_cast<Index>(in.seq_len.size());
-  std::vector<Index> cu(1, 0);
-  for (Index l : in.seq_len) cu.push_back(cu.back() + l);
-  ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
-                "sum mismatch with query.shape[0]", tokens, cu.back());
-  pl.q_len = in.seq_len;
-  if (mla) {
-    ATTNREF_CHECK(pl.dv == params.mla_v_head_size, std::invalid_argument, fn, "out.shape[2]",
-                  "mismatch with params.mla_v_head_size", params.mla_v_head_size, pl.dv);
-    ATTNREF_CHECK(pl.dv <= pl.d, std::invalid_argument, fn, "params.mla_v_head_size",
-                  "larger than the head size", "<= " + std::to_string(pl.d), pl.dv);
-    ATTNREF_CHECK(in.value.absent(), std::invalid_argument, fn, "value",
-                  "given with the MLA merged kv cache (V is the first mlaVHeadSize dims of K)",
-                  "absent", "a tensor");
-  }
+  const std::vector<Index> cu = detail::sa_bsnd_front(pl, params, in, out);
+  const Index tokens = in.query.size(0);
   ATTNREF_CHECK(pl.d <= 576 && pl.dv <= 576, std::invalid_argument, fn, "head size",
                 "above ATB's limit", "<= 576", std::max(pl.d, pl.dv));
   std::vector<StridedView<const T, 4>> extra{detail::packed(in.query)};
@@ -1009,36 +1021,14 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
   const bool mla = params.mla_v_head_size > 0;
 
   detail::SelfAttentionPlan<TO, std::int8_t> pl;
-  pl.mask = &in.mask;
-  pl.head_mask = &in.head_mask;
-  pl.slopes = &in.slopes;
+  detail::sa_sequences(params, in.seq_len, {}, -1, "");
+  const std::vector<Index> cu = detail::sa_bsnd_front(pl, params, in, out);
   const Index tokens = in.query.size(0);
-  pl.nh = in.query.size(1);
-  pl.d = in.query.size(2);
-  pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
-  pl.dv = out.out.size(2);
-  ATTNREF_CHECK(pl.nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
-                "mismatch with params.num_heads", params.num_heads, pl.nh);
   const Index max_head = mla ? 576 : 256;
   for (Index hs : {pl.d, pl.dv})
     ATTNREF_CHECK(hs > 0 && hs % 32 == 0 && hs <= max_head, std::invalid_argument, fn, "head size",
                   "not supported by qkv full quantization",
                   "a multiple of 32, <= " + std::to_string(max_head), hs);
-  if (mla) {
-    ATTNREF_CHECK(pl.dv == params.mla_v_head_size, std::invalid_argument, fn, "out.shape[2]",
-                  "mismatch with params.mla_v_head_size", params.mla_v_head_size, pl.dv);
-    ATTNREF_CHECK(pl.dv <= pl.d, std::invalid_argument, fn, "params.mla_v_head_size",
-                  "larger than the head size", "<= " + std::to_string(pl.d), pl.dv);
-    ATTNREF_CHECK(in.value.absent(), std::invalid_argument, fn, "value",
-                  "given with the MLA merged kv cache (V is the first mlaVHeadSize dims of K)",
-                  "absent", "a tensor");
-  }
-  detail::sa_sequences(params, in.seq_len, {}, -1, "");
-  pl.batch = static_cast<Index>(in.seq_len.size());
-  std::vector<Index> cu(1, 0);
-  for (Index l : in.seq_len) cu.push_back(cu.back() + l);
-  ATTNREF_CHECK(cu.back() == tokens, std::invalid_argument, fn, "seq_len",
-                "sum mismatch with query.shape[0]", tokens, cu.back());
   const std::array<Index, 3> ks{tokens, pl.nkv, pl.d};
   ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
                 detail::shape_str<3>(ks), detail::shape_str(in.key));
@@ -1082,7 +1072,6 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
             : detail::packed(in.value);
   e.seq.q_cu = cu;
   e.seq.kv_cu = cu;
-  pl.q_len = in.seq_len;
   pl.kv_len = in.seq_len;
   detail::sa_finish_lengths(pl);
   const std::array<Index, 3> out_shape{tokens, pl.nh, pl.dv};
