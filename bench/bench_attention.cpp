@@ -3,13 +3,18 @@
 //   prefill/<kv dtype>/<dense|causal>/S:<S>/threads:<T>   B=1, Hq=32, Hkv=8, D=128
 //   prefill/f32/swa:<W>/S:2048/threads:<T>                 causal sliding window of W keys
 //   decode/<kv dtype>/B:<B>/KV:<kv>/threads:<T>           same heads, one query token
+//   decode_paged/<kv dtype>/B:<B>/KV:<kv>/threads:<T>     the same over a block pool (block size
+//                                                          128, shuffled block table): the engine
+//                                                          path of PagedAttention
 //   reference/<dense|causal>/S:<S>                          naive double loops, small sizes
 // Counters: GFLOPS = useful FLOPs per second (4*B*Hq*Sq*Skv*D dense; causal counts unmasked pairs
 // only); decode also GBps = K and V bytes read per second.
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <attnref/attnref.hpp>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -71,6 +76,39 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   }
 }
 
+// Decode over a paged cache: K/V in a pool of blocks of 128 tokens, each sequence's blocks
+// shuffled across the pool.
+template <class T>
+void run_paged(benchmark::State& state, Index batch, Index skv, int threads) {
+  constexpr Index kBlock = 128;
+  const Index per_seq = (skv + kBlock - 1) / kBlock, blocks = batch * per_seq;
+  const auto q = random_vector<T>(static_cast<size_t>(batch * kHeads * kHeadSize), 1);
+  const auto k = random_vector<T>(static_cast<size_t>(blocks * kBlock * kKvHeads * kHeadSize), 2);
+  const auto v = random_vector<T>(k.size(), 3);
+  std::vector<std::int32_t> ids(static_cast<size_t>(blocks));
+  for (Index i = 0; i < blocks; ++i) ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
+  std::vector<T> o(q.size());
+  attnref::AttentionInputs<T> in{
+      attnref::bsnd_view(q.data(), batch, 1, kHeads, kHeadSize),
+      attnref::StridedView<const T, 4>(k.data(), {blocks, kBlock, kKvHeads, kHeadSize}),
+      attnref::StridedView<const T, 4>(v.data(), {blocks, kBlock, kKvHeads, kHeadSize})};
+  in.block_table = attnref::StridedView<const std::int32_t, 2>(ids.data(), {batch, per_seq});
+  in.seq.kv.assign(static_cast<size_t>(batch), skv);
+  attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, 1, kHeads, kHeadSize)};
+  attnref::AttentionParams p;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
+  p.num_threads = threads;
+  for (auto _ : state) {
+    attnref::attention(in, p, out);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T);
+  state.counters["GBps"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void reference(benchmark::State& state, Index s, bool causal) {
   ref::Problem pr;
   pr.num_heads = 4;
@@ -120,6 +158,13 @@ void register_dtype() {
           "decode/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" + std::to_string(t);
       benchmark::RegisterBenchmark(name.c_str(),
                                    [=](benchmark::State& st) { run<T>(st, b, 1, 4096, false, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+      if (dt == "f32") continue;
+      const std::string paged = "decode_paged/" + dt + "/B:" + std::to_string(b) +
+                                "/KV:4096/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(paged.c_str(),
+                                   [=](benchmark::State& st) { run_paged<T>(st, b, 4096, t); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
