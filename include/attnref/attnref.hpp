@@ -1,5 +1,7 @@
 #pragma once
 /// Umbrella header: everything public in attnref.
+#include "attnref/atb/paged_attention.hpp"
+#include "attnref/atb/paged_attention_params.hpp"
 #include "attnref/atb/qkv_quant.hpp"
 #include "attnref/atb/reshape_and_cache.hpp"
 #include "attnref/atb/self_attention.hpp"

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "support/errors.hpp"
+
 namespace {
 
 using attnref::Index;
@@ -75,16 +77,7 @@ TEST(PagedKv, ChecksNameTheEntry) {
                                      StridedView<const std::int32_t, 2>(table.data(), {2, 3}),
                                      {12, 5}};
   auto expect = [](auto&& f, const std::string& what, bool range) {
-    try {
-      f();
-      ADD_FAILURE() << "no exception: " << what;
-    } catch (const std::out_of_range& e) {
-      EXPECT_TRUE(range) << e.what();
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    } catch (const std::invalid_argument& e) {
-      EXPECT_FALSE(range) << e.what();
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
+    support::expect_throw(f, what, range);
   };
   expect([&] { cache.validate(); }, "block_table[1][1] out of range: expected [0, 8), got 8", true);
   expect([&] { (void)cache.locate(1, 4); }, "block_table[1][1] out of range", true);

@@ -1,0 +1,121 @@
+#pragma once
+/// ATB PagedAttentionOperation parameters (atb::infer::PagedAttentionParam), field for field,
+/// with the vendor's enum values, and the checks of the parameters alone (semantics.md §3).
+/// The operator itself is built on the engine next (issue: PagedAttention).
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "attnref/core/error.hpp"
+
+namespace attnref {
+
+struct PagedAttentionParams {
+  /// ATB MaskType.
+  enum class MaskType : int {
+    Undefined = 0,  ///< UNDEFINED: no mask
+    Norm = 1,       ///< MASK_TYPE_NORM
+    Alibi = 2,      ///< MASK_TYPE_ALIBI
+    Spec = 3,       ///< MASK_TYPE_SPEC: parallel decoding
+    MaskFree = 4    ///< MASK_TYPE_MASK_FREE: fp16 only
+  };
+  /// ATB QuantType (TYPE_QUANT_UNDEFINED and TYPE_QUANT_UNQUANT are both 0).
+  enum class QuantType : int {
+    Unquant = 0,        ///< no quantization
+    DequantFusion = 1,  ///< TYPE_DEQUANT_FUSION: int8 K/V caches dequantized per channel
+    QkvOffline = 2,     ///< TYPE_QUANT_QKV_OFFLINE
+    QkvOnline = 3       ///< TYPE_QUANT_QKV_ONLINE
+  };
+  /// ATB outDataType (the values PagedAttention accepts).
+  enum class OutDataType : int { Undefined = -1, Float16 = 1, BFloat16 = 27 };
+  /// ATB CompressType.
+  enum class CompressType : int {
+    Undefined = 0,  ///< COMPRESS_TYPE_UNDEFINED
+    KvHead = 1,     ///< COMPRESS_TYPE_KVHEAD (razor attention)
+    KvHeadRope = 2  ///< COMPRESS_TYPE_KVHEAD_ROPE
+  };
+  /// ATB CalcType.
+  enum class CalcType : int {
+    Undefined = 0,  ///< CALC_TYPE_UNDEFINED: one query token per sequence
+    Spec = 1        ///< CALC_TYPE_SPEC: several query tokens per sequence (parallel decoding)
+  };
+  /// ATB ScaleType.
+  enum class ScaleType : int {
+    Tor = 0,  ///< SCALE_TYPE_TOR
+    LogN = 1  ///< SCALE_TYPE_LOGN: one logN value per sequence
+  };
+  /// ATB InputLayout.
+  enum class InputLayout : int { BSND = 0, BNSD = 1 };
+
+  int num_heads = 0;      ///< headNum
+  float qk_scale = 1.0f;  ///< qkScale ("tor")
+  int num_kv_heads = 0;   ///< kvHeadNum (0: same as num_heads)
+  MaskType mask_type = MaskType::Undefined;
+  bool batch_run_status_enable = false;  ///< batchRunStatusEnable
+  QuantType quant_type = QuantType::Unquant;
+  OutDataType out_data_type = OutDataType::Undefined;
+  bool has_quant_offset = false;  ///< hasQuantOffset
+  CompressType compress_type = CompressType::Undefined;
+  CalcType calc_type = CalcType::Undefined;
+  ScaleType scale_type = ScaleType::Tor;
+  InputLayout input_layout = InputLayout::BSND;
+  std::uint32_t mla_v_head_size = 0;  ///< mlaVHeadSize, [0, 576]
+  float q_scale = 0.0f;               ///< qScale: 0 or 1 leave q unchanged
+};
+
+namespace detail {
+
+inline void pa_require(bool ok, const char* field, const char* what, const std::string& expected,
+                       const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, "paged_attention", field, what, expected, got);
+}
+
+template <class E>
+inline void pa_check_enum(const char* field, E value, int lo, int hi) {
+  const int v = static_cast<int>(value);
+  pa_require(v >= lo && v <= hi, field, "out of range",
+             "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", std::to_string(v));
+}
+
+}  // namespace detail
+
+/// Checks the parameters alone: enum ranges, head counts, finite scales, mlaVHeadSize in
+/// [0, 576], and the documented constraint between them (scaleType LOGN excludes quantType 2
+/// and 3). Shapes, dtypes and the per-feature rules that need the inputs are the operator's.
+inline void validate(const PagedAttentionParams& p) {
+  using P = PagedAttentionParams;
+  using detail::pa_check_enum;
+  using detail::pa_require;
+  pa_check_enum("params.mask_type", p.mask_type, 0, 4);
+  pa_check_enum("params.quant_type", p.quant_type, 0, 3);
+  pa_check_enum("params.compress_type", p.compress_type, 0, 2);
+  pa_check_enum("params.calc_type", p.calc_type, 0, 1);
+  pa_check_enum("params.scale_type", p.scale_type, 0, 1);
+  pa_check_enum("params.input_layout", p.input_layout, 0, 1);
+  const int od = static_cast<int>(p.out_data_type);
+  pa_require(od == -1 || od == 1 || od == 27, "params.out_data_type", "not supported",
+             "Undefined (-1), Float16 (1) or BFloat16 (27)", std::to_string(od));
+  pa_require(p.num_heads > 0, "params.num_heads", "not positive", ">= 1",
+             std::to_string(p.num_heads));
+  pa_require(p.num_kv_heads >= 0, "params.num_kv_heads", "negative", ">= 0",
+             std::to_string(p.num_kv_heads));
+  if (p.num_kv_heads > 0)
+    pa_require(p.num_heads % p.num_kv_heads == 0, "params.num_heads",
+               "not a multiple of num_kv_heads", "a multiple of " + std::to_string(p.num_kv_heads),
+               std::to_string(p.num_heads));
+  pa_require(std::isfinite(p.qk_scale), "params.qk_scale", "not finite", "a finite value",
+             std::to_string(p.qk_scale));
+  pa_require(std::isfinite(p.q_scale), "params.q_scale", "not finite", "a finite value",
+             std::to_string(p.q_scale));
+  pa_require(p.mla_v_head_size <= 576, "params.mla_v_head_size", "out of range", "[0, 576]",
+             std::to_string(p.mla_v_head_size));
+  const bool qkv =
+      p.quant_type == P::QuantType::QkvOffline || p.quant_type == P::QuantType::QkvOnline;
+  if (p.scale_type == P::ScaleType::LogN)
+    pa_require(!qkv, "params.scale_type", "LogN not supported with qkv quantization",
+               "Tor with quant_type 2 or 3", "LogN");
+}
+
+}  // namespace attnref
