@@ -167,8 +167,9 @@ inline void mul_round_to_half(float* x, Index n, float a) {
   if (level() != Level::Portable) {
     const __m256 va = _mm256_set1_ps(a);
     for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(
-                                  _mm256_mul_ps(_mm256_loadu_ps(x + i), va), _MM_FROUND_TO_NEAREST_INT)));
+      _mm256_storeu_ps(x + i,
+                       _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(x + i), va),
+                                                       _MM_FROUND_TO_NEAREST_INT)));
   }
 #endif
   for (; i < n; ++i) x[i] = static_cast<float>(half(x[i] * a));
@@ -181,9 +182,9 @@ inline void to_half(const float* src, float mul, Index n, half* dst) {
   if (level() != Level::Portable) {
     const __m256 vm = _mm256_set1_ps(mul);
     for (; i + 8 <= n; i += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vm),
-                                       _MM_FROUND_TO_NEAREST_INT));
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(dst + i),
+          _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vm), _MM_FROUND_TO_NEAREST_INT));
   }
 #endif
   for (; i < n; ++i) dst[i] = half(src[i] * mul);
@@ -202,8 +203,8 @@ inline void round_to_half_sum_max(float* x, Index n, float& sum, float& max) {
     __m256 vs = _mm256_setzero_ps();
     __m256 vm = _mm256_set1_ps(mx);
     for (; i + 8 <= n; i += 8) {
-      const __m256 v = _mm256_cvtph_ps(
-          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+      const __m256 v =
+          _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
       _mm256_storeu_ps(x + i, v);
       vs = _mm256_add_ps(vs, v);
       vm = _mm256_max_ps(vm, v);
