@@ -16,6 +16,7 @@ TEST(PagedAttentionParams, EnumValuesAndDefaultsAreAtbs) {
   EXPECT_EQ(static_cast<int>(P::MaskType::Alibi), 2);
   EXPECT_EQ(static_cast<int>(P::MaskType::Spec), 3);
   EXPECT_EQ(static_cast<int>(P::MaskType::MaskFree), 4);
+  EXPECT_EQ(static_cast<int>(P::MaskType::NormCompress), 5);
   EXPECT_EQ(static_cast<int>(P::QuantType::DequantFusion), 1);
   EXPECT_EQ(static_cast<int>(P::QuantType::QkvOffline), 2);
   EXPECT_EQ(static_cast<int>(P::QuantType::QkvOnline), 3);
@@ -51,8 +52,8 @@ TEST(PagedAttentionParams, ChecksNameTheField) {
   expect_rejected(
       [](P& p) { p.num_kv_heads = 3; },
       "params.num_heads not a multiple of num_kv_heads: expected a multiple of 3, got 8");
-  expect_rejected([](P& p) { p.mask_type = static_cast<P::MaskType>(5); },
-                  "params.mask_type out of range: expected [0, 4], got 5");
+  expect_rejected([](P& p) { p.mask_type = static_cast<P::MaskType>(6); },
+                  "params.mask_type out of range: expected [0, 5], got 6");
   expect_rejected([](P& p) { p.compress_type = static_cast<P::CompressType>(3); },
                   "params.compress_type out of range");
   expect_rejected([](P& p) { p.out_data_type = static_cast<P::OutDataType>(0); },

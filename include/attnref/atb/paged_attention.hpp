@@ -2,29 +2,48 @@
 /// attnref::paged_attention — ATB PagedAttentionOperation (decode over a paged KV cache) on the
 /// attention engine (semantics.md §3).
 ///
-/// Implemented: calcType UNDEFINED (one query token per sequence), GQA, qkScale, qScale (0 or 1:
-/// no effect; otherwise q · qScale rounded to the data type), maskType UNDEFINED, NORM
-/// ([batch, 1, maxSeq] or ATB's [1, maxSeq] as [1, 1, maxSeq]; additive) and ALIBI ([batch,
-/// headNum, 1, maxSeq] or ATB's [headNum, 1, maxSeq] as [1, headNum, 1, maxSeq]; additive),
+/// Implemented: calcType UNDEFINED (one query token per sequence) and SPEC (parallel decoding:
+/// q_seq_lens[b] query tokens per sequence, the last q_seq_lens[b] positions of its context),
+/// GQA, qkScale, qScale (0 or 1: no effect; otherwise q · qScale rounded to the data type),
+/// maskType UNDEFINED, NORM (rows [batch or 1, 1, maxSeq], ATB's [1, maxSeq] as [1, 1, maxSeq];
+/// or the square [1, maxSeq, maxSeq], ATB's [maxSeq, maxSeq], whose row context - q_len + i
+/// serves query i), SPEC ([numTokens, maxSeq], one row per query token) and ALIBI ([batch,
+/// headNum, 1, maxSeq] or ATB's [headNum, 1, maxSeq] as [1, headNum, 1, maxSeq]), all additive;
 /// scaleType LOGN (one float per sequence), mlaVHeadSize (V = the first mlaVHeadSize elements of
-/// each K head; no value cache), batchRunStatus. Validated and rejected as not implemented yet:
-/// SPEC (calcType / maskType), MASK_FREE, quantType 1–3, compressType, BNSD.
+/// each K head; no value cache), batchRunStatus, and the quantized modes:
+///   DEQUANT_FUSION (int8 caches): K = (K8 + k_offset[c]) · k_descale[c] per channel
+///     c = kvHead · headSize + d (offset with hasQuantOffset), V likewise; then as unquantized.
+///     Computed exactly in that algebra with the scale folded into q and the V affine applied
+///     to the output (O = (Σ p·V8 / l + v_offset) · v_descale), fp32 throughout.
+///   QKV_OFFLINE / QKV_ONLINE (int8 q and caches, fp16 / bf16 out): s = fp32(int32(q8·k8) ·
+///     k_descale[h]) · qkScale + mask; blocks of params.quant_block_size keys from key 0 with the
+///     running max m: P̂ = exp(s - m); online P8 = rint(fp16(P̂ / (bmax / 127))) with bmax the
+///     block's largest P̂ and factor v_descale[h] · bmax / 127; offline P8 = rint(fp16(P̂ ·
+///     p_scale[h])) (PagedAttention multiplies; SelfAttention divides) and factor v_descale[h]
+///     (which must therefore fold 1 / p_scale, as in the golden); O = Σ factor · (P8·V8), l = Σ P̂
+///     (unrounded), out = O / l. No split-KV (the NPU's kv split, a tiling choice, would restart
+///     the blocks and the running max per split).
+/// Validated and rejected: MASK_FREE and NORM_COMPRESS (Atlas 300I Duo only), compressType
+/// (razor attention) and BNSD (not implemented), and ATB's incompatible combinations (SPEC with
+/// batchRunStatus or DEQUANT_FUSION or, without MLA, masks other than NORM / SPEC; MLA with
+/// ALIBI, DEQUANT_FUSION or, under SPEC, NORM or quantization; qkv quantization with offsets).
 ///
 /// Shapes (BSND):
-///   query          [batch, headNum, headSize]                     one token per sequence
+///   query          [numTokens, headNum, headSize]    numTokens = batch, or Σ q_seq_lens (SPEC)
 ///   key_cache      [numBlocks, blockSize, kvHeadNum, headSize]
 ///   value_cache    [numBlocks, blockSize, kvHeadNum, headSizeV]   (absent with MLA)
 ///   block_tables   [batch, maxBlocksPerSeq] int32: key t of sequence b is row t % blockSize of
 ///                  block block_tables[b][t / blockSize]; entries past the used blocks never read
 ///   context_lens   [batch]
-///   out            [batch, headNum, headSizeV]
+///   out            [numTokens, headNum, headSizeV]
 ///
-/// Per sequence b, head h (kv head h / G), key t < context_lens[b], in fp32:
-///   s_t = q · k_t · qkScale (· logN[b]) + mask[b][t] + alibi[b][h][t];  p = softmax(s)
-///   out = Σ_t p_t v_t rounded to the data type
+/// Per query token (sequence b), head h (kv head h / G), key t < context_lens[b], in fp32:
+///   s_t = q · k_t · qkScale (· logN[b]) + mask + alibi[b][h][t];  p = softmax(s)
+///   out = Σ_t p_t v_t rounded to the output type
 /// The scores and P stay fp32 (the golden's fp32 reference; its P cast to the data type before
 /// P·V is what the NPU's rounding does, not the definition — semantics.md §1). A sequence with
-/// context length 0 or batchRunStatus 0 gets a zero output row.
+/// context length 0 or batchRunStatus 0 gets zero output rows. Masks are additive (ATB's
+/// -10000 / -inf entries): a row whose keys are all masked is an ordinary softmax over them.
 
 #include <algorithm>
 #include <array>
@@ -43,45 +62,134 @@
 
 namespace attnref {
 
-template <class T>
+namespace detail {
+template <class TQ>
+struct pa_mask {
+  using type = TQ;
+};
+template <>
+struct pa_mask<std::int8_t> {
+  using type = half;
+};
+}  // namespace detail
+
+/// The inputs of PagedAttention. TQ: query type (half, bfloat16, float; int8 with qkv
+/// quantization); TKV: cache type (TQ, or int8 with dequant fusion); TM: mask type (TQ, or the
+/// output type with qkv quantization: half by default).
+template <class TQ, class TKV = TQ, class TM = typename detail::pa_mask<TQ>::type>
 struct PagedAttentionInputs {
-  StridedView<const T, 3> query;        ///< [batch, headNum, headSize]
-  StridedView<const T, 4> key_cache;    ///< [numBlocks, blockSize, kvHeadNum, headSize]
-  StridedView<const T, 4> value_cache;  ///< [numBlocks, blockSize, kvHeadNum, headSizeV]
+  StridedView<const TQ, 3> query;         ///< [numTokens, headNum, headSize]
+  StridedView<const TKV, 4> key_cache;    ///< [numBlocks, blockSize, kvHeadNum, headSize]
+  StridedView<const TKV, 4> value_cache;  ///< [numBlocks, blockSize, kvHeadNum, headSizeV]
   StridedView<const std::int32_t, 2> block_tables;  ///< [batch, maxBlocksPerSeq]
   std::vector<Index> context_lens;                  ///< [batch]
-  StridedView<const T, 3> mask{};                   ///< NORM: [batch or 1, 1, maxSeq]
-  StridedView<const T, 4> alibi_mask{};             ///< ALIBI: [batch or 1, headNum, 1, maxSeq]
-  StridedView<const float, 1> log_n{};              ///< LOGN: [batch]
-  std::vector<std::int32_t> batch_run_status{};     ///< batchRunStatus [batch], 0 or 1
+  /// calcType SPEC: query tokens of each sequence [batch] (they sum to numTokens; token i of
+  /// sequence b is query position context_lens[b] - q_seq_lens[b] + i). Empty: one each.
+  std::vector<Index> q_seq_lens{};
+  /// NORM: [batch or 1, 1, maxSeq] (one row per sequence; one query token each), or the square
+  /// [1, maxSeq, maxSeq] (ATB's [maxSeq, maxSeq]: query i of sequence b reads row
+  /// context_lens[b] - q_seq_lens[b] + i).
+  StridedView<const TM, 3> mask{};
+  StridedView<const TM, 2> spec_mask{};          ///< SPEC: [numTokens, maxSeq], row = query token
+  StridedView<const TM, 4> alibi_mask{};         ///< ALIBI: [batch or 1, headNum, 1, maxSeq]
+  StridedView<const float, 1> log_n{};           ///< LOGN: [batch]
+  std::vector<std::int32_t> batch_run_status{};  ///< batchRunStatus [batch], 0 or 1
+  /// quantType DEQUANT_FUSION: per channel [kvHeadNum * headSize(V)]; qkv quantization: per
+  /// query head [headNum]. fp32 values (core/quant.hpp converts ATB's int64 bit patterns).
+  StridedView<const float, 1> k_descale{};
+  StridedView<const float, 1> v_descale{};
+  /// DEQUANT_FUSION with hasQuantOffset: per channel, added before scaling.
+  StridedView<const std::int32_t, 1> k_offset{};
+  StridedView<const std::int32_t, 1> v_offset{};
+  StridedView<const float, 1> p_scale{};  ///< QKV_OFFLINE: [headNum], P8 = rint(P * p_scale)
 };
 
-template <class T>
+template <class TO>
 struct PagedAttentionOutputs {
-  StridedView<T, 3> out;  ///< [batch, headNum, headSizeV]
+  StridedView<TO, 3> out;  ///< [numTokens, headNum, headSizeV]
 };
 
 namespace detail {
 
-/// The engine hooks of PagedAttention: logN and the additive masks, in fp32.
-template <class T>
+/// The engine hooks of PagedAttention, in fp32: the qkv-quant score scaling, the dequant K-offset
+/// term, logN and the additive masks (NORM rows or square, SPEC, ALIBI).
+template <class TM>
 struct AtbPagedVariant {
-  StridedView<const T, 3> mask;
-  StridedView<const T, 4> alibi;
+  StridedView<const TM, 3> mask;       // NORM
+  bool square = false;                 // NORM mask [1, maxSeq, maxSeq]: row kv_len - q_len + i
+  StridedView<const TM, 2> spec_mask;  // SPEC: [numTokens, maxSeq]
+  StridedView<const TM, 4> alibi;
   StridedView<const float, 1> log_n;
+  StridedView<const float, 1> head_scale;  // qkv quant: k_descale[h], then · qk_scale
+  float qk_scale = 1.0f;
+  const float* row_bias = nullptr;           // dequant: qk_scale · q'·k_offset per (token, head)
+  const std::vector<Index>* q_cu = nullptr;  // first packed token of every sequence
+  Index num_heads = 0;
 
-  bool has_transform() const { return !mask.absent() || !alibi.absent() || !log_n.absent(); }
+  bool has_transform() const {
+    return !mask.absent() || !spec_mask.absent() || !alibi.absent() || !log_n.absent() ||
+           !head_scale.absent() || row_bias != nullptr;
+  }
   KvRange kv_range(const SeqInfo& s, Index, Index) const { return {0, s.kv_len}; }
   TileMask classify(const SeqInfo&, Index, Index, Index, Index) const { return TileMask::None; }
   bool masked(const SeqInfo&, const Coord&) const { return false; }
   template <class Acc>
-  Acc transform(const SeqInfo&, const Coord& c, Acc score) const {
-    float s = static_cast<float>(score);  // q · k · qkScale
+  Acc transform(const SeqInfo& si, const Coord& c, Acc score) const {
+    float s = static_cast<float>(score);  // q · k (· qkScale unless qkv quant)
+    const Index token = (*q_cu)[static_cast<size_t>(c.batch)] + c.q;
+    if (!head_scale.absent()) s = s * head_scale(c.q_head) * qk_scale;
+    if (row_bias != nullptr) s += row_bias[token * num_heads + c.q_head];
     if (!log_n.absent()) s *= log_n(c.batch);
-    if (!mask.absent()) s += static_cast<float>(mask(mask.size(0) == 1 ? 0 : c.batch, 0, c.kv));
+    if (!mask.absent()) {
+      if (square)
+        s += static_cast<float>(mask(0, si.kv_len - si.q_len + c.q, c.kv));
+      else
+        s += static_cast<float>(mask(mask.size(0) == 1 ? 0 : c.batch, 0, c.kv));
+    }
+    if (!spec_mask.absent()) s += static_cast<float>(spec_mask(token, c.kv));
     if (!alibi.absent())
       s += static_cast<float>(alibi(alibi.size(0) == 1 ? 0 : c.batch, c.q_head, 0, c.kv));
     return static_cast<Acc>(s);
+  }
+};
+
+/// qkv quantization (quantType 2 / 3): P quantized block by block (golden
+/// `softmax_quant_numpy`). Online: P8 = rint(fp16(P̂ / (bmax / 127))) with bmax the block's
+/// largest P̂, factor v_descale[h] · bmax / 127; offline: P8 = rint(fp16(P̂ · p_scale[h])),
+/// factor v_descale[h]. The denominator takes the unrounded P̂.
+template <class TM>
+struct AtbPagedQuantVariant : AtbPagedVariant<TM> {
+  StridedView<const float, 1> v_descale;  // [headNum]
+  StridedView<const float, 1> p_scale;    // [headNum], offline
+  bool online = true;
+
+  template <class Acc>
+  Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc&, Acc& sum) const {
+    float mx = 0.0f, sm = 0.0f;
+    for (Index j = 0; j < cols; ++j) mx = std::max(mx, static_cast<float>(row[j]));
+    if constexpr (std::is_same_v<Acc, float>) {
+      sm = Eigen::Map<const Eigen::ArrayXf>(row, cols).sum();
+    } else {
+      for (Index j = 0; j < cols; ++j) sm += static_cast<float>(row[j]);
+    }
+    sum = static_cast<Acc>(sm);
+    const float vd = v_descale(c.q_head);
+    if (online && mx == 0.0f) {  // every P̂ of the block underflowed: P8 = 0
+      std::fill(row, row + cols, Acc(0));
+      return Acc(0);
+    }
+    const float d = online ? mx / 127.0f : p_scale(c.q_head);
+    if constexpr (std::is_same_v<Acc, float>) {
+      simd::half_rint_clamp(row, cols, d, online, -128.0f, 127.0f);
+    } else {
+      for (Index j = 0; j < cols; ++j) {
+        const float v = static_cast<float>(row[j]);
+        const float q = online ? v / d : v * d;
+        row[j] = static_cast<Acc>(
+            std::min(std::max(std::nearbyint(static_cast<float>(half(q))), -128.0f), 127.0f));
+      }
+    }
+    return static_cast<Acc>(online ? vd * mx / 127.0f : vd);
   }
 };
 
@@ -90,45 +198,144 @@ inline void pa_not_yet(bool ok, const char* field, const std::string& got) {
                 "what this version implements", got);
 }
 
+inline void pa_check(bool ok, const std::string& field, const std::string& what,
+                     const std::string& expected, const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, "paged_attention", field, what, expected, got);
+}
+
+template <class T>
+inline std::string pa_len(const StridedView<T, 1>& v) {
+  return v.absent() ? std::string("none") : "[" + std::to_string(v.size(0)) + "]";
+}
+
+template <class T>
+inline constexpr bool pa_float_v =
+    std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>;
+
 }  // namespace detail
 
-/// ATB PagedAttention (decode). T: half, bfloat16 or float. Every check runs before `out` is
-/// written; results never depend on num_threads (0 = OpenMP's default).
-template <class T>
-void paged_attention(const PagedAttentionParams& params, const PagedAttentionInputs<T>& in,
-                     const PagedAttentionOutputs<T>& out, int num_threads = 0) {
+/// ATB PagedAttention. Three type families (checked against params.quant_type):
+///   unquantized       TQ = TKV = TM = TO: half, bfloat16 or float
+///   DEQUANT_FUSION    TQ = TM = TO: half, bfloat16 or float; TKV = int8
+///   QKV_OFFLINE/ONLINE TQ = TKV = int8; TO = half or bfloat16 (params.out_data_type); TM: half
+///                     or bfloat16
+/// Every check runs before `out` is written; results never depend on num_threads (0 = OpenMP's
+/// default).
+template <class TQ, class TKV, class TM, class TO>
+void paged_attention(const PagedAttentionParams& params,
+                     const PagedAttentionInputs<TQ, TKV, TM>& in,
+                     const PagedAttentionOutputs<TO>& out, int num_threads = 0) {
   using P = PagedAttentionParams;
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
-                "paged_attention data: half, bfloat16 or float");
+  using detail::pa_check;
+  using detail::pa_len;
+  constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
+  constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
+  static_assert(kQkv ? std::is_same_v<TKV, std::int8_t> &&
+                           (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)&&(
+                               std::is_same_v<TM, half> || std::is_same_v<TM, bfloat16>)
+                     : detail::pa_float_v<TQ> && std::is_same_v<TM, TQ> && std::is_same_v<TO, TQ> &&
+                           (kDequant || std::is_same_v<TKV, TQ>),
+                "paged_attention types: TQ = TKV = TM = TO (half, bfloat16, float); int8 caches "
+                "(dequant fusion); or int8 q and caches with half / bfloat16 out and mask");
   constexpr const char* fn = "paged_attention";
   validate(params);
-  detail::pa_not_yet(params.calc_type == P::CalcType::Undefined, "params.calc_type", "Spec");
-  detail::pa_not_yet(
-      params.mask_type != P::MaskType::Spec && params.mask_type != P::MaskType::MaskFree,
-      "params.mask_type", std::to_string(static_cast<int>(params.mask_type)));
-  detail::pa_not_yet(params.quant_type == P::QuantType::Unquant, "params.quant_type",
-                     std::to_string(static_cast<int>(params.quant_type)));
+  const std::string mt = std::to_string(static_cast<int>(params.mask_type));
+  const bool spec = params.calc_type == P::CalcType::Spec;
+  const bool mla = params.mla_v_head_size > 0;
+  ATTNREF_CHECK(
+      params.mask_type != P::MaskType::MaskFree && params.mask_type != P::MaskType::NormCompress,
+      std::invalid_argument, fn, "params.mask_type",
+      "Atlas 300I Duo (310P) only; attnref models the Atlas A2 ND kernels",
+      "Undefined, Norm, Alibi or Spec", mt);
   detail::pa_not_yet(params.compress_type == P::CompressType::Undefined, "params.compress_type",
                      std::to_string(static_cast<int>(params.compress_type)));
   detail::pa_not_yet(params.input_layout == P::InputLayout::BSND, "params.input_layout", "BNSD");
 
+  // The quantization mode against the types.
+  const auto qt = params.quant_type;
+  const std::string qts = std::to_string(static_cast<int>(qt));
+  if constexpr (kQkv) {
+    pa_check(qt == P::QuantType::QkvOffline || qt == P::QuantType::QkvOnline, "params.quant_type",
+             "does not match int8 query and caches", "QkvOffline (2) or QkvOnline (3)", qts);
+    const auto od = std::is_same_v<TO, half> ? P::OutDataType::Float16 : P::OutDataType::BFloat16;
+    pa_check(params.out_data_type == od, "params.out_data_type", "does not match the output type",
+             std::to_string(static_cast<int>(od)),
+             std::to_string(static_cast<int>(params.out_data_type)));
+    pa_check(!params.has_quant_offset, "params.has_quant_offset",
+             "not supported with qkv quantization", "false", "true");
+    pa_check(params.q_scale == 0.0f || params.q_scale == 1.0f, "params.q_scale",
+             "cannot scale an int8 query", "0 or 1", std::to_string(params.q_scale));
+  } else if constexpr (kDequant) {
+    pa_check(qt == P::QuantType::DequantFusion, "params.quant_type",
+             "does not match int8 caches with a floating-point query", "DequantFusion (1)", qts);
+    pa_check(!mla, "params.mla_v_head_size", "not supported with DequantFusion", "0",
+             std::to_string(params.mla_v_head_size));
+    pa_check(!spec, "params.calc_type", "Spec not supported with DequantFusion", "Undefined",
+             "Spec");
+  } else {
+    pa_check(qt == P::QuantType::Unquant, "params.quant_type",
+             "does not match floating-point caches (int8 caches need DequantFusion)", "Unquant (0)",
+             qts);
+  }
+
+  // Parallel decoding (calcType SPEC) and the masks it allows.
+  if (spec) {
+    pa_check(!params.batch_run_status_enable, "params.batch_run_status_enable",
+             "not supported with calc_type Spec", "false", "true");
+    if (mla)
+      pa_check(params.mask_type != P::MaskType::Norm && qt == P::QuantType::Unquant,
+               "params.mask_type", "MLA with calc_type Spec takes no Norm mask and no quantization",
+               "Undefined or Spec, Unquant", mt);
+    else
+      pa_check(params.mask_type == P::MaskType::Norm || params.mask_type == P::MaskType::Spec,
+               "params.mask_type", "calc_type Spec needs a Norm or Spec mask", "Norm or Spec", mt);
+  }
+  if (mla)
+    pa_check(params.mask_type != P::MaskType::Alibi, "params.mask_type",
+             "Alibi not supported with MLA", "not Alibi", mt);
+
   const Index batch = static_cast<Index>(in.context_lens.size());
+  const Index tokens = in.query.size(0);
   const Index nh = in.query.size(1), d = in.query.size(2);
   const Index nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
-  const bool mla = params.mla_v_head_size > 0;
   const Index dv = out.out.size(2);
   ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "context_lens", "empty", ">= 1 sequence", 0);
   ATTNREF_CHECK(nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
                 "mismatch with params.num_heads", params.num_heads, nh);
-  ATTNREF_CHECK(in.query.size(0) == batch, std::invalid_argument, fn, "query.shape[0]",
-                "mismatch with the number of sequences (one query token each)", batch,
-                in.query.size(0));
+  // Query tokens per sequence.
+  std::vector<Index> q_cu(static_cast<size_t>(batch + 1), 0);
+  if (spec) {
+    pa_check(static_cast<Index>(in.q_seq_lens.size()) == batch, "q_seq_lens",
+             "size mismatch with context_lens for calc_type Spec", std::to_string(batch),
+             std::to_string(in.q_seq_lens.size()));
+    for (Index b = 0; b < batch; ++b) {
+      const Index ql = in.q_seq_lens[static_cast<size_t>(b)];
+      const Index kl = in.context_lens[static_cast<size_t>(b)];
+      pa_check(ql >= 0 && ql <= std::max<Index>(kl, 0), "q_seq_lens[" + std::to_string(b) + "]",
+               "out of range",
+               "[0, context_lens[" + std::to_string(b) + "] = " + std::to_string(kl) + "]",
+               std::to_string(ql));
+      q_cu[static_cast<size_t>(b + 1)] = q_cu[static_cast<size_t>(b)] + ql;
+    }
+    pa_check(q_cu.back() == tokens, "query.shape[0]", "mismatch with the sum of q_seq_lens",
+             std::to_string(q_cu.back()), std::to_string(tokens));
+  } else {
+    pa_check(in.q_seq_lens.empty(), "q_seq_lens", "given without calc_type Spec", "empty",
+             "[" + std::to_string(in.q_seq_lens.size()) + "]");
+    for (Index b = 0; b <= batch; ++b) q_cu[static_cast<size_t>(b)] = b;
+    ATTNREF_CHECK(tokens == batch, std::invalid_argument, fn, "query.shape[0]",
+                  "mismatch with the number of sequences (one query token each)", batch, tokens);
+  }
+  Index max_q = 0;
+  for (Index b = 0; b < batch; ++b)
+    max_q = std::max(max_q, q_cu[static_cast<size_t>(b + 1)] - q_cu[static_cast<size_t>(b)]);
+
   const auto& kc = in.key_cache;
   ATTNREF_CHECK(kc.size(2) == nkv && kc.size(3) == d, std::invalid_argument, fn, "key_cache.shape",
                 "mismatch",
                 "[numBlocks, blockSize, " + std::to_string(nkv) + ", " + std::to_string(d) + "]",
                 detail::shape_str(kc));
-  StridedView<const T, 4> vc = in.value_cache;
+  StridedView<const TKV, 4> vc = in.value_cache;
   if (mla) {
     ATTNREF_CHECK(dv == static_cast<Index>(params.mla_v_head_size) && dv <= d,
                   std::invalid_argument, fn, "out.shape[2]",
@@ -136,17 +343,17 @@ void paged_attention(const PagedAttentionParams& params, const PagedAttentionInp
                   static_cast<Index>(params.mla_v_head_size), dv);
     ATTNREF_CHECK(vc.absent(), std::invalid_argument, fn, "value_cache",
                   "given with mla_v_head_size (V is the first dims of K)", "absent", "a tensor");
-    vc = StridedView<const T, 4>(kc.data(), {kc.size(0), kc.size(1), nkv, dv}, kc.strides());
+    vc = StridedView<const TKV, 4>(kc.data(), {kc.size(0), kc.size(1), nkv, dv}, kc.strides());
   } else {
     const std::array<Index, 4> vs{kc.size(0), kc.size(1), nkv, dv};
     ATTNREF_CHECK(vc.shape() == vs, std::invalid_argument, fn, "value_cache.shape", "mismatch",
                   detail::shape_str<4>(vs), detail::shape_str(vc));
   }
-  const std::array<Index, 3> os{batch, nh, dv};
+  const std::array<Index, 3> os{tokens, nh, dv};
   ATTNREF_CHECK(out.out.shape() == os, std::invalid_argument, fn, "out.shape", "mismatch",
                 detail::shape_str<3>(os), detail::shape_str(out.out));
   // The paged cache: shapes, lengths, every used block-table entry (std::out_of_range).
-  PagedKvCache<const T> cache{kc, vc, in.block_tables, in.context_lens};
+  PagedKvCache<const TKV> cache{kc, vc, in.block_tables, in.context_lens};
   cache.validate(fn);
   std::vector<Index> kv_len = in.context_lens;
   if (params.batch_run_status_enable) {
@@ -161,66 +368,204 @@ void paged_attention(const PagedAttentionParams& params, const PagedAttentionInp
   }
   Index max_kv = 0;
   for (Index l : kv_len) max_kv = std::max(max_kv, l);
-  detail::AtbPagedVariant<T> var{};
-  if (params.mask_type == P::MaskType::Norm) {
+
+  // Masks: exactly the tensor of params.mask_type.
+  using Variant =
+      std::conditional_t<kQkv, detail::AtbPagedQuantVariant<TM>, detail::AtbPagedVariant<TM>>;
+  Variant var{};
+  var.q_cu = &q_cu;
+  var.num_heads = nh;
+  const auto mask_t = params.mask_type;
+  pa_check(in.mask.absent() || mask_t == P::MaskType::Norm, "mask", "given for mask_type " + mt,
+           "absent", detail::shape_str(in.mask));
+  pa_check(in.spec_mask.absent() || mask_t == P::MaskType::Spec, "spec_mask",
+           "given for mask_type " + mt, "absent", detail::shape_str(in.spec_mask));
+  pa_check(in.alibi_mask.absent() || mask_t == P::MaskType::Alibi, "alibi_mask",
+           "given for mask_type " + mt, "absent", detail::shape_str(in.alibi_mask));
+  if (mask_t == P::MaskType::Norm) {
     const auto& m = in.mask;
-    ATTNREF_CHECK(!m.absent(), std::invalid_argument, fn, "mask", "missing for NORM",
-                  "[batch or 1, 1, maxSeq]", "none");
-    ATTNREF_CHECK((m.size(0) == 1 || m.size(0) == batch) && m.size(1) == 1 && m.size(2) >= max_kv,
-                  std::invalid_argument, fn, "mask.shape", "mismatch for NORM",
-                  "[1 or " + std::to_string(batch) + ", 1, >= " + std::to_string(max_kv) + "]",
-                  detail::shape_str(m));
+    pa_check(!m.absent(), "mask", "missing for Norm",
+             "[batch or 1, 1, maxSeq] or [1, maxSeq, maxSeq]", "none");
+    const bool rows = m.size(1) == 1 && (m.size(0) == 1 || m.size(0) == batch);
+    const bool square = !rows && m.size(0) == 1 && m.size(1) == m.size(2);
+    pa_check((rows || square) && m.size(2) >= max_kv, "mask.shape", "mismatch for Norm",
+             "[1 or " + std::to_string(batch) + ", 1, >= " + std::to_string(max_kv) +
+                 "] or [1, M, M] with M >= " + std::to_string(max_kv),
+             detail::shape_str(m));
+    pa_check(square || max_q <= 1, "mask.shape",
+             "a row mask serves one query token per sequence; several need the square form",
+             "[1, maxSeq, maxSeq]", detail::shape_str(m));
     var.mask = m;
+    var.square = square;
   }
-  if (params.mask_type == P::MaskType::Alibi) {
+  if (mask_t == P::MaskType::Spec) {
+    const auto& m = in.spec_mask;
+    pa_check(!m.absent() && m.size(0) == tokens && m.size(1) >= max_kv, "spec_mask.shape",
+             "mismatch for Spec",
+             "[" + std::to_string(tokens) + ", >= " + std::to_string(max_kv) + "]",
+             m.absent() ? std::string("none") : detail::shape_str(m));
+    var.spec_mask = m;
+  }
+  if (mask_t == P::MaskType::Alibi) {
     const auto& m = in.alibi_mask;
-    ATTNREF_CHECK(!m.absent(), std::invalid_argument, fn, "alibi_mask", "missing for ALIBI",
-                  "[batch or 1, headNum, 1, maxSeq]", "none");
-    ATTNREF_CHECK((m.size(0) == 1 || m.size(0) == batch) && m.size(1) == nh && m.size(2) == 1 &&
-                      m.size(3) >= max_kv,
-                  std::invalid_argument, fn, "alibi_mask.shape", "mismatch for ALIBI",
-                  "[1 or " + std::to_string(batch) + ", " + std::to_string(nh) +
-                      ", 1, >= " + std::to_string(max_kv) + "]",
-                  detail::shape_str(m));
+    pa_check(!m.absent(), "alibi_mask", "missing for Alibi", "[batch or 1, headNum, 1, maxSeq]",
+             "none");
+    pa_check((m.size(0) == 1 || m.size(0) == batch) && m.size(1) == nh && m.size(2) == 1 &&
+                 m.size(3) >= max_kv,
+             "alibi_mask.shape", "mismatch for Alibi",
+             "[1 or " + std::to_string(batch) + ", " + std::to_string(nh) +
+                 ", 1, >= " + std::to_string(max_kv) + "]",
+             detail::shape_str(m));
     var.alibi = m;
   }
   if (params.scale_type == P::ScaleType::LogN) {
-    ATTNREF_CHECK(!in.log_n.absent() && in.log_n.size(0) >= batch, std::invalid_argument, fn,
-                  "log_n", "missing or shorter than the batch for LOGN", "[batch] float",
-                  detail::shape_str(in.log_n));
+    pa_check(!in.log_n.absent() && in.log_n.size(0) >= batch, "log_n",
+             "missing or shorter than the batch for LogN", "[batch] float", pa_len(in.log_n));
     var.log_n = in.log_n;
   }
 
-  // q · qScale in the data type (qScale 0 or 1: no effect).
-  std::vector<T> q_scaled;
-  StridedView<const T, 4> q4(in.query.data(), {1, batch, nh, d},
-                             {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
-  const bool q_scale = params.q_scale != 0.0f && params.q_scale != 1.0f;
-  AttentionInputs<T> e;
-  e.q = q4;
+  // Quantization scales.
+  const Index kch = nkv * d, vch = nkv * dv;
+  if constexpr (kDequant) {
+    pa_check(!in.k_descale.absent() && in.k_descale.size(0) == kch, "k_descale",
+             "per-channel scales for DequantFusion", "[" + std::to_string(kch) + "]",
+             pa_len(in.k_descale));
+    pa_check(!in.v_descale.absent() && in.v_descale.size(0) == vch, "v_descale",
+             "per-channel scales for DequantFusion", "[" + std::to_string(vch) + "]",
+             pa_len(in.v_descale));
+    if (params.has_quant_offset) {
+      pa_check(!in.k_offset.absent() && in.k_offset.size(0) == kch, "k_offset",
+               "per-channel offsets for has_quant_offset", "[" + std::to_string(kch) + "]",
+               pa_len(in.k_offset));
+      pa_check(!in.v_offset.absent() && in.v_offset.size(0) == vch, "v_offset",
+               "per-channel offsets for has_quant_offset", "[" + std::to_string(vch) + "]",
+               pa_len(in.v_offset));
+    } else {
+      pa_check(in.k_offset.absent() && in.v_offset.absent(), "k_offset / v_offset",
+               "given without params.has_quant_offset", "absent", "a tensor");
+    }
+    pa_check(in.p_scale.absent(), "p_scale", "given for DequantFusion", "absent",
+             pa_len(in.p_scale));
+  } else if constexpr (kQkv) {
+    const bool online = qt == P::QuantType::QkvOnline;
+    pa_check(!in.k_descale.absent() && in.k_descale.size(0) == nh, "k_descale",
+             "per-head scales for qkv quantization", "[" + std::to_string(nh) + "]",
+             pa_len(in.k_descale));
+    pa_check(!in.v_descale.absent() && in.v_descale.size(0) == nh, "v_descale",
+             "per-head scales for qkv quantization", "[" + std::to_string(nh) + "]",
+             pa_len(in.v_descale));
+    pa_check(online ? in.p_scale.absent() : !in.p_scale.absent() && in.p_scale.size(0) == nh,
+             "p_scale", online ? "given for QkvOnline" : "per-head scales for QkvOffline",
+             online ? std::string("absent") : "[" + std::to_string(nh) + "]", pa_len(in.p_scale));
+    pa_check(in.k_offset.absent() && in.v_offset.absent(), "k_offset / v_offset",
+             "given for qkv quantization", "absent", "a tensor");
+    var.head_scale = in.k_descale;
+    var.qk_scale = params.qk_scale;
+    var.v_descale = in.v_descale;
+    var.p_scale = in.p_scale;
+    var.online = online;
+  } else {
+    pa_check(in.k_descale.absent() && in.v_descale.absent() && in.p_scale.absent() &&
+                 in.k_offset.absent() && in.v_offset.absent(),
+             "k_descale / v_descale / p_scale / offsets", "given without quantization", "absent",
+             "a tensor");
+  }
+
+  // The engine problem: the packed query tokens against the paged cache.
+  using EQ = std::conditional_t<kDequant, float, TQ>;
+  using EO = std::conditional_t<kDequant, float, TO>;
+  std::vector<EQ> q_buf;
+  std::vector<float> o_buf, bias;
+  const bool q_scale = !kQkv && params.q_scale != 0.0f && params.q_scale != 1.0f;
+  AttentionInputs<EQ, TKV> e;
+  if constexpr (!kDequant)
+    e.q = StridedView<const EQ, 4>(in.query.data(), {1, tokens, nh, d},
+                                   {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
   e.k = kc;
   e.v = vc;
   e.block_table = in.block_tables;
   e.seq.kv = kv_len;
-  e.seq.q_cu.resize(static_cast<size_t>(batch + 1));
-  for (Index b = 0; b <= batch; ++b) e.seq.q_cu[static_cast<size_t>(b)] = b;
+  e.seq.q_cu = q_cu;
   AttentionParams ep;
-  ep.scale = params.qk_scale;
+  ep.scale = kQkv ? 1.0f : params.qk_scale;
   ep.num_threads = num_threads;
-  AttentionOutputs<T> eo{
-      StridedView<T, 4>(out.out.data(), {1, batch, nh, dv},
-                        {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
-  validate(e, ep, eo);  // engine checks, overlaps included, before anything is written
-  if (q_scale) {
-    q_scaled.resize(static_cast<size_t>(batch * nh * d));
-    for (Index b = 0; b < batch; ++b)
-      for (Index h = 0; h < nh; ++h)
-        for (Index x = 0; x < d; ++x)
-          q_scaled[static_cast<size_t>((b * nh + h) * d + x)] =
-              T(static_cast<float>(in.query(b, h, x)) * params.q_scale);
-    e.q = StridedView<const T, 4>(q_scaled.data(), {1, batch, nh, d});
+  if (kQkv) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
+  StridedView<EO, 4> eo_view;
+  if constexpr (kDequant) {
+    eo_view = StridedView<EO, 4>(nullptr, {1, tokens, nh, dv});
+  } else {
+    eo_view = StridedView<EO, 4>(out.out.data(), {1, tokens, nh, dv},
+                                 {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)});
   }
+  if constexpr (!kDequant) {
+    AttentionOutputs<EO> eo{eo_view};
+    validate(e, ep, eo);  // engine checks, overlaps included, before anything is written
+  } else {
+    // q' = q · k_descale (per channel; the scale folded into q) and, with offsets, the constant
+    // qk_scale · q'·k_offset of every (token, head); the output is affine in V's channels.
+    o_buf.assign(static_cast<size_t>(tokens * nh * dv), 0.0f);
+    eo_view = StridedView<EO, 4>(o_buf.data(), {1, tokens, nh, dv});
+    AttentionInputs<TQ, TKV> probe = {};
+    probe.q =
+        StridedView<const TQ, 4>(in.query.data(), {1, tokens, nh, d},
+                                 {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
+    probe.k = kc;
+    probe.v = vc;
+    probe.block_table = in.block_tables;
+    probe.seq = e.seq;
+    AttentionOutputs<TQ> po{
+        StridedView<TQ, 4>(out.out.data(), {1, tokens, nh, dv},
+                           {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
+    validate(probe, ep, po);  // the caller's tensors, overlaps included
+  }
+  // Nothing has been written yet: every check is above.
+
+  if (q_scale || kDequant) {
+    q_buf.resize(static_cast<size_t>(tokens * nh * d));
+    const Index G = nh / nkv;
+    for (Index t = 0; t < tokens; ++t)
+      for (Index h = 0; h < nh; ++h)
+        for (Index x = 0; x < d; ++x) {
+          float v = static_cast<float>(in.query(t, h, x));
+          if (q_scale) v = static_cast<float>(TQ(v * params.q_scale));
+          if constexpr (kDequant) v *= in.k_descale((h / G) * d + x);
+          q_buf[static_cast<size_t>((t * nh + h) * d + x)] = static_cast<EQ>(v);
+        }
+    e.q = StridedView<const EQ, 4>(q_buf.data(), {1, tokens, nh, d});
+    if constexpr (kDequant) {
+      if (params.has_quant_offset) {
+        bias.resize(static_cast<size_t>(tokens * nh));
+        for (Index t = 0; t < tokens; ++t)
+          for (Index h = 0; h < nh; ++h) {
+            double acc = 0.0;
+            const float* qr = q_buf.data() + (t * nh + h) * d;
+            for (Index x = 0; x < d; ++x)
+              acc += static_cast<double>(qr[x]) * in.k_offset((h / G) * d + x);
+            bias[static_cast<size_t>(t * nh + h)] = params.qk_scale * static_cast<float>(acc);
+          }
+        var.row_bias = bias.data();
+      }
+    }
+  }
+  AttentionOutputs<EO> eo{eo_view};
   attention_with(var, e, ep, eo);
+  if constexpr (kDequant) {
+    // out = (Σ p·v / l + v_offset) · v_descale per channel; rows without keys stay zero.
+    const Index G = nh / nkv;
+    for (Index b = 0; b < batch; ++b)
+      for (Index t = q_cu[static_cast<size_t>(b)]; t < q_cu[static_cast<size_t>(b + 1)]; ++t)
+        for (Index h = 0; h < nh; ++h)
+          for (Index x = 0; x < dv; ++x) {
+            float v = 0.0f;
+            if (kv_len[static_cast<size_t>(b)] > 0) {
+              const Index c = (h / G) * dv + x;
+              v = o_buf[static_cast<size_t>((t * nh + h) * dv + x)];
+              if (params.has_quant_offset) v += static_cast<float>(in.v_offset(c));
+              v *= in.v_descale(c);
+            }
+            out.out(t, h, x) = TO(v);
+          }
+  }
 }
 
 }  // namespace attnref

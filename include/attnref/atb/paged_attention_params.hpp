@@ -1,7 +1,6 @@
 #pragma once
 /// ATB PagedAttentionOperation parameters (atb::infer::PagedAttentionParam), field for field,
 /// with the vendor's enum values, and the checks of the parameters alone (semantics.md §3).
-/// The operator itself is built on the engine next (issue: PagedAttention).
 
 #include <cmath>
 #include <cstdint>
@@ -15,11 +14,12 @@ namespace attnref {
 struct PagedAttentionParams {
   /// ATB MaskType.
   enum class MaskType : int {
-    Undefined = 0,  ///< UNDEFINED: no mask
-    Norm = 1,       ///< MASK_TYPE_NORM
-    Alibi = 2,      ///< MASK_TYPE_ALIBI
-    Spec = 3,       ///< MASK_TYPE_SPEC: parallel decoding
-    MaskFree = 4    ///< MASK_TYPE_MASK_FREE: fp16 only
+    Undefined = 0,    ///< UNDEFINED: no mask
+    Norm = 1,         ///< MASK_TYPE_NORM
+    Alibi = 2,        ///< MASK_TYPE_ALIBI
+    Spec = 3,         ///< MASK_TYPE_SPEC: parallel decoding
+    MaskFree = 4,     ///< MASK_TYPE_MASK_FREE: fp16, Atlas 300I Duo (310P) only
+    NormCompress = 5  ///< MASK_TYPE_NORM_COMPRESS: Atlas 300I Duo (310P) only
   };
   /// ATB QuantType (TYPE_QUANT_UNDEFINED and TYPE_QUANT_UNQUANT are both 0).
   enum class QuantType : int {
@@ -63,6 +63,10 @@ struct PagedAttentionParams {
   InputLayout input_layout = InputLayout::BSND;
   std::uint32_t mla_v_head_size = 0;  ///< mlaVHeadSize, [0, 576]
   float q_scale = 0.0f;               ///< qScale: 0 or 1 leave q unchanged
+  /// attnref extension (not an ATB field): keys per block of the qkv-quantized P (quantType 2
+  /// and 3). The NPU's block follows its tiling (the cache block size, or 256 / 512 for long
+  /// contexts); the quantized result depends on it. [1, 1024].
+  int quant_block_size = 128;
 };
 
 namespace detail {
@@ -88,7 +92,7 @@ inline void validate(const PagedAttentionParams& p) {
   using P = PagedAttentionParams;
   using detail::pa_check_enum;
   using detail::pa_require;
-  pa_check_enum("params.mask_type", p.mask_type, 0, 4);
+  pa_check_enum("params.mask_type", p.mask_type, 0, 5);
   pa_check_enum("params.quant_type", p.quant_type, 0, 3);
   pa_check_enum("params.compress_type", p.compress_type, 0, 2);
   pa_check_enum("params.calc_type", p.calc_type, 0, 1);
@@ -111,6 +115,8 @@ inline void validate(const PagedAttentionParams& p) {
              std::to_string(p.q_scale));
   pa_require(p.mla_v_head_size <= 576, "params.mla_v_head_size", "out of range", "[0, 576]",
              std::to_string(p.mla_v_head_size));
+  pa_require(p.quant_block_size >= 1 && p.quant_block_size <= 1024, "params.quant_block_size",
+             "out of range", "[1, 1024]", std::to_string(p.quant_block_size));
   const bool qkv =
       p.quant_type == P::QuantType::QkvOffline || p.quant_type == P::QuantType::QkvOnline;
   if (p.scale_type == P::ScaleType::LogN)

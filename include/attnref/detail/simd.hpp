@@ -251,6 +251,29 @@ inline void div_rint_clamp(float* x, Index n, float d, float lo, float hi) {
   for (; i < n; ++i) x[i] = std::min(std::max(std::nearbyint(x[i] / d), lo), hi);
 }
 
+/// x[i] = clamp(rint(float(half(x[i] / d))), lo, hi) when `divide`, else with x[i] * d: the
+/// quotient or product rounded to fp16 (nearest even), then to an integer (half to even). The
+/// same bits at every level.
+inline void half_rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
+  Index i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 q = divide ? _mm256_div_ps(v, vd) : _mm256_mul_ps(v, vd);
+      const __m256 h = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
+      const __m256 r = _mm256_round_ps(h, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_storeu_ps(x + i, _mm256_min_ps(_mm256_max_ps(r, vlo), vhi));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const float q = divide ? x[i] / d : x[i] * d;
+    x[i] = std::min(std::max(std::nearbyint(static_cast<float>(half(q))), lo), hi);
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Small-row micro-kernels (decode): R <= 8 query rows against K/V rows streamed from memory,
 // converted from fp16/bf16 in registers. Compute type float.
