@@ -7,19 +7,33 @@
 //   3. the same layer through ATB's SelfAttention operator (bf16, HIGH_PRECISION, CAUSAL_MASK):
 //      ENCODER writes the prompts into a [layer, batch, maxSeq, kvHead * headSize] cache, then
 //      DECODER steps append and attend;
+//   4. a paged serving loop (fp16, smaller GQA shapes): a causal prefill of three prompts whose
+//      K/V ReshapeAndCache writes into a paged cache of blocks handed out in a shuffled order,
+//      then decode steps that append one token per sequence (taking a new block at each block
+//      boundary) and run ATB's PagedAttention; its reference gathers K/V from the token arrays,
+//      not from the cache, so the check covers the slot mapping and the block table too;
 // every output is checked against the independent naive reference (double loops) and the
 // throughput of the engine is printed.
 
+#include <algorithm>
 #include <attnref/attnref.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
 #include "../tests/reference/naive_attention.hpp"
 
 namespace {
+
+/// max(m, e), except that a NaN (an output the reference does not produce) sticks.
+double worse_of(double m, double e) {
+  return std::isnan(m) || std::isnan(e) ? std::numeric_limits<double>::quiet_NaN() : std::max(m, e);
+}
 
 using attnref::half;
 using attnref::Index;
@@ -114,7 +128,7 @@ bool atb_self_attention_run(const std::vector<Index>& prompt, std::mt19937& rng)
     t_begin = 0;
     for (Index b = 0; b < batch; ++b) {
       for (size_t i = 0; i < want.o[b].size(); ++i)
-        err = std::max(
+        err = worse_of(
             err, std::fabs(
                      want.o[b][i] -
                      static_cast<float>(o[static_cast<size_t>(t_begin * kHeads * kHeadSize) + i])));
@@ -128,6 +142,205 @@ bool atb_self_attention_run(const std::vector<Index>& prompt, std::mt19937& rng)
     ok = ok && err < 2e-2;  // bf16 output rounding
   }
   return ok;
+}
+
+/// A paged serving loop with ATB's operators on fp16 data: prefill (the engine, causal, packed
+/// prompts) + ReshapeAndCache into a paged cache whose blocks are handed out in a shuffled order,
+/// then decode steps of ReshapeAndCache + PagedAttention. Every output is checked against the
+/// naive reference on K/V gathered from the per-sequence token arrays (never from the cache).
+bool paged_serving_run(std::mt19937& rng) {
+  constexpr Index kQh = 8, kKvh = 2, kD = 64, kBs = 16, kPool = 16;
+  constexpr int kSteps = 12;  // every sequence crosses a block boundary while decoding
+  const std::vector<Index> prompt = {37, 90, 5};
+  const Index batch = static_cast<Index>(prompt.size());
+  const float qk_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kD)));
+  const double tol = 2.5e-3;  // fp16 output rounding: half an ulp is at most 1.95e-3 below 8
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto random_half = [&](Index n) {
+    std::vector<half> x(static_cast<size_t>(n));
+    for (auto& e : x) e = half(nd(rng));
+    return x;
+  };
+
+  // The block pool (NaN until written: a read of a slot never written would show), the free
+  // list in a shuffled order and the block table [batch, maxBlocksPerSeq], -1 padded.
+  Index max_blocks = 0;
+  for (Index p : prompt) max_blocks = std::max(max_blocks, (p + kSteps + kBs - 1) / kBs);
+  const size_t pool_elems = static_cast<size_t>(kPool * kBs * kKvh * kD);
+  std::vector<half> k_pool(pool_elems, half(std::numeric_limits<float>::quiet_NaN()));
+  std::vector<half> v_pool(k_pool);
+  const attnref::StridedView<half, 4> key_cache(k_pool.data(), {kPool, kBs, kKvh, kD});
+  const attnref::StridedView<half, 4> value_cache(v_pool.data(), {kPool, kBs, kKvh, kD});
+  std::vector<std::int32_t> free_blocks(static_cast<size_t>(kPool));
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), std::mt19937(7));
+  size_t next_free = 0;
+  std::vector<std::int32_t> table(static_cast<size_t>(batch * max_blocks), -1);
+  const attnref::StridedView<const std::int32_t, 2> block_tables(table.data(), {batch, max_blocks});
+  // The slot of token t of sequence b, taking a block from the pool at a block boundary.
+  auto slot_for = [&](Index b, Index t) {
+    std::int32_t& blk = table[static_cast<size_t>(b * max_blocks + t / kBs)];
+    if (t % kBs == 0) blk = free_blocks.at(next_free++);
+    return static_cast<std::int32_t>(blk * kBs + t % kBs);
+  };
+  auto write_cache = [&](const std::vector<half>& k, const std::vector<half>& v,
+                         const std::vector<std::int32_t>& slots) {
+    const Index n = static_cast<Index>(slots.size());
+    attnref::ReshapeAndCacheInputs<half> rin;
+    rin.key = attnref::StridedView<const half, 3>(k.data(), {n, kKvh, kD});
+    rin.value = attnref::StridedView<const half, 3>(v.data(), {n, kKvh, kD});
+    rin.slot_mapping = attnref::StridedView<const std::int32_t, 1>(slots.data(), {n});
+    attnref::reshape_and_cache(rin, key_cache, value_cache);
+  };
+
+  // The token arrays of each sequence, [len][kvHead][D]: what the reference reads.
+  std::vector<std::vector<half>> k_tok(static_cast<size_t>(batch)), v_tok(k_tok);
+  auto reference = [&](const ref::Problem& problem, const ref::Seqs& q) {
+    ref::Seqs rk(batch), rv(batch);
+    for (Index b = 0; b < batch; ++b) {
+      const size_t n = static_cast<size_t>(problem.kv_len[static_cast<size_t>(b)] * kKvh * kD);
+      for (size_t e = 0; e < n; ++e) {
+        rk[b].push_back(static_cast<float>(k_tok[static_cast<size_t>(b)][e]));
+        rv[b].push_back(static_cast<float>(v_tok[static_cast<size_t>(b)][e]));
+      }
+    }
+    return ref::attention(problem, q, rk, rv);
+  };
+  ref::Problem pr;
+  pr.num_heads = static_cast<int>(kQh);
+  pr.num_kv_heads = static_cast<int>(kKvh);
+  pr.head_size = static_cast<int>(kD);
+  pr.v_head_size = static_cast<int>(kD);
+  pr.scale = qk_scale;
+  pr.causal = ref::Causal::kBottomRight;
+
+  // ---- prefill: packed (TND) prompts, causal, on the new K/V; ReshapeAndCache writes them ----
+  std::vector<Index> cu = {0};
+  for (Index p : prompt) cu.push_back(cu.back() + p);
+  const Index total = cu.back();
+  const auto q = random_half(total * kQh * kD);
+  const auto k = random_half(total * kKvh * kD);
+  const auto v = random_half(total * kKvh * kD);
+  std::vector<half> o(q.size());
+  std::vector<std::int32_t> slots;
+  for (Index b = 0; b < batch; ++b) {
+    for (Index t = 0; t < prompt[static_cast<size_t>(b)]; ++t) slots.push_back(slot_for(b, t));
+    const auto first = static_cast<std::ptrdiff_t>(cu[static_cast<size_t>(b)] * kKvh * kD);
+    const auto last = static_cast<std::ptrdiff_t>(cu[static_cast<size_t>(b) + 1] * kKvh * kD);
+    k_tok[static_cast<size_t>(b)].assign(k.begin() + first, k.begin() + last);
+    v_tok[static_cast<size_t>(b)].assign(v.begin() + first, v.begin() + last);
+  }
+  const size_t prefill_blocks = next_free;
+  attnref::AttentionInputs<half> in{attnref::tnd_view<const half>(q.data(), total, kQh, kD),
+                                    attnref::tnd_view<const half>(k.data(), total, kKvh, kD),
+                                    attnref::tnd_view<const half>(v.data(), total, kKvh, kD)};
+  in.seq.q_cu = cu;
+  in.seq.kv_cu = cu;
+  attnref::AttentionParams params;
+  params.scale = qk_scale;
+  params.causal = attnref::CausalMode::BottomRight;
+  attnref::AttentionOutputs<half> out{attnref::tnd_view(o.data(), total, kQh, kD)};
+  auto t0 = Clock::now();
+  attnref::attention(in, params, out);
+  write_cache(k, v, slots);
+  const double t_prefill = seconds_since(t0);
+
+  ref::Problem pp = pr;
+  ref::Seqs rq(batch);
+  for (Index b = 0; b < batch; ++b) {
+    pp.q_len.push_back(static_cast<int>(prompt[static_cast<size_t>(b)]));
+    pp.kv_len.push_back(static_cast<int>(prompt[static_cast<size_t>(b)]));
+    for (Index e = cu[static_cast<size_t>(b)] * kQh * kD;
+         e < cu[static_cast<size_t>(b) + 1] * kQh * kD; ++e)
+      rq[b].push_back(static_cast<float>(q[static_cast<size_t>(e)]));
+  }
+  const ref::Result want = reference(pp, rq);
+  double prefill_err = 0.0;
+  for (Index b = 0; b < batch; ++b)
+    for (size_t i = 0; i < want.o[b].size(); ++i)
+      prefill_err = worse_of(
+          prefill_err,
+          std::fabs(want.o[b][i] -
+                    static_cast<float>(
+                        o[static_cast<size_t>(cu[static_cast<size_t>(b)] * kQh * kD) + i])));
+
+  // ---- decode: per step one token per sequence, ReshapeAndCache + PagedAttention ----
+  attnref::PagedAttentionParams pa;
+  pa.num_heads = static_cast<int>(kQh);
+  pa.num_kv_heads = static_cast<int>(kKvh);
+  pa.qk_scale = qk_scale;
+  std::vector<Index> len = prompt;
+  double decode_err = 0.0, t_decode = 0.0;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto qd = random_half(batch * kQh * kD);
+    const auto kd = random_half(batch * kKvh * kD);
+    const auto vd = random_half(batch * kKvh * kD);
+    std::vector<half> od(qd.size());
+    std::vector<std::int32_t> dslots;
+    for (Index b = 0; b < batch; ++b) {
+      dslots.push_back(slot_for(b, len[static_cast<size_t>(b)]++));
+      const auto first = static_cast<std::ptrdiff_t>(b * kKvh * kD);
+      const auto last = static_cast<std::ptrdiff_t>((b + 1) * kKvh * kD);
+      k_tok[static_cast<size_t>(b)].insert(k_tok[static_cast<size_t>(b)].end(), kd.begin() + first,
+                                           kd.begin() + last);
+      v_tok[static_cast<size_t>(b)].insert(v_tok[static_cast<size_t>(b)].end(), vd.begin() + first,
+                                           vd.begin() + last);
+    }
+    attnref::PagedAttentionInputs<half> pin;
+    pin.query = attnref::StridedView<const half, 3>(qd.data(), {batch, kQh, kD});
+    pin.key_cache = key_cache;
+    pin.value_cache = value_cache;
+    pin.block_tables = block_tables;
+    pin.context_lens = len;
+    attnref::PagedAttentionOutputs<half> pout;
+    pout.out = attnref::StridedView<half, 3>(od.data(), {batch, kQh, kD});
+    t0 = Clock::now();
+    write_cache(kd, vd, dslots);
+    attnref::paged_attention(pa, pin, pout);
+    t_decode += seconds_since(t0);
+
+    ref::Problem dp = pr;
+    ref::Seqs dq(batch);
+    for (Index b = 0; b < batch; ++b) {
+      dp.q_len.push_back(1);
+      dp.kv_len.push_back(static_cast<int>(len[static_cast<size_t>(b)]));
+      for (Index e = b * kQh * kD; e < (b + 1) * kQh * kD; ++e)
+        dq[b].push_back(static_cast<float>(qd[static_cast<size_t>(e)]));
+    }
+    const ref::Result dw = reference(dp, dq);
+    for (Index b = 0; b < batch; ++b)
+      for (size_t i = 0; i < dw.o[b].size(); ++i)
+        decode_err = worse_of(
+            decode_err,
+            std::fabs(dw.o[b][i] - static_cast<float>(od[static_cast<size_t>(b * kQh * kD) + i])));
+  }
+
+  std::printf(
+      "paged serving loop: %ld sequences (prompts %ld, %ld, %ld), %ld q heads / %ld kv heads, "
+      "head size %ld, fp16, key/value caches [%ld, %ld, %ld, %ld] (blocks handed out shuffled)\n",
+      static_cast<long>(batch), static_cast<long>(prompt[0]), static_cast<long>(prompt[1]),
+      static_cast<long>(prompt[2]), static_cast<long>(kQh), static_cast<long>(kKvh),
+      static_cast<long>(kD), static_cast<long>(kPool), static_cast<long>(kBs),
+      static_cast<long>(kKvh), static_cast<long>(kD));
+  std::printf(
+      "paged prefill  q [T=%ld, %ld, %ld] (TND), causal, + ReshapeAndCache of %ld tokens: "
+      "%.3f ms, max |err| %.2e\n",
+      static_cast<long>(total), static_cast<long>(kQh), static_cast<long>(kD),
+      static_cast<long>(total), t_prefill * 1e3, prefill_err);
+  std::printf(
+      "paged decode   %d steps of ReshapeAndCache + PagedAttention q [%ld, %ld, %ld], kv lengths "
+      "%ld, %ld, %ld: %.0f tokens/s, max |err| %.2e\n",
+      kSteps, static_cast<long>(batch), static_cast<long>(kQh), static_cast<long>(kD),
+      static_cast<long>(len[0]), static_cast<long>(len[1]), static_cast<long>(len[2]),
+      static_cast<double>(batch * kSteps) / t_decode, decode_err);
+  std::printf(
+      "paged blocks   %zu of %ld used (%zu after prefill); block_tables [%ld, %ld], sequence 0:",
+      next_free, static_cast<long>(kPool), prefill_blocks, static_cast<long>(batch),
+      static_cast<long>(max_blocks));
+  for (Index j = 0; j < max_blocks; ++j)
+    std::printf("%s%d", j == 0 ? " [" : ", ", block_tables(0, j));
+  std::printf("]\n");
+  return prefill_err < tol && decode_err < tol;  // false for NaN
 }
 
 }  // namespace
@@ -210,7 +423,7 @@ int main() {
   double max_err = 0.0;
   for (Index b = 0; b < batch; ++b)
     for (size_t i = 0; i < want.o[b].size(); ++i)
-      max_err = std::max(
+      max_err = worse_of(
           max_err,
           std::fabs(want.o[b][i] - o[static_cast<size_t>(q_cu[b] * kHeads * kHeadSize) + i]));
   double pairs = 0;
@@ -251,7 +464,7 @@ int main() {
     double err = 0.0;
     for (Index b = 0; b < batch; ++b)
       for (size_t i = 0; i < dw.o[b].size(); ++i)
-        err = std::max(err,
+        err = worse_of(err,
                        std::fabs(dw.o[b][i] - od[static_cast<size_t>(b * kHeads * kHeadSize) + i]));
     double bytes = 0;
     for (Index l : len) bytes += 2.0 * static_cast<double>(l) * kKvHeads * kHeadSize * sizeof(half);
@@ -261,6 +474,7 @@ int main() {
     ok = ok && err < 1e-4;
   }
   ok = atb_self_attention_run(prompt, rng) && ok;
+  ok = paged_serving_run(rng) && ok;
   std::printf("%s\n",
               ok ? "OK: every step matches the reference" : "FAILED: error above tolerance");
   return ok ? 0 : 1;
