@@ -1,0 +1,147 @@
+#pragma once
+/// Shared pieces of the CANN attention operators (PromptFlashAttention, IncreFlashAttention):
+/// the engine variant (sparse-mode band, boolean mask as exclusion or as a selected fill value,
+/// pseShift, the antiquant offset term) and small checking helpers. Not part of the API.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/view.hpp"
+
+namespace attnref::detail {
+
+/// The engine hooks of PFA / IFA. Positions are those inside each sequence.
+///   band:  key j visible to row i iff -pre <= j - i - off <= next, off = kv_len - q_len when
+///          bottom_right, else 0 (sparse modes 0 with a mask, 2, 3, 4; none: every key)
+///   mask:  [Bm, S1', S2'] (nonzero = masked): excluded (mask_excludes) or its score replaced
+///          by `fill` after scaling and pse (the NPU's select)
+///   pse:   [Bp, N, S1' (or 1: one row for all), S2'], added after scaling (or before, with
+///          add_then_scale: then the engine's scale is 1 and `scale` applies here)
+///   row_bias: the antiquant K-offset term of each (batch, head) (scaled like the score)
+template <class TM, class TP>
+struct CannVariant {
+  bool band = false;
+  bool bottom_right = false;
+  Index pre = 0, next = 0;
+  StridedView<const TM, 3> mask{};
+  bool mask_excludes = false;
+  float fill = -std::numeric_limits<float>::max();
+  StridedView<const TP, 4> pse{};
+  bool add_then_scale = false;
+  float scale = 1.0f;
+  const float* row_bias = nullptr;  // [batch * num_heads]
+  Index num_heads = 0;
+
+  Index off(const SeqInfo& s) const { return bottom_right ? s.kv_len - s.q_len : 0; }
+  KvRange visible(const SeqInfo& s, Index i) const {
+    if (!band) return {0, s.kv_len};
+    const Index o = off(s);
+    const Index lo = std::clamp<Index>(i + o - pre, 0, s.kv_len);
+    const Index hi = std::clamp<Index>(i + o + next + 1, lo, s.kv_len);
+    return {lo, hi};
+  }
+  bool has_transform() const {
+    return !pse.absent() || row_bias != nullptr || (!mask.absent() && !mask_excludes) ||
+           add_then_scale;
+  }
+  KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
+    if (!band || q1 <= q0) return {0, s.kv_len};
+    return {visible(s, q0).begin, std::max(visible(s, q1 - 1).end, visible(s, q0).begin)};
+  }
+  TileMask classify(const SeqInfo& s, Index q0, Index q1, Index j0, Index j1) const {
+    bool all_in = true, all_out = true;
+    if (band) {
+      const Index o = off(s);
+      // The tile's smallest and largest j - i - off.
+      const Index dmin = j0 - (q1 - 1) - o, dmax = (j1 - 1) - q0 - o;
+      all_out = dmax < -pre || dmin > next;
+      all_in = dmin >= -pre && dmax <= next;
+    } else {
+      all_out = false;
+    }
+    if (all_out) return TileMask::All;
+    const bool excl_mask = !mask.absent() && mask_excludes;
+    return all_in && !excl_mask ? TileMask::None : TileMask::Partial;
+  }
+  bool row_interval(const SeqInfo& s, const Coord& c, KvRange& v) const {
+    if (!mask.absent() && mask_excludes) return false;
+    v = visible(s, c.q);
+    return true;
+  }
+  bool user_masked(const Coord& c) const {
+    return mask(mask.size(0) == 1 ? 0 : c.batch, c.q, c.kv) != TM(0);
+  }
+  bool masked(const SeqInfo& s, const Coord& c) const {
+    if (band) {
+      const Index d = c.kv - c.q - off(s);
+      if (d < -pre || d > next) return true;
+    }
+    return !mask.absent() && mask_excludes && user_masked(c);
+  }
+  template <class Acc>
+  Acc transform(const SeqInfo&, const Coord& c, Acc score) const {
+    float s = static_cast<float>(score);
+    if (row_bias != nullptr) s += row_bias[c.batch * num_heads + c.q_head];
+    float p = 0.0f;
+    if (!pse.absent())
+      p = static_cast<float>(
+          pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : c.q, c.kv));
+    s = add_then_scale ? (s + p) * scale : s + p;
+    if (!mask.absent() && !mask_excludes && user_masked(c)) s = fill;
+    return static_cast<Acc>(s);
+  }
+};
+
+inline void cann_check(bool ok, const char* fn, const std::string& arg, const std::string& what,
+                       const std::string& expected, const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
+}
+
+inline std::string dims_str(const std::vector<Index>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+/// Per-batch lengths from an actual-length list: empty -> `full` each; one value broadcasts;
+/// otherwise at least `batch` values (the first `batch` are used); each in [0, full].
+inline std::vector<Index> cann_lengths(const char* fn, const char* arg,
+                                       const std::vector<std::int64_t>& list, Index batch,
+                                       Index full) {
+  std::vector<Index> out(static_cast<size_t>(batch), full);
+  if (list.empty()) return out;
+  cann_check(list.size() == 1 || static_cast<Index>(list.size()) >= batch, fn, arg,
+             "length neither 1 nor >= batch", "1 or >= " + std::to_string(batch),
+             std::to_string(list.size()));
+  for (Index b = 0; b < batch; ++b) {
+    const std::int64_t v = list[list.size() == 1 ? 0 : static_cast<size_t>(b)];
+    cann_check(v >= 0 && v <= full, fn, std::string(arg) + "[" + std::to_string(b) + "]",
+               "out of range", "[0, " + std::to_string(full) + "]", std::to_string(v));
+    out[static_cast<size_t>(b)] = static_cast<Index>(v);
+  }
+  return out;
+}
+
+/// Head rules shared by PFA and IFA: num_heads in (0, 256], num_key_value_heads >= 0 (0: N),
+/// N a multiple of KV_N, N / KV_N <= 64. Returns KV_N.
+inline Index cann_kv_heads(const char* fn, std::int64_t n, std::int64_t nkv) {
+  cann_check(n > 0 && n <= 256, fn, "params.num_heads", "out of range", "[1, 256]",
+             std::to_string(n));
+  cann_check(nkv >= 0, fn, "params.num_key_value_heads", "negative", ">= 0", std::to_string(nkv));
+  const std::int64_t kv = nkv == 0 ? n : nkv;
+  cann_check(n % kv == 0 && n / kv <= 64, fn, "params.num_heads",
+             "not a multiple of num_key_value_heads with a ratio <= 64",
+             "a multiple of " + std::to_string(kv) + " up to " + std::to_string(64 * kv),
+             std::to_string(n));
+  return static_cast<Index>(kv);
+}
+
+}  // namespace attnref::detail

@@ -1,0 +1,346 @@
+#pragma once
+/// attnref::incre_flash_attention — CANN IncreFlashAttention (aclnnIncreFlashAttentionV4,
+/// MindSpore ops.incre_flash_attention) on the attention engine (semantics.md §7).
+///
+/// One query token per batch against its keys t < actual_seq_lengths[b] (default: the kv
+/// tensor's S), contiguous (one tensor with batch B, or B tensors with batch 1) or paged
+/// (block_table, block_size: key t is row t % blockSize of block block_table[b][t / blockSize]
+/// of the cache [blockNum, blockSize, KV_N·D], or [blockNum, KV_N, blockSize, D] with BNSD).
+/// Score s = q·k·scale_value + pse[b or 0][h][0][t] (pse_order as PromptFlashAttention); a
+/// masked key (atten_mask[b][t] nonzero) gets s = -1e12 (the NPU's select): IFA has no row fix,
+/// so a row whose every key is masked is the mean of V over them. A batch with no key gives 0.
+/// Antiquant (int8 K/V): K = (K8 + offset)·scale per channel (KV_N·D) or per tensor, V likewise
+/// (index 0 of antiquant_scale / antiquant_offset: key, 1: value); computed exactly in that
+/// algebra with the K scale folded into q, the offset term added to every score of the row and
+/// V's affine map applied to the normalised output, fp32 throughout. Softmax and P·V in fp32
+/// (the NPU rounds P to the KV type before P·V; attnref keeps fp32), output rounded to T.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/attention.hpp"
+#include "attnref/attention/paged_kv.hpp"
+#include "attnref/cann/common.hpp"
+#include "attnref/cann/prompt_flash_attention.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+
+namespace attnref {
+
+struct IncreFlashAttentionParams {
+  std::int64_t num_heads = 1;            ///< numHeads
+  double scale_value = 1.0;              ///< scaleValue
+  std::string input_layout = "BSH";      ///< BSH, BSND, BNSD
+  std::int64_t num_key_value_heads = 0;  ///< 0: num_heads
+  std::int64_t block_size = 0;           ///< paged KV (with block_table)
+  std::int64_t inner_precise = 1;        ///< 0 or 1 (no row-invalid fix in IFA)
+  PseOrder pse_order = PseOrder::ScaleThenAdd;
+};
+
+/// T: half or bfloat16 (float: attnref extension); TKV: T, or int8 with antiquant; TM: bool,
+/// int8 or uint8.
+template <class T, class TKV = T, class TM = std::uint8_t>
+struct IncreFlashAttentionInputs {
+  TensorRef<const T> query;  ///< BSH [B, 1, H], BSND [B, 1, N, D], BNSD [B, N, 1, D]
+  /// One tensor with batch B, or B tensors with batch 1 (layout of the query, S = kv length);
+  /// paged: one cache tensor [blockNum, blockSize, KV_N·D] (or [blockNum, KV_N, blockSize, D]
+  /// with BNSD).
+  std::vector<TensorRef<const TKV>> key;
+  std::vector<TensorRef<const TKV>> value;
+  TensorRef<const T> pse_shift{};                  ///< [B or 1, N, 1, >= S]
+  TensorRef<const TM> atten_mask{};                ///< [B, S'], [B, 1, S'], [B, 1, 1, S']
+  std::vector<std::int64_t> actual_seq_lengths{};  ///< kv lengths per batch (required if paged)
+  TensorRef<const T>
+      antiquant_scale{};  ///< int8 K/V: (2, N, 1, D), (2, 1, N, D), (2, N, D), (2, N·D), (2)
+  TensorRef<const T> antiquant_offset{};        ///< optional, same shape
+  TensorRef<const std::int32_t> block_table{};  ///< [B, maxBlocksPerSeq]
+};
+
+template <class T>
+struct IncreFlashAttentionOutputs {
+  TensorRef<T> attention_out;  ///< the query's shape
+};
+
+template <class T, class TKV, class TM, class TO>
+void incre_flash_attention(const IncreFlashAttentionParams& params,
+                           const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                           const IncreFlashAttentionOutputs<TO>& out, int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "incre_flash_attention query: half, bfloat16 or float");
+  static_assert(std::is_same_v<TKV, T> || std::is_same_v<TKV, std::int8_t>,
+                "incre_flash_attention key / value: the query's type or int8 (antiquant)");
+  static_assert(std::is_same_v<TO, T>, "incre_flash_attention: the output type is the query's");
+  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
+                    std::is_same_v<TM, std::uint8_t>,
+                "incre_flash_attention mask: bool, int8 or uint8");
+  constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
+  using detail::cann_check;
+  using detail::shape_str;
+  using L = detail::PfaLayout;
+  constexpr const char* fn = "incre_flash_attention";
+  const auto [layout, n, kvn, qd] = detail::cann_front(
+      fn, params.input_layout, true, params.num_heads, params.num_key_value_heads, in.query);
+  cann_check(qd[1] == 1, fn, "query.shape", "query sequence length must be 1", "S = 1",
+             shape_str(in.query));
+  const Index B = qd[0], D = qd[3];
+  cann_check(params.inner_precise == 0 || params.inner_precise == 1, fn, "params.inner_precise",
+             "out of range for IncreFlashAttention", "0 or 1",
+             std::to_string(params.inner_precise));
+  cann_check(std::isfinite(params.scale_value), fn, "params.scale_value", "not finite",
+             "a finite value", std::to_string(params.scale_value));
+  cann_check(out.attention_out.data != nullptr && out.attention_out.shape == in.query.shape, fn,
+             "attention_out.shape", "mismatch (the query's shape)", shape_str(in.query),
+             shape_str(out.attention_out));
+  const bool paged = !in.block_table.absent();
+  cann_check(in.key.size() == in.value.size() && !in.key.empty(), fn, "key / value",
+             "tensor lists of different or zero length", "equal lengths >= 1",
+             std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
+
+  // Keys and values: the engine view (shape of sequence 0 / the pool), pages, lengths.
+  AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
+  detail::KvPages<TKV> pages;
+  std::vector<TKV> packed_k, packed_v;  // BNSD tensor lists of different S, gathered
+  std::vector<Index> kv_len;
+  Index mask_cols = 0;  // the keys a mask / pse row must cover
+  if (paged) {
+    cann_check(in.key.size() == 1, fn, "key / value", "paged: one cache tensor each", "1",
+               std::to_string(in.key.size()));
+    const auto& kc = in.key[0];
+    const auto& vc = in.value[0];
+    cann_check(kc.data != nullptr && vc.data != nullptr && kc.shape == vc.shape &&
+                   (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
+               fn, "key[0].shape", "paged cache shape",
+               "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
+               "value the same",
+               shape_str(kc) + " and " + shape_str(vc));
+    const Index nb = kc.dim(0), bs = kc.rank() == 3 ? kc.dim(1) : kc.dim(2);
+    const Index width = kc.rank() == 3 ? kc.dim(2) : kc.dim(1) * kc.dim(3);
+    cann_check(width == kvn * D && (kc.rank() == 3 || kc.dim(1) == kvn), fn, "key[0].shape",
+               "KV_N * D mismatch", std::to_string(kvn) + " heads of " + std::to_string(D),
+               shape_str(kc));
+    const Index align = kQuant ? 32 : 16;
+    cann_check(params.block_size == bs, fn, "params.block_size",
+               "differs from the cache's block size", std::to_string(bs),
+               std::to_string(params.block_size));
+    cann_check(bs > 0 && bs <= 512 && bs % align == 0, fn, "params.block_size", "not supported",
+               "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
+    const auto& bt = in.block_table;
+    cann_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) == B, fn, "block_table.shape",
+               "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", shape_str(bt));
+    cann_check(!in.actual_seq_lengths.empty(), fn, "actual_seq_lengths", "required when paged",
+               "kv lengths", "none");
+    kv_len =
+        detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, bt.dim(1) * bs);
+    mask_cols = bt.dim(1) * bs;
+    if (kc.rank() == 3) {
+      e.k = StridedView<const TKV, 4>(kc.data, {nb, bs, kvn, D}, {bs * width, width, D, 1});
+      e.v = StridedView<const TKV, 4>(vc.data, {nb, bs, kvn, D}, {bs * width, width, D, 1});
+    } else {
+      e.k = StridedView<const TKV, 4>(kc.data, {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+      e.v = StridedView<const TKV, 4>(vc.data, {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+    }
+    e.block_table = StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)});
+    e.seq.kv = kv_len;
+    // Every used block-table entry, named (std::out_of_range), before anything is written.
+    PagedKvCache<const TKV>{e.k, e.v, e.block_table, kv_len}.validate(fn);
+  } else {
+    cann_check(in.key.size() == 1 || static_cast<Index>(in.key.size()) == B, fn, "key / value",
+               "list length neither 1 nor the batch", "1 or " + std::to_string(B),
+               std::to_string(in.key.size()));
+    const bool list = in.key.size() > 1 || B == 1;
+    std::vector<std::array<Index, 4>> dims;
+    Index max_s = 0;
+    bool same_s = true;
+    for (size_t i = 0; i < in.key.size(); ++i) {
+      const std::string ki = "key[" + std::to_string(i) + "]",
+                        vi = "value[" + std::to_string(i) + "]";
+      const auto kd = detail::pfa_dims(fn, ki.c_str(), in.key[i], layout, kvn);
+      cann_check(in.value[i].shape == in.key[i].shape && in.value[i].data != nullptr, fn,
+                 vi + ".shape", "differs from the key's", shape_str(in.key[i]),
+                 shape_str(in.value[i]));
+      cann_check(kd[3] == D && kd[0] == (list ? 1 : B), fn, ki + ".shape", "mismatch",
+                 "batch " + std::to_string(list ? 1 : B) + ", head size " + std::to_string(D),
+                 shape_str(in.key[i]));
+      dims.push_back(kd);
+      if (i > 0 && kd[1] != dims[0][1]) same_s = false;
+      max_s = std::max(max_s, kd[1]);
+    }
+    kv_len.resize(static_cast<size_t>(B));
+    const auto& al = in.actual_seq_lengths;
+    cann_check(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B, fn,
+               "actual_seq_lengths", "length neither 1 nor >= batch",
+               "1 or >= " + std::to_string(B), std::to_string(al.size()));
+    for (Index b = 0; b < B; ++b) {
+      const Index s_b = dims[list ? static_cast<size_t>(b) : 0][1];
+      Index l = s_b;
+      if (!al.empty()) {
+        const std::int64_t v = al[al.size() == 1 ? 0 : static_cast<size_t>(b)];
+        cann_check(v >= 0 && v <= s_b, fn, "actual_seq_lengths[" + std::to_string(b) + "]",
+                   "out of range", "[0, " + std::to_string(s_b) + "]", std::to_string(v));
+        l = static_cast<Index>(v);
+      }
+      kv_len[static_cast<size_t>(b)] = l;
+    }
+    mask_cols = 0;
+    for (Index l : kv_len) mask_cols = std::max(mask_cols, l);
+    const bool gather = list && !same_s;
+    if (!list) {
+      e.k = detail::pfa_view(in.key[0].data, layout, dims[0]);
+      e.v = detail::pfa_view(in.value[0].data, layout, dims[0]);
+    } else if (!gather) {
+      // One page per sequence, every tensor of tensor 0's shape.
+      const std::array<Index, 4> d0{B, max_s, kvn, D};
+      const auto v0 = detail::pfa_view(in.key[0].data, layout, dims[0]);
+      e.k = StridedView<const TKV, 4>(in.key[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
+      e.v = StridedView<const TKV, 4>(in.value[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
+      pages.page_size = std::max<Index>(1, max_s);
+      for (Index b = 0; b < B; ++b) {
+        pages.k.push_back(in.key[static_cast<size_t>(b)].data);
+        pages.v.push_back(in.value[static_cast<size_t>(b)].data);
+        pages.first.push_back(b);
+      }
+    }
+    e.seq.kv = kv_len;
+    if (gather) {  // tensors of different lengths: packed into one [B, max_s, KV_N, D]
+      packed_k.assign(static_cast<size_t>(B * max_s * kvn * D), TKV{});
+      packed_v.assign(packed_k.size(), TKV{});
+      for (Index b = 0; b < B; ++b) {
+        const auto kb = detail::pfa_view(in.key[static_cast<size_t>(b)].data, layout,
+                                         dims[static_cast<size_t>(b)]);
+        const auto vb = detail::pfa_view(in.value[static_cast<size_t>(b)].data, layout,
+                                         dims[static_cast<size_t>(b)]);
+        for (Index t = 0; t < kv_len[static_cast<size_t>(b)]; ++t)
+          for (Index h = 0; h < kvn; ++h)
+            for (Index x = 0; x < D; ++x) {
+              const size_t dst = static_cast<size_t>(((b * max_s + t) * kvn + h) * D + x);
+              packed_k[dst] = kb(0, t, h, x);
+              packed_v[dst] = vb(0, t, h, x);
+            }
+      }
+      e.k = bsnd_view<const TKV>(packed_k.data(), B, max_s, kvn, D);
+      e.v = bsnd_view<const TKV>(packed_v.data(), B, max_s, kvn, D);
+    }
+  }
+
+  // Mask, pse, antiquant.
+  detail::CannVariant<TM, T> var{};
+  var.fill = -1e12f;
+  var.num_heads = n;
+  var.scale = static_cast<float>(params.scale_value);
+  const auto& m = in.atten_mask;
+  if (!m.absent()) {
+    const Index r = m.rank();
+    const bool ok = m.data != nullptr && r >= 2 && r <= 4 && m.dim(0) == B &&
+                    (r < 3 || m.dim(1) == 1) && (r < 4 || m.dim(2) == 1) &&
+                    m.dim(r - 1) >= mask_cols;
+    cann_check(ok, fn, "atten_mask.shape", "mismatch",
+               "[" + std::to_string(B) + ", S'], [" + std::to_string(B) + ", 1, S'] or [" +
+                   std::to_string(B) + ", 1, 1, S'] with S' >= " + std::to_string(mask_cols),
+               shape_str(m));
+    var.mask = StridedView<const TM, 3>(m.data, {B, 1, m.dim(r - 1)}, {m.dim(r - 1), 0, 1});
+  }
+  const auto& ps = in.pse_shift;
+  if (!ps.absent()) {
+    cann_check(ps.data != nullptr && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
+                   ps.dim(1) == n && ps.dim(2) == 1 && ps.dim(3) >= mask_cols,
+               fn, "pse_shift.shape", "mismatch",
+               "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
+                   ", 1, >= " + std::to_string(mask_cols) + "]",
+               shape_str(ps));
+    var.pse = StridedView<const T, 4>(ps.data, {ps.dim(0), ps.dim(1), 1, ps.dim(3)});
+    var.add_then_scale = params.pse_order == PseOrder::AddThenScale;
+  }
+  // Antiquant scales: per channel (KV_N·D) or per tensor, [0] key and [1] value.
+  const auto& as = in.antiquant_scale;
+  const auto& ao = in.antiquant_offset;
+  Index per = 0;  // values per K or V: KV_N·D, or 1
+  if constexpr (kQuant) {
+    const std::vector<std::vector<Index>> shapes{
+        {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kvn * D}, {2}};
+    const bool ok = !as.absent() && as.data != nullptr &&
+                    std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
+    cann_check(ok, fn, "antiquant_scale.shape", "not an accepted shape (int8 key / value)",
+               "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)", shape_str(as));
+    cann_check(ao.absent() || (ao.data != nullptr && ao.shape == as.shape), fn,
+               "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
+               shape_str(ao));
+    per = as.numel() / 2;
+  } else {
+    cann_check(as.absent() && ao.absent(), fn, "antiquant_scale / antiquant_offset",
+               "given with floating-point key / value", "none", shape_str(as));
+  }
+
+  // The engine problem: B sequences of one query token.
+  AttentionParams ep;
+  ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
+  ep.num_threads = num_threads;
+  std::vector<float> q_buf, o_buf, bias;
+  const auto qv = detail::pfa_view(in.query.data, layout, qd);
+  StridedView<T, 4> ov = detail::pfa_view(out.attention_out.data, layout, qd);
+  AttentionOutputs<T> probe_o{ov};
+  if constexpr (!kQuant) {
+    e.q = qv;
+    if (pages.first.empty()) validate(e, ep, probe_o);
+  } else {
+    AttentionInputs<T, TKV> probe;
+    probe.q = qv;
+    probe.k = e.k;
+    probe.v = e.v;
+    probe.seq = e.seq;
+    probe.block_table = e.block_table;
+    if (pages.first.empty()) validate(probe, ep, probe_o);
+  }
+  // Nothing has been written yet.
+  if constexpr (kQuant) {
+    const Index G = n / kvn;
+    auto sc = [&](Index which, Index c) {
+      return static_cast<float>(as.data[which * per + (per == 1 ? 0 : c)]);
+    };
+    auto of = [&](Index which, Index c) {
+      return ao.absent() ? 0.0f : static_cast<float>(ao.data[which * per + (per == 1 ? 0 : c)]);
+    };
+    q_buf.resize(static_cast<size_t>(B * n * D));
+    bias.assign(static_cast<size_t>(B * n), 0.0f);
+    for (Index b = 0; b < B; ++b)
+      for (Index h = 0; h < n; ++h) {
+        double acc = 0.0;
+        for (Index x = 0; x < D; ++x) {
+          const Index c = (h / G) * D + x;
+          const float qs = static_cast<float>(qv(b, 0, h, x)) * sc(0, c);
+          q_buf[static_cast<size_t>((b * n + h) * D + x)] = qs;
+          acc += static_cast<double>(qs) * of(0, c);
+        }
+        bias[static_cast<size_t>(b * n + h)] =
+            static_cast<float>(ep.scale) * static_cast<float>(acc);
+      }
+    if (!ao.absent()) var.row_bias = bias.data();
+    e.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
+    o_buf.assign(static_cast<size_t>(B * n * D), 0.0f);
+    AttentionOutputs<float> eo{bsnd_view<float>(o_buf.data(), B, 1, n, D)};
+    if (pages.first.empty())
+      attention_with(var, e, ep, eo);
+    else
+      detail::attention_with_pages(var, e, ep, eo, pages);
+    for (Index b = 0; b < B; ++b)
+      for (Index h = 0; h < n; ++h)
+        for (Index x = 0; x < D; ++x) {
+          const Index c = (h / G) * D + x;
+          float v = 0.0f;
+          if (kv_len[static_cast<size_t>(b)] > 0)
+            v = (o_buf[static_cast<size_t>((b * n + h) * D + x)] + of(1, c)) * sc(1, c);
+          ov(b, 0, h, x) = T(v);
+        }
+  } else {
+    if (pages.first.empty())
+      attention_with(var, e, ep, probe_o);
+    else
+      detail::attention_with_pages(var, e, ep, probe_o, pages);
+  }
+}
+
+}  // namespace attnref

@@ -1,0 +1,366 @@
+#pragma once
+/// attnref::prompt_flash_attention — CANN PromptFlashAttention (aclnnPromptFlashAttentionV3,
+/// MindSpore ops.prompt_flash_attention) on the attention engine (semantics.md §7).
+///
+/// Per batch b: S1_b = actual_seq_lengths[b] query rows, S2_b = actual_seq_lengths_kv[b] keys
+/// (empty lists: the full extents; one value broadcasts; TND: cumulative). Key j is excluded
+/// from row i's softmax by sparse_mode:
+///   0  no mask: nothing; with a mask: outside the band -pre_tokens <= j - i <= next_tokens
+///   1  nothing (the full mask alone; pre / next ignored)
+///   2  j > i (top-left causal)
+///   3  j > i + S2_b - S1_b (bottom-right causal)
+///   4  outside the band -pre_tokens <= j - i - (S2_b - S1_b) <= next_tokens
+/// Modes 0 and 1 read atten_mask[b or 0][i][j] (nonzero = masked); modes 2–4 take the fixed
+/// 2048 x 2048 compressed mask, whose content attnref does not read (the mode is the pattern).
+/// Score: s = q·k·scale_value + pse[b or 0][h][i][j] (pse_order AddThenScale: (q·k + pse)·scale).
+/// inner_precise bit 1 set: masked keys are excluded too, and a row with no key left gives 0;
+/// bit 1 clear: a masked key's score becomes -FLT_MAX (the NPU's select), so a row whose every
+/// key is masked is the plain mean of V over them. Rows excluded entirely (band, causal), padded
+/// rows i >= S1_b and batches with S2_b = 0 give 0. Softmax and P·V in fp32, the output rounded
+/// to T. GQA: query head h reads kv head h / (N / KV_N).
+/// Every check runs before the output is written; results never depend on num_threads.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/attention.hpp"
+#include "attnref/cann/common.hpp"
+#include "attnref/core/layout.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+
+namespace attnref {
+
+/// Where pseShift enters the score. The kernels compute QKᵀ·scale + pse; the design documents
+/// write (QKᵀ + pse)·scale.
+enum class PseOrder { ScaleThenAdd, AddThenScale };
+
+struct PromptFlashAttentionParams {
+  std::int64_t num_heads = 1;                   ///< numHeads (query heads)
+  double scale_value = 1.0;                     ///< scaleValue (the caller passes 1/sqrt(D))
+  std::int64_t pre_tokens = 2147483647;         ///< preTokens
+  std::int64_t next_tokens = 0;                 ///< nextTokens
+  std::string input_layout = "BSH";             ///< BSH, BSND, BNSD, BNSD_BSND, TND
+  std::int64_t num_key_value_heads = 0;         ///< numKeyValueHeads (0: num_heads)
+  std::int64_t sparse_mode = 0;                 ///< 0–4
+  std::int64_t inner_precise = 1;               ///< 0–3; bit 1: fully masked rows give 0
+  PseOrder pse_order = PseOrder::ScaleThenAdd;  ///< attnref extension (see PseOrder)
+};
+
+/// T: half or bfloat16 (float: attnref extension). TM: bool, int8 or uint8 (nonzero = masked).
+template <class T, class TM = std::uint8_t>
+struct PromptFlashAttentionInputs {
+  TensorRef<const T>
+      query;  ///< BSH [B, S1, N·D], BSND [B, S1, N, D], BNSD(_BSND) [B, N, S1, D], TND [T1, N, D]
+  TensorRef<const T> key;            ///< the same layout with S2 and numKeyValueHeads
+  TensorRef<const T> value;          ///< as key, head size Dv (may differ from D)
+  TensorRef<const T> pse_shift{};    ///< [B or 1, N, >= S1, >= S2]
+  TensorRef<const TM> atten_mask{};  ///< [S1', S2'], [B|1, S1', S2'], [B|1, 1, S1', S2']
+  std::vector<std::int64_t> actual_seq_lengths{};     ///< per batch (TND: cumulative); empty: S1
+  std::vector<std::int64_t> actual_seq_lengths_kv{};  ///< per batch (TND: cumulative); empty: S2
+};
+
+template <class T>
+struct PromptFlashAttentionOutputs {
+  TensorRef<T> attention_out;  ///< query's layout (BNSD_BSND: BSND) with head size Dv
+};
+
+namespace detail {
+
+enum class PfaLayout { BSH, BSND, BNSD, BNSD_BSND, TND };
+
+inline PfaLayout pfa_layout(const char* fn, const std::string& s, bool ifa) {
+  if (s == "BSH") return PfaLayout::BSH;
+  if (s == "BSND") return PfaLayout::BSND;
+  if (s == "BNSD") return PfaLayout::BNSD;
+  if (!ifa && s == "BNSD_BSND") return PfaLayout::BNSD_BSND;
+  if (!ifa && s == "TND") return PfaLayout::TND;
+  cann_check(false, fn, "params.input_layout", "not supported",
+             ifa ? "BSH, BSND or BNSD" : "BSH, BSND, BNSD, BNSD_BSND or TND", "\"" + s + "\"");
+  return PfaLayout::BSH;
+}
+
+/// (B, S, N, D) of a q / k / v tensor in `layout` (TND: B = 1, S = T), checked against the head
+/// count `n` (BSH: D = H / n).
+template <class T>
+std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const TensorRef<T>& t,
+                              PfaLayout layout, Index n) {
+  const bool r3 = layout == PfaLayout::BSH || layout == PfaLayout::TND;
+  cann_check(!t.absent() && t.data != nullptr, fn, arg, "missing", "a tensor", "none");
+  cann_check(t.rank() == (r3 ? 3 : 4), fn, std::string(arg) + ".shape",
+             "rank mismatch for the layout", r3 ? "rank 3" : "rank 4", shape_str(t));
+  std::array<Index, 4> d{};
+  switch (layout) {
+    case PfaLayout::BSH:
+      cann_check(t.dim(2) % n == 0 && t.dim(2) > 0, fn, std::string(arg) + ".shape[2]",
+                 "hidden size not a multiple of the head count",
+                 "a multiple of " + std::to_string(n), std::to_string(t.dim(2)));
+      d = {t.dim(0), t.dim(1), n, t.dim(2) / n};
+      break;
+    case PfaLayout::BSND:
+      d = {t.dim(0), t.dim(1), t.dim(2), t.dim(3)};
+      break;
+    case PfaLayout::BNSD:
+    case PfaLayout::BNSD_BSND:
+      d = {t.dim(0), t.dim(2), t.dim(1), t.dim(3)};
+      break;
+    case PfaLayout::TND:
+      d = {1, t.dim(0), t.dim(1), t.dim(2)};
+      break;
+  }
+  cann_check(d[2] == n, fn, std::string(arg) + ".shape", "head count mismatch",
+             std::to_string(n) + " heads", shape_str(t));
+  cann_check(d[3] >= 1 && d[3] <= 512, fn, std::string(arg) + ".shape", "head size out of range",
+             "[1, 512]", shape_str(t));
+  return d;
+}
+
+/// The engine view of a q / k / v / out tensor with dims (B, S, N, D) in `layout`.
+template <class T>
+StridedView<T, 4> pfa_view(T* data, PfaLayout layout, const std::array<Index, 4>& d) {
+  switch (layout) {
+    case PfaLayout::BNSD:
+    case PfaLayout::BNSD_BSND:
+      return bnsd_view(data, d[0], d[2], d[1], d[3]);
+    case PfaLayout::TND:
+      return tnd_view(data, d[1], d[2], d[3]);
+    default:
+      return bsnd_view(data, d[0], d[1], d[2], d[3]);
+  }
+}
+
+/// The vendor shape of an output with dims (B, S, N, D) in `layout` (BNSD_BSND: BSND).
+inline std::vector<Index> pfa_shape(PfaLayout layout, const std::array<Index, 4>& d) {
+  switch (layout) {
+    case PfaLayout::BSH:
+      return {d[0], d[1], d[2] * d[3]};
+    case PfaLayout::BNSD:
+      return {d[0], d[2], d[1], d[3]};
+    case PfaLayout::TND:
+      return {d[1], d[2], d[3]};
+    default:
+      return {d[0], d[1], d[2], d[3]};
+  }
+}
+
+inline Index pfa_clamp_tokens(std::int64_t v) {
+  return static_cast<Index>(std::clamp<std::int64_t>(v, -2147483648LL, 2147483647LL));
+}
+
+/// The front matter both operators share: the layout, the head counts (N, KV_N) and the
+/// query's (B, S, N, D).
+struct CannFront {
+  PfaLayout layout;
+  Index n, kvn;
+  std::array<Index, 4> qd;
+};
+
+template <class T>
+CannFront cann_front(const char* fn, const std::string& layout, bool ifa, std::int64_t num_heads,
+                     std::int64_t num_kv_heads, const TensorRef<T>& query) {
+  CannFront f{};
+  f.layout = pfa_layout(fn, layout, ifa);
+  f.kvn = cann_kv_heads(fn, num_heads, num_kv_heads);
+  f.n = static_cast<Index>(num_heads);
+  f.qd = pfa_dims(fn, "query", query, f.layout, f.n);
+  return f;
+}
+
+}  // namespace detail
+
+template <class T, class TM, class TO>
+void prompt_flash_attention(const PromptFlashAttentionParams& params,
+                            const PromptFlashAttentionInputs<T, TM>& in,
+                            const PromptFlashAttentionOutputs<TO>& out, int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "prompt_flash_attention data: half, bfloat16 or float");
+  static_assert(std::is_same_v<TO, T>, "prompt_flash_attention: the output type is the input's");
+  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
+                    std::is_same_v<TM, std::uint8_t>,
+                "prompt_flash_attention mask: bool, int8 or uint8");
+  using detail::cann_check;
+  using detail::shape_str;
+  using L = detail::PfaLayout;
+  constexpr const char* fn = "prompt_flash_attention";
+  const auto [layout, n, kvn, qd] = detail::cann_front(
+      fn, params.input_layout, false, params.num_heads, params.num_key_value_heads, in.query);
+  const auto kd = detail::pfa_dims(fn, "key", in.key, layout, kvn);
+  // value: its own head size (BSH: H_v / KV_N).
+  const auto vd = detail::pfa_dims(fn, "value", in.value, layout, kvn);
+  const Index D = qd[3], Dv = vd[3];
+  cann_check(kd[3] == D, fn, "key.shape", "head size differs from the query's", std::to_string(D),
+             shape_str(in.key));
+  cann_check(kd[0] == qd[0] && vd[0] == qd[0] && vd[1] == kd[1], fn, "key / value .shape",
+             "batch or sequence mismatch", "batch " + std::to_string(qd[0]) + ", equal S2",
+             shape_str(in.key) + " and " + shape_str(in.value));
+  const std::int64_t sm = params.sparse_mode;
+  cann_check(!(sm >= 5 && sm <= 8), fn, "params.sparse_mode",
+             "not supported by PromptFlashAttention (5–8 are prefix / varlen modes of other "
+             "operators)",
+             "0–4", std::to_string(sm));
+  cann_check(sm >= 0 && sm <= 4, fn, "params.sparse_mode", "out of range", "0–4",
+             std::to_string(sm));
+  cann_check(params.inner_precise >= 0 && params.inner_precise <= 3, fn, "params.inner_precise",
+             "out of range", "0–3", std::to_string(params.inner_precise));
+  cann_check(std::isfinite(params.scale_value), fn, "params.scale_value", "not finite",
+             "a finite value", std::to_string(params.scale_value));
+  const bool tnd = layout == L::TND;
+
+  // Lengths.
+  Index B = qd[0];
+  std::vector<Index> q_len, kv_len, q_cu, kv_cu;
+  const Index S1 = qd[1], S2 = kd[1];
+  if (tnd) {
+    const auto& ql = in.actual_seq_lengths;
+    const auto& kl = in.actual_seq_lengths_kv;
+    cann_check(!ql.empty() && ql.size() == kl.size(), fn, "actual_seq_lengths(_kv)",
+               "required and of equal length with TND", "two cumulative lists of B values",
+               std::to_string(ql.size()) + " and " + std::to_string(kl.size()));
+    B = static_cast<Index>(ql.size());
+    q_cu.push_back(0);
+    kv_cu.push_back(0);
+    for (size_t b = 0; b < ql.size(); ++b) {
+      const std::string i = "[" + std::to_string(b) + "]";
+      cann_check(ql[b] >= q_cu.back(), fn, "actual_seq_lengths" + i,
+                 "decreasing (TND lengths are cumulative)", ">= " + std::to_string(q_cu.back()),
+                 std::to_string(ql[b]));
+      cann_check(kl[b] >= kv_cu.back(), fn, "actual_seq_lengths_kv" + i,
+                 "decreasing (TND lengths are cumulative)", ">= " + std::to_string(kv_cu.back()),
+                 std::to_string(kl[b]));
+      q_cu.push_back(static_cast<Index>(ql[b]));
+      kv_cu.push_back(static_cast<Index>(kl[b]));
+      q_len.push_back(q_cu.back() - q_cu[b]);
+      kv_len.push_back(kv_cu.back() - kv_cu[b]);
+    }
+    cann_check(q_cu.back() == S1, fn, "actual_seq_lengths", "last value differs from T1",
+               std::to_string(S1), std::to_string(q_cu.back()));
+    cann_check(kv_cu.back() == S2, fn, "actual_seq_lengths_kv", "last value differs from T2",
+               std::to_string(S2), std::to_string(kv_cu.back()));
+    cann_check(sm == 3 || (sm == 0 && in.atten_mask.absent()), fn, "params.sparse_mode",
+               "TND takes sparse_mode 0 without a mask or 3", "0 (no mask) or 3",
+               std::to_string(sm));
+    cann_check(in.pse_shift.absent(), fn, "pse_shift", "not supported with TND", "none",
+               shape_str(in.pse_shift));
+  } else {
+    q_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, S1);
+    kv_len = detail::cann_lengths(fn, "actual_seq_lengths_kv", in.actual_seq_lengths_kv, B, S2);
+  }
+  const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
+  const std::vector<Index> oshape = detail::pfa_shape(layout, od);
+  cann_check(out.attention_out.data != nullptr && out.attention_out.shape == oshape, fn,
+             "attention_out.shape", "mismatch", detail::dims_str(oshape),
+             shape_str(out.attention_out));
+
+  // Mask and band.
+  detail::CannVariant<TM, T> var{};
+  const auto& m = in.atten_mask;
+  cann_check(sm == 0 || !m.absent(), fn, "atten_mask",
+             "required by sparse_mode " + std::to_string(sm), "a mask", "none");
+  if (!m.absent()) {
+    cann_check(m.data != nullptr && m.rank() >= 2 && m.rank() <= 4, fn, "atten_mask.shape",
+               "rank out of range", "rank 2–4", shape_str(m));
+    const Index r = m.rank();
+    const Index ms1 = m.dim(r - 2), ms2 = m.dim(r - 1);
+    const Index mb = r >= 3 ? m.dim(0) : 1;
+    const Index mh = r == 4 ? m.dim(1) : 1;
+    if (sm >= 2) {
+      cann_check(ms1 == 2048 && ms2 == 2048 && mb == 1 && mh == 1, fn, "atten_mask.shape",
+                 "sparse_mode " + std::to_string(sm) + " takes the 2048 x 2048 compressed mask",
+                 "[2048, 2048], [1, 2048, 2048] or [1, 1, 2048, 2048]", shape_str(m));
+    } else {
+      cann_check((mb == 1 || mb == B) && mh == 1 && ms1 >= S1 && ms2 >= S2, fn, "atten_mask.shape",
+                 "mismatch",
+                 "[S1' >= " + std::to_string(S1) + ", S2' >= " + std::to_string(S2) +
+                     "] with an optional batch (1 or " + std::to_string(B) +
+                     ") and head (1) dimension",
+                 shape_str(m));
+      var.mask = StridedView<const TM, 3>(m.data, {mb, ms1, ms2}, {ms1 * ms2, ms2, 1});
+      var.mask_excludes = (params.inner_precise & 2) != 0;
+    }
+  }
+  const Index kInf = Index(1) << 40;
+  const Index pre = detail::pfa_clamp_tokens(params.pre_tokens);
+  const Index next = detail::pfa_clamp_tokens(params.next_tokens);
+  const bool uses_band = (sm == 0 && !m.absent()) || sm == 4;
+  if (uses_band) {
+    cann_check(!(pre < 0 && next < 0), fn, "params.pre_tokens / next_tokens", "both negative",
+               "at least one >= 0", std::to_string(pre) + " / " + std::to_string(next));
+    cann_check(pre + next >= 0, fn, "params.pre_tokens / next_tokens",
+               "an empty band (pre_tokens + next_tokens < 0)", ">= 0", std::to_string(pre + next));
+  }
+  switch (sm) {
+    case 0:
+      var.band = !m.absent();
+      var.pre = pre;
+      var.next = next;
+      break;
+    case 2:
+      var.band = true;
+      var.pre = kInf;
+      var.next = 0;
+      break;
+    case 3:
+      var.band = true;
+      var.bottom_right = true;
+      var.pre = kInf;
+      var.next = 0;
+      break;
+    case 4:
+      var.band = true;
+      var.bottom_right = true;
+      var.pre = pre;
+      var.next = next;
+      break;
+    default:
+      break;
+  }
+  // pseShift.
+  const auto& ps = in.pse_shift;
+  if (!ps.absent()) {
+    cann_check(ps.data != nullptr && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
+                   ps.dim(1) == n && ps.dim(2) >= S1 && ps.dim(3) >= S2,
+               fn, "pse_shift.shape", "mismatch",
+               "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
+                   ", >= " + std::to_string(S1) + ", >= " + std::to_string(S2) + "]",
+               shape_str(ps));
+    var.pse = StridedView<const T, 4>(ps.data, {ps.dim(0), ps.dim(1), ps.dim(2), ps.dim(3)});
+  }
+  const bool ats = params.pse_order == PseOrder::AddThenScale;
+  var.add_then_scale = ats && !ps.absent();
+  var.scale = static_cast<float>(params.scale_value);
+  var.num_heads = n;
+
+  // The engine problem.
+  AttentionInputs<T> e;
+  e.q = detail::pfa_view(in.query.data, layout, qd);
+  e.k = detail::pfa_view(in.key.data, layout, kd);
+  e.v = detail::pfa_view(in.value.data, layout, vd);
+  if (tnd) {
+    e.seq.q_cu = q_cu;
+    e.seq.kv_cu = kv_cu;
+  } else {
+    e.seq.q = q_len;
+    e.seq.kv = kv_len;
+  }
+  AttentionParams ep;
+  ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
+  ep.num_threads = num_threads;
+  const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
+  AttentionOutputs<T> eo{detail::pfa_view(out.attention_out.data, out_layout, od)};
+  validate(e, ep, eo);  // overlaps and data checks; nothing written yet
+  // Padded query rows are 0.
+  if (!tnd)
+    for (Index b = 0; b < B; ++b)
+      for (Index i = q_len[static_cast<size_t>(b)]; i < S1; ++i)
+        for (Index h = 0; h < n; ++h)
+          for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = T(0.0f);
+  attention_with(var, e, ep, eo);
+}
+
+}  // namespace attnref
