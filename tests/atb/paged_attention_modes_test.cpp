@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "reference/atb_paged_modes.hpp"
+#include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
@@ -34,14 +35,8 @@ using attnref::StridedView;
 using P = attnref::PagedAttentionParams;
 using i8 = std::int8_t;
 
-template <class I>
-size_t z(I i) {
-  return static_cast<size_t>(i);
-}
-template <class T>
-double dbl(T x) {
-  return static_cast<double>(static_cast<float>(x));
-}
+using support::dbl;
+using support::z;
 
 enum class Mask { None, Rows, Square, Spec, Alibi };  // Rows: NORM [batch, 1, maxSeq]
 enum class Mode { Float, Dequant, Offline, Online };

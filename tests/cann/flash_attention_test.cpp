@@ -1,0 +1,1118 @@
+// CANN PromptFlashAttention (PFA) and IncreFlashAttention (IFA) against the independent reference
+// tests/reference/cann_flash_attention.hpp: grids over layouts, dtypes, sparse modes, masks
+// (random holes, fully masked rows), pse, GQA, odd and actual lengths, kv tensor lists, paged
+// caches (shuffled tables, NaN-poisoned spare blocks, both cache layouts) and antiquant, with
+// NaN in every element the operator must not read. Metamorphic: mode 3 == engine bottom-right
+// causal == mode 0 with the explicit triangle; a huge band with an all-zero mask == no mask; the
+// compressed mask's content is not read; PFA == ATB SelfAttention PA_ENCODER; BNSD_BSND ==
+// transposed BNSD; TND == padded BSND; IFA == ATB PagedAttention; per-tensor == per-channel
+// antiquant; contiguous == list == paged. Every rejection leaves the output untouched.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <attnref/atb/paged_attention.hpp>
+#include <attnref/atb/self_attention.hpp>
+#include <attnref/attention/attention.hpp>
+#include <attnref/cann/incre_flash_attention.hpp>
+#include <attnref/cann/prompt_flash_attention.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "reference/cann_flash_attention.hpp"
+#include "support/cast.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
+
+namespace {
+
+using attnref::bfloat16;
+using attnref::half;
+using attnref::Index;
+using attnref::StridedView;
+using attnref::TensorRef;
+using i8 = std::int8_t;
+using u8 = std::uint8_t;
+using ref::cann::Seqs;
+using Shape = std::vector<Index>;
+
+using support::dbl;
+using support::z;
+template <class T>
+double rnd(double x) {  // x rounded to T
+  return dbl(T(static_cast<float>(x)));
+}
+template <class T>
+T poison() {
+  if constexpr (std::is_same_v<T, i8>)
+    return -128;  // int8 has no NaN
+  else
+    return T(NAN);
+}
+
+// A deterministic value in [0, 1) of (seed, a, b, c): masks and pse do not depend on the width
+// of their tensors, so one problem stored two ways gets the same values.
+double hv(unsigned seed, int a, int b, int c) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull +
+                    static_cast<std::uint64_t>(a) * 0xBF58476D1CE4E5B9ull +
+                    static_cast<std::uint64_t>(b) * 0x94D049BB133111EBull +
+                    static_cast<std::uint64_t>(c) * 0x2545F4914F6CDD1Dull;
+  for (int r = 0; r < 2; ++r) x = (x ^ (x >> 31)) * 0xBF58476D1CE4E5B9ull ^ (x >> 27);
+  return static_cast<double>(x >> 11) * 0x1p-53;
+}
+
+// Element (b, s, n, d) of a q / k / v / out tensor in a CANN layout (TND: row cu[b] + s).
+struct Dims {
+  std::string lay;
+  int B = 1, S = 1, N = 1, D = 1;
+  std::vector<int> cu;
+  Shape shape() const {
+    if (lay == "BSH") return {B, S, N * D};
+    if (lay == "BSND") return {B, S, N, D};
+    if (lay == "TND") return {cu.back(), N, D};
+    return {B, N, S, D};  // BNSD, BNSD_BSND
+  }
+  size_t size() const {
+    size_t n = 1;
+    for (Index e : shape()) n *= z(e);
+    return n;
+  }
+  size_t at(int b, int s, int n, int d) const {
+    if (lay == "TND") return z(((cu[z(b)] + s) * N + n) * D + d);
+    if (lay == "BNSD" || lay == "BNSD_BSND") return z(((b * N + n) * S + s) * D + d);
+    return z(((b * S + s) * N + n) * D + d);
+  }
+};
+
+// Random rows rounded to T: x[b] = [len[b]][heads][dim].
+template <class T>
+Seqs draw(std::mt19937& rng, const std::vector<int>& len, int heads, int dim) {
+  std::normal_distribution<double> nd;
+  Seqs x(len.size());
+  for (size_t b = 0; b < len.size(); ++b)
+    for (int e = 0; e < len[b] * heads * dim; ++e) x[b].push_back(rnd<T>(nd(rng)));
+  return x;
+}
+
+// Brace-free shapes and length lists (they keep the edit lambdas below on one line each).
+template <class... I>
+Shape shp(I... i) {
+  return {static_cast<Index>(i)...};
+}
+template <class... I>
+std::vector<std::int64_t> lens(I... i) {
+  return {static_cast<std::int64_t>(i)...};
+}
+
+// The rows of x in a tensor of `d`; everything else NaN.
+template <class T>
+std::vector<T> pack(const Dims& d, const Seqs& x, const std::vector<int>& len) {
+  std::vector<T> buf(d.size(), poison<T>());
+  for (int b = 0; b < static_cast<int>(len.size()); ++b)
+    for (int s = 0; s < len[z(b)]; ++s)
+      for (int n = 0; n < d.N; ++n)
+        for (int e = 0; e < d.D; ++e)
+          buf[d.at(b, s, n, e)] = T(static_cast<float>(x[z(b)][z((s * d.N + n) * d.D + e)]));
+  return buf;
+}
+
+template <class T>
+std::vector<T> concat(const Seqs& x) {
+  std::vector<T> out;
+  for (const auto& s : x)
+    for (double e : s) out.push_back(T(static_cast<float>(e)));
+  return out;
+}
+
+// The reference rounded to T against the result, with the suite's tolerance policy.
+template <class T>
+::testing::AssertionResult matches(const std::vector<double>& want, const std::vector<T>& got) {
+  std::vector<double> w, g;
+  for (double x : want) w.push_back(rnd<T>(x));
+  for (const T& x : got) g.push_back(dbl(x));
+  using K = support::Kind;
+  return support::all_close(w, g,
+                            support::tolerance(std::is_same_v<T, half>    ? K::F16
+                                               : std::is_same_v<T, float> ? K::F32
+                                                                          : K::BF16));
+}
+
+// Two results within about one ulp of T (two code paths of the same math).
+template <class T>
+::testing::AssertionResult ulp_close(const std::vector<T>& a, const std::vector<T>& b) {
+  std::vector<double> da, db;
+  for (const T& x : a) da.push_back(dbl(x));
+  for (const T& x : b) db.push_back(dbl(x));
+  return support::all_close(da, db,
+                            {1e-6, std::is_same_v<T, half>    ? 0x1p-10
+                                   : std::is_same_v<T, float> ? 0x1p-20
+                                                              : 0x1p-7});
+}
+
+template <class T>
+::testing::AssertionResult same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
+  size_t n = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0 && n++ == 0) first = i;
+  if (n == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << n << " of " << a.size() << " differ; first [" << first
+                                       << "] " << dbl(a[first]) << " vs " << dbl(b[first]);
+}
+
+template <class T>
+bool untouched(const std::vector<T>& out) {
+  return std::all_of(out.begin(), out.end(), [](const T& x) { return dbl(x) == 7.0; });
+}
+
+// std::vector<bool> has no data(): masks live here (copies share the storage, never written).
+template <class T>
+struct Array {
+  std::shared_ptr<T[]> p;
+  size_t n = 0;
+  explicit Array(size_t size = 0) : p(new T[size]()), n(size) {}
+  T* data() const { return p.get(); }
+  T& operator[](size_t i) const { return p[i]; }
+};
+
+// Case flags.
+constexpr int kAts = 1;           // PseOrder::AddThenScale
+constexpr int kMaskB1 = 2;        // PFA mask batch 1
+constexpr int kOneLen = 4;        // PFA: one-value length lists (broadcast)
+constexpr int kNoLens = 8;        // PFA: no length lists, extents = lengths (else lengths + 2)
+constexpr int kDv8 = 16;          // PFA: value head size 8
+constexpr int kOffset = 32;       // IFA antiquant offset
+constexpr int kCache4d = 64;      // IFA paged [blockNum, KV_N, blockSize, D] (BNSD only)
+constexpr int kInner0 = 128;      // IFA inner_precise 0
+constexpr int kNoFullMask = 256;  // IFA: key 0 never masked (else batch 1 is entirely masked)
+constexpr std::int64_t kInf = 2147483647;
+
+attnref::PseOrder order(int flags) {
+  return flags & kAts ? attnref::PseOrder::AddThenScale : attnref::PseOrder::ScaleThenAdd;
+}
+
+// ============================================================================ PromptFlashAttention
+
+enum class Mask { None, Holes, Zero, Tri, Compressed, CompressedOnes };
+
+struct PfaCase {
+  int mode;
+  Mask mask;
+  int inner, pse, kvn, mrank;  // pse: 0 none, 1 [B, N, S1', S2'], 2 [1, N, ...]; mask rank
+  std::int64_t pre, next;
+  std::vector<int> ql, kvl;  // actual lengths (B = size)
+  int flags = 0;
+  std::string layout = "BSND";
+  unsigned seed = 1;
+  int N = 4, D = 16, Dv = 16;
+  double scale = 0.3;
+  int B() const { return static_cast<int>(ql.size()); }
+  int pad() const { return flags & kNoLens ? 0 : 2; }
+  int S1() const { return *std::max_element(ql.begin(), ql.end()) + pad(); }
+  int S2() const { return *std::max_element(kvl.begin(), kvl.end()) + pad(); }
+  int dv() const { return flags & kDv8 ? 8 : Dv; }
+  std::string name() const {
+    return layout + " mode " + std::to_string(mode) + " seed " + std::to_string(seed);
+  }
+};
+
+// The mask value of (mask batch b, i, j): random holes and every row i = 3 mod 5 fully masked.
+bool hole(const PfaCase& c, int b, int i, int j) {
+  if (c.mask == Mask::Tri) return j > i + c.kvl[z(b)] - c.ql[z(b)];
+  return c.mask == Mask::Holes && (i % 5 == 3 || hv(c.seed, b, i, j) < 0.3);
+}
+
+template <class TM>
+const Array<TM>& compressed_mask(bool ones) {
+  auto make = [](bool all) {
+    Array<TM> m(z(2048 * 2048));
+    for (size_t i = 0; i < m.n; ++i) m[i] = TM(all || i % 2048 > i / 2048 ? 1 : 0);
+    return m;
+  };
+  static const Array<TM> tri = make(false), all = make(true);
+  return ones ? all : tri;
+}
+
+template <class T, class TM>
+struct PfaBuilt {
+  PfaCase c;
+  Dims qd, kd, vd, od;
+  Seqs q, k, v;
+  std::vector<T> qb, kb, vb, pse, out;
+  Array<TM> mask;
+  const TM* mptr = nullptr;
+  Shape mshape, pshape;
+  int mS1 = 0, mS2 = 0, pS1 = 0, pS2 = 0;
+  std::vector<std::int64_t> qlist, kvlist;
+};
+
+template <class T, class TM>
+PfaBuilt<T, TM> build(const PfaCase& c) {
+  PfaBuilt<T, TM> r;
+  r.c = c;
+  const int B = c.B(), S1 = c.S1(), S2 = c.S2();
+  std::vector<int> qcu{0}, kcu{0};
+  for (int b = 0; b < B; ++b) {
+    qcu.push_back(qcu.back() + c.ql[z(b)]);
+    kcu.push_back(kcu.back() + c.kvl[z(b)]);
+  }
+  r.qd = {c.layout, B, S1, c.N, c.D, qcu};
+  r.kd = {c.layout, B, S2, c.kvn, c.D, kcu};
+  r.vd = {c.layout, B, S2, c.kvn, c.dv(), kcu};
+  r.od = {c.layout == "BNSD_BSND" ? "BSND" : c.layout, B, S1, c.N, c.dv(), qcu};
+  std::mt19937 rng(c.seed);
+  r.q = draw<T>(rng, c.ql, c.N, c.D);
+  r.k = draw<T>(rng, c.kvl, c.kvn, c.D);
+  r.v = draw<T>(rng, c.kvl, c.kvn, c.dv());
+  r.qb = pack<T>(r.qd, r.q, c.ql);
+  r.kb = pack<T>(r.kd, r.k, c.kvl);
+  r.vb = pack<T>(r.vd, r.v, c.kvl);
+  r.out.assign(r.od.size(), T(7.0f));
+  const bool one = c.flags & kOneLen;
+  if (c.layout == "TND") {
+    r.qlist.assign(qcu.begin() + 1, qcu.end());
+    r.kvlist.assign(kcu.begin() + 1, kcu.end());
+  } else if (!(c.flags & kNoLens)) {
+    r.qlist.assign(c.ql.begin(), one ? c.ql.begin() + 1 : c.ql.end());
+    r.kvlist.assign(c.kvl.begin(), one ? c.kvl.begin() + 1 : c.kvl.end());
+  }
+  const int rank = c.mrank;
+  if (c.mask == Mask::Compressed || c.mask == Mask::CompressedOnes) {
+    r.mptr = compressed_mask<TM>(c.mask == Mask::CompressedOnes).data();
+    r.mshape = rank == 2   ? Shape{2048, 2048}
+               : rank == 3 ? Shape{1, 2048, 2048}
+                           : Shape{1, 1, 2048, 2048};
+  } else if (c.mask != Mask::None) {
+    r.mS1 = S1 + 2;
+    r.mS2 = S2 + 3;
+    const int Bm = c.flags & kMaskB1 || rank == 2 ? 1 : B;
+    r.mshape = rank == 2   ? Shape{r.mS1, r.mS2}
+               : rank == 3 ? Shape{Bm, r.mS1, r.mS2}
+                           : Shape{Bm, 1, r.mS1, r.mS2};
+    r.mask = Array<TM>(z(Bm * r.mS1 * r.mS2));
+    for (int b = 0; b < Bm; ++b)
+      for (int i = 0; i < r.mS1; ++i)
+        for (int j = 0; j < r.mS2; ++j)
+          r.mask[z((b * r.mS1 + i) * r.mS2 + j)] = TM(hole(c, b, i, j) ? 1 : 0);
+    r.mptr = r.mask.data();
+  }
+  if (c.pse) {  // NaN where no batch reads it
+    const int Bp = c.pse == 1 ? B : 1;
+    r.pS1 = S1 + 1;
+    r.pS2 = S2 + 2;
+    r.pshape = {Bp, c.N, r.pS1, r.pS2};
+    for (int b = 0; b < Bp; ++b)
+      for (int h = 0; h < c.N; ++h)
+        for (int i = 0; i < r.pS1; ++i)
+          for (int j = 0; j < r.pS2; ++j) {
+            const bool used =
+                Bp == 1 ? i < S1 - c.pad() && j < S2 - c.pad() : i < c.ql[z(b)] && j < c.kvl[z(b)];
+            r.pse.push_back(used ? T(static_cast<float>(4 * hv(c.seed + 7, b * 64 + h, i, j) - 2))
+                                 : poison<T>());
+          }
+  }
+  return r;
+}
+
+template <class T, class TM>
+struct PfaCall {
+  attnref::PromptFlashAttentionParams p;
+  attnref::PromptFlashAttentionInputs<T, TM> in;
+  TensorRef<T> o;
+};
+template <class T, class TM>
+using PfaEdit = std::function<void(PfaCall<T, TM>&)>;
+
+template <class T, class TM>
+void run(PfaBuilt<T, TM>& r, const PfaEdit<T, TM>& edit = {}, int threads = 0) {
+  const PfaCase& c = r.c;
+  PfaCall<T, TM> x;
+  const std::int64_t kvn = c.kvn == c.N && c.seed % 2 ? 0 : c.kvn;  // 0: num_heads
+  x.p = {c.N, c.scale, c.pre, c.next, c.layout, kvn, c.mode, c.inner, order(c.flags)};
+  x.in.query = {r.qb.data(), r.qd.shape()};
+  x.in.key = {r.kb.data(), r.kd.shape()};
+  x.in.value = {r.vb.data(), r.vd.shape()};
+  if (r.mptr) x.in.atten_mask = {r.mptr, r.mshape};
+  if (c.pse) x.in.pse_shift = {r.pse.data(), r.pshape};
+  x.in.actual_seq_lengths = r.qlist;
+  x.in.actual_seq_lengths_kv = r.kvlist;
+  x.o = TensorRef<T>(r.out.data(), r.od.shape());
+  if (edit) edit(x);
+  attnref::prompt_flash_attention(x.p, x.in, attnref::PromptFlashAttentionOutputs<T>{x.o}, threads);
+}
+
+// The reference in the output's layout (padded rows 0).
+template <class T, class TM>
+std::vector<double> expected(const PfaBuilt<T, TM>& r) {
+  const PfaCase& c = r.c;
+  const bool ats = c.flags & kAts, has_mask = c.mask != Mask::None;
+  ref::cann::Pfa pr{c.N,    c.kvn, c.D,    c.dv(),  c.ql, c.kvl,   c.scale,
+                    c.mode, c.pre, c.next, c.inner, ats,  has_mask};
+  if (r.mS1)
+    pr.mask = [&r](int b, int i, int j) {
+      const int mb = r.mshape.size() == 2 || r.mshape[0] == 1 ? 0 : b;
+      return r.mask[z((mb * r.mS1 + i) * r.mS2 + j)] != TM(0);
+    };
+  if (c.pse)
+    pr.pse = [&r](int b, int h, int i, int j) {
+      return dbl(r.pse[z((((r.pshape[0] == 1 ? 0 : b) * r.c.N + h) * r.pS1 + i) * r.pS2 + j)]);
+    };
+  const Seqs o = ref::cann::pfa(pr, r.q, r.k, r.v);
+  std::vector<double> want(r.od.size(), 0.0);
+  for (int b = 0; b < c.B(); ++b)
+    for (int i = 0; i < c.ql[z(b)]; ++i)
+      for (int h = 0; h < c.N; ++h)
+        for (int e = 0; e < c.dv(); ++e)
+          want[r.od.at(b, i, h, e)] = o[z(b)][z((i * c.N + h) * c.dv() + e)];
+  return want;
+}
+
+// The valid output rows in (b, i, h, d) order (= packed tokens).
+template <class T, class TM>
+std::vector<T> rows(const PfaBuilt<T, TM>& r) {
+  std::vector<T> x;
+  for (int b = 0; b < r.c.B(); ++b)
+    for (int i = 0; i < r.c.ql[z(b)]; ++i)
+      for (int h = 0; h < r.c.N; ++h)
+        for (int e = 0; e < r.c.dv(); ++e) x.push_back(r.out[r.od.at(b, i, h, e)]);
+  return x;
+}
+
+template <class T, class TM>
+PfaBuilt<T, TM> checked(const PfaCase& c, int threads = 0) {
+  auto r = build<T, TM>(c);
+  EXPECT_NO_THROW(run(r, {}, threads)) << c.name();
+  EXPECT_TRUE(matches(expected(r), r.out)) << c.name();
+  return r;
+}
+
+std::vector<PfaCase> pfa_grid(bool tnd) {
+  const Mask H = Mask::Holes, C = Mask::Compressed, N = Mask::None;
+  if (tnd)  // mode 0 without a mask or mode 3; no pse
+    return {{0, N, 1, 0, 4, 3, kInf, kInf, {17, 7, 1}, {17, 64, 7}},
+            {3, C, 1, 0, 1, 3, kInf, kInf, {7, 17, 1}, {129, 17, 7}, kDv8},
+            {3, C, 1, 0, 1, 2, kInf, kInf, {17, 1}, {7, 0}}};       // q longer than kv; kv empty
+  return {{0, N, 1, 1, 1, 3, kInf, kInf, {17, 7, 1}, {17, 16, 7}},  // no mask: pre / next ignored
+          {0, H, 0, 2, 4, 2, 5, 2, {17, 12}, {7, 7}},  // band [-5, 2]: rows past kv + 5 have no key
+          {0, H, 2, 1, 1, 4, kInf, -2, {17, 7, 1}, {17, 16, 7}, kAts},  // rows 0, 1 have no key
+          {1, H, 0, 0, 2, 3, kInf, kInf, {64, 1}, {129, 64}},  // fully masked rows: mean of V
+          {1, H, 3, 2, 4, 4, kInf, kInf, {7, 7, 7}, {16, 16, 16}, kMaskB1 | kOneLen | kDv8},
+          {2, C, 1, 1, 1, 3, kInf, kInf, {17, 7, 1}, {17, 16, 7}},
+          {3, C, 1, 0, 4, 4, kInf, kInf, {17, 16, 1}, {7, 17, 1}},   // batch 0: first 10 rows 0
+          {4, C, 1, 2, 1, 2, 3, 1, {17, 7, 1}, {17, 16, 7}},         // band [-3, 1] bottom-right
+          {4, C, 1, 0, 1, 3, -2, 5, {17, 7, 1}, {17, 17, 7}},        // band [2, 5]: last rows empty
+          {0, N, 1, 1, 4, 3, kInf, kInf, {7, 7}, {1, 1}, kNoLens}};  // full extents; one key
+}
+
+TEST(PromptFlashAttention, MatchesReference) {
+  unsigned seed = 100;
+  for (const char* lay : {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"})
+    for (PfaCase c : pfa_grid(std::string(lay) == "TND")) {
+      c.layout = lay;
+      c.seed = seed++;
+      checked<half, u8>(c);
+      checked<bfloat16, bool>(c);
+      checked<float, i8>(c);
+    }
+}
+
+TEST(PromptFlashAttention, Mode3EqualsEngineBottomRightAndTheExplicitTriangle) {
+  for (bool q_longer : {false, true}) {
+    PfaCase c{3, Mask::Compressed, 1, 0, 2, 3, kInf, kInf, {9, 17, 1}, {30, 31, 5}};
+    if (q_longer) {
+      c.ql = {17, 9, 1};
+      c.kvl = {7, 31, 1};
+    }
+    const auto m3 = checked<half, u8>(c);
+    const int B = c.B();
+    std::vector<half> eo(m3.out.size(), half(0.0f));
+    attnref::AttentionInputs<half> e;
+    e.q = attnref::bsnd_view<const half>(m3.qb.data(), B, c.S1(), c.N, c.D);
+    e.k = attnref::bsnd_view<const half>(m3.kb.data(), B, c.S2(), c.kvn, c.D);
+    e.v = attnref::bsnd_view<const half>(m3.vb.data(), B, c.S2(), c.kvn, c.dv());
+    e.seq.q.assign(c.ql.begin(), c.ql.end());
+    e.seq.kv.assign(c.kvl.begin(), c.kvl.end());
+    attnref::AttentionParams ep;
+    ep.scale = c.scale;
+    ep.causal = attnref::CausalMode::BottomRight;
+    attnref::attention(
+        e, ep,
+        attnref::AttentionOutputs<half>{attnref::bsnd_view(eo.data(), B, c.S1(), c.N, c.dv())});
+    EXPECT_TRUE(ulp_close(m3.out, eo)) << "engine, q longer " << q_longer;
+    for (int inner : {2, 0}) {  // inner 0 only when every row keeps a key
+      if (q_longer && inner == 0) continue;
+      PfaCase t = c;
+      t.mode = 0;
+      t.mask = Mask::Tri;
+      t.pre = t.next = std::int64_t(1) << 40;
+      t.inner = inner;
+      EXPECT_TRUE(ulp_close(m3.out, checked<half, u8>(t).out)) << "triangle, inner " << inner;
+    }
+  }
+}
+
+TEST(PromptFlashAttention, HugeBandWithAZeroMaskEqualsNoMaskBitForBit) {
+  for (const char* lay : {"BSH", "BNSD"})
+    for (int inner = 0; inner < 4; ++inner) {
+      PfaCase c{0, Mask::None, inner, 1, 2, 3, kInf, 0, {17, 7, 1}, {17, 16, 7}};
+      c.layout = lay;
+      const auto none = checked<bfloat16, u8>(c);
+      c.mask = Mask::Zero;
+      c.pre = c.next = std::int64_t(1) << 40;
+      EXPECT_TRUE(same_bits(none.out, checked<bfloat16, u8>(c).out)) << lay << " inner " << inner;
+    }
+}
+
+TEST(PromptFlashAttention, CompressedMaskContentIsNotRead) {
+  for (int mode : {2, 3, 4}) {
+    PfaCase c{mode, Mask::Compressed, 1, 0, 1, 3, 4, 1, {17, 7, 1}, {17, 16, 7}};
+    const auto tri = checked<half, u8>(c);
+    c.mask = Mask::CompressedOnes;
+    EXPECT_TRUE(same_bits(tri.out, checked<half, u8>(c).out)) << "mode " << mode;
+  }
+}
+
+TEST(PromptFlashAttention, BnsdBsndIsTransposedBnsdBitForBit) {
+  for (int mode : {0, 3}) {
+    const Mask m = mode ? Mask::Compressed : Mask::Holes;
+    PfaCase c{mode, m, 2, 1, 1, 3, kInf, kInf, {17, 7, 1}, {17, 16, 7}, kDv8};
+    c.layout = "BNSD";
+    const auto a = checked<half, u8>(c);
+    c.layout = "BNSD_BSND";
+    const auto b = checked<half, u8>(c);
+    std::vector<half> t(a.out.size());
+    const Dims bsnd{"BSND", c.B(), c.S1(), c.N, c.dv(), {}};
+    for (int x = 0; x < c.B(); ++x)
+      for (int s = 0; s < c.S1(); ++s)
+        for (int n = 0; n < c.N; ++n)
+          for (int e = 0; e < c.dv(); ++e) t[bsnd.at(x, s, n, e)] = a.out[a.od.at(x, s, n, e)];
+    EXPECT_TRUE(same_bits(t, b.out)) << "mode " << mode;
+  }
+}
+
+TEST(PromptFlashAttention, TndEqualsPaddedBsndBitForBit) {
+  for (int mode : {0, 3}) {
+    const Mask m = mode ? Mask::Compressed : Mask::None;
+    PfaCase c{mode, m, 1, 0, 2, 3, kInf, kInf, {17, 7, 1}, {17, 64, 7}};
+    c.layout = "TND";
+    const auto t = checked<bfloat16, u8>(c);
+    c.layout = "BSND";
+    EXPECT_TRUE(same_bits(t.out, rows(checked<bfloat16, u8>(c, 3)))) << "mode " << mode;
+  }
+}
+
+template <class T>
+void pfa_vs_self_attention(const PfaCase& c, attnref::SelfAttentionParams::MaskType mt) {
+  using P = attnref::SelfAttentionParams;
+  const auto r = checked<T, u8>(c);
+  Index tokens = 0;
+  for (int l : c.ql) tokens += l;
+  std::vector<T> q = concat<T>(r.q), k = concat<T>(r.k), v = concat<T>(r.v), m;
+  std::vector<T> o(z(tokens * c.N * c.dv()), T(7.0f));
+  P p;
+  p.num_heads = c.N;
+  p.num_kv_heads = c.kvn;
+  p.calc_type = P::CalcType::PaEncoder;
+  p.kernel_type = P::KernelType::HighPrecision;
+  p.qk_scale = static_cast<float>(c.scale);
+  p.mask_type = mt;
+  attnref::SelfAttentionInputs<T> in;
+  in.query = StridedView<const T, 3>(q.data(), {tokens, c.N, c.D});
+  in.key = StridedView<const T, 3>(k.data(), {tokens, c.kvn, c.D});
+  in.value = StridedView<const T, 3>(v.data(), {tokens, c.kvn, c.dv()});
+  in.seq_len.assign(c.ql.begin(), c.ql.end());
+  if (mt == P::MaskType::Norm) {  // binary [batch, S1, S2]
+    for (int b = 0; b < c.B(); ++b)
+      for (int i = 0; i < c.S1(); ++i)
+        for (int j = 0; j < c.S2(); ++j) m.push_back(T(hole(c, b, i, j) ? 1.0f : 0.0f));
+    in.mask = StridedView<const T, 3>(m.data(), {c.B(), c.S1(), c.S2()});
+  }
+  attnref::self_attention(
+      p, in, attnref::SelfAttentionOutputs<T>{StridedView<T, 3>(o.data(), {tokens, c.N, c.dv()})});
+  EXPECT_TRUE(ulp_close(rows(r), o)) << c.name();
+}
+
+TEST(PromptFlashAttention, EqualsSelfAttentionPaEncoder) {
+  using M = attnref::SelfAttentionParams::MaskType;
+  PfaCase c{0, Mask::None, 1, 0, 2, 3, kInf, kInf, {17, 9, 1}, {17, 9, 1}};  // equal lengths
+  c.scale = 0.25;
+  for (const char* lay : {"TND", "BSND"}) {
+    c.layout = lay;
+    c.mode = 0;
+    c.mask = Mask::None;
+    pfa_vs_self_attention<half>(c, M::Undefined);
+    pfa_vs_self_attention<bfloat16>(c, M::Undefined);
+    c.mode = 3;
+    c.mask = Mask::Compressed;
+    pfa_vs_self_attention<half>(c, M::CausalMask);
+    pfa_vs_self_attention<float>(c, M::CausalMask);
+  }
+  c.mode = 1;  // a user mask with fully masked rows: the -FLT_MAX select vs the -3e38 addition
+  c.mask = Mask::Holes;
+  c.inner = 0;
+  pfa_vs_self_attention<half>(c, M::Norm);
+  pfa_vs_self_attention<bfloat16>(c, M::Norm);
+}
+
+template <class T, class TM>
+using Edits = std::vector<std::pair<PfaEdit<T, TM>, std::string>>;
+
+// Each edit must throw std::invalid_argument naming `what`, before the output is written.
+void pfa_rejected(const PfaCase& c, const Edits<half, u8>& edits) {
+  const auto built = build<half, u8>(c);
+  for (const auto& [edit, what] : edits) {
+    auto r = built;
+    support::expect_throw([&] { run(r, edit); }, what, false);
+    EXPECT_TRUE(untouched(r.out)) << what;
+  }
+}
+
+TEST(PromptFlashAttention, Rejections) {
+  using X = PfaCall<half, u8>;
+  static const Array<u8>& cm = compressed_mask<u8>(false);
+  // mode 0 with a [3, 21, 22] mask, pse [3, 4, 20, 21], KV_N 2, q / kv extents 19.
+  const PfaCase c{0, Mask::Holes, 1, 1, 2, 3, kInf, 0, {17, 7, 1}, {17, 16, 7}};
+  pfa_rejected(c, {{[](X& x) { x.p.input_layout = "SH"; }, "input_layout"},
+                   {[](X& x) { x.p.input_layout = "NSD"; }, "input_layout"},
+                   {[](X& x) { x.in.query.shape = shp(3, 19, 64); }, "query"},
+                   {[](X& x) { x.p.num_heads = 0; }, "num_heads"},
+                   {[](X& x) { x.p.num_key_value_heads = -1; }, "num_key_value_heads"},
+                   {[](X& x) { x.p.num_key_value_heads = 3; }, "params.num_"},
+                   {[](X& x) { x.p.num_key_value_heads = 4; }, "key"},
+                   {[](X& x) { x.in.value.shape[2] = 1; }, "value"},
+                   {[](X& x) { x.p.sparse_mode = 5; }, "not supported by PromptFlashAttention"},
+                   {[](X& x) { x.p.sparse_mode = 8; }, "not supported by PromptFlashAttention"},
+                   {[](X& x) { x.p.sparse_mode = 9; }, "sparse_mode"},
+                   {[](X& x) { x.p.sparse_mode = -1; }, "sparse_mode"},
+                   {[](X& x) { x.p.sparse_mode = 1, x.in.atten_mask = {}; }, "atten_mask"},
+                   {[](X& x) { x.p.sparse_mode = 3, x.in.atten_mask = {}; }, "atten_mask"},
+                   {[](X& x) { x.p.sparse_mode = 2; }, "atten_mask"},  // not 2048 x 2048
+                   {[](X& x) {
+                      x.p.sparse_mode = 4,
+                      x.in.atten_mask = TensorRef<const u8>(cm.data(), shp(2, 1024, 2048));
+                    },
+                    "atten_mask"},
+                   {[](X& x) { x.in.atten_mask.shape[0] = 2; }, "atten_mask"},
+                   {[](X& x) { x.in.atten_mask.shape = shp(3, 2, 21, 11); }, "atten_mask"},
+                   {[](X& x) { x.in.atten_mask.shape[1] = 18; }, "atten_mask"},
+                   {[](X& x) { x.in.atten_mask.shape[2] = 18; }, "atten_mask"},
+                   {[](X& x) { x.p.pre_tokens = x.p.next_tokens = -1; }, "pre_tokens"},
+                   {[](X& x) { x.p.pre_tokens = -5, x.p.next_tokens = 3; }, "pre_tokens"},
+                   {[](X& x) { x.in.actual_seq_lengths = lens(17, 7); }, "actual_seq_lengths"},
+                   {[](X& x) { x.in.actual_seq_lengths[1] = 20; }, "actual_seq_lengths"},
+                   {[](X& x) { x.in.actual_seq_lengths[0] = -1; }, "actual_seq_lengths"},
+                   {[](X& x) { x.in.actual_seq_lengths_kv = lens(20); }, "actual_seq_lengths_kv"},
+                   {[](X& x) { x.in.pse_shift.shape = shp(3, 4, 20 * 21); }, "pse_shift"},
+                   {[](X& x) { x.in.pse_shift.shape[0] = 2; }, "pse_shift"},
+                   {[](X& x) { x.in.pse_shift.shape[1] = 2; }, "pse_shift"},
+                   {[](X& x) { x.in.pse_shift.shape[2] = 18; }, "pse_shift"},
+                   {[](X& x) { x.in.pse_shift.shape[3] = 18; }, "pse_shift"},
+                   {[](X& x) { x.p.inner_precise = 4; }, "inner_precise"},
+                   {[](X& x) { x.p.inner_precise = -1; }, "inner_precise"},
+                   {[](X& x) { x.o.shape[3] = 8; }, "attention_out"}});
+  PfaCase big{0, Mask::None, 1, 0, 6, 3, kInf, kInf, {2}, {2}};  // head limits and sizes
+  big.N = 258;                                                   // > 256 (ratio 43)
+  pfa_rejected(big, {{nullptr, "num_heads"}});
+  big.N = 65;  // ratio 65 > 64
+  big.kvn = 1;
+  pfa_rejected(big, {{nullptr, "num_heads"}});
+  big.N = 1;
+  big.D = 520;
+  pfa_rejected(big, {{nullptr, "query"}});
+  big.D = 16;
+  big.Dv = 520;
+  pfa_rejected(big, {{nullptr, "value"}});
+  PfaCase t{0, Mask::None, 1, 0, 1, 3, kInf, kInf, {17, 7, 1}, {17, 16, 7}};  // TND: T1 25, T2 40
+  t.layout = "TND";
+  pfa_rejected(
+      t, {{[](X& x) { x.in.actual_seq_lengths_kv.clear(); }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths.clear(); }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths_kv.pop_back(); }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths = lens(17, 24, 24); }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths = lens(17, 10, 25); }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths_kv = lens(17, 33, 39); }, "actual_seq_lengths_kv"},
+          {[](X& x) {
+             x.p.sparse_mode = 1, x.in.atten_mask = TensorRef<const u8>(cm.data(), shp(2048, 2048));
+           },
+           "sparse_mode"},
+          {[](X& x) { x.in.atten_mask = TensorRef<const u8>(cm.data(), shp(2048, 2048)); },
+           "sparse_mode"},
+          {[](X& x) { x.in.pse_shift = TensorRef<const half>(x.in.query.data, shp(1, 4, 25, 40)); },
+           "pse_shift"}});
+}
+
+// ============================================================================ IncreFlashAttention
+
+enum class Quant { None, Channel, Tensor };
+
+struct IfaCase {
+  int store;  // 0: one tensor with batch B; 1: B tensors with batch 1; else the paged block size
+  int mrank, pse, kvn;  // mask rank 2–4 (0: none); pse 0 none, 1 [B, N, 1, W], 2 [1, N, 1, W]
+  Quant quant;
+  int aq;              // per channel: (2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N·D)
+  std::vector<int> S;  // kv extent of each batch (paged: empty)
+  std::vector<std::int64_t> act;  // actual_seq_lengths (empty: none)
+  int flags = 0;
+  std::string layout = "BSND";
+  unsigned seed = 1;
+  int N = 8, D = 32;
+  double scale = 0.2;
+  int B() const { return static_cast<int>(S.empty() ? act.size() : S.size()); }
+  int len(int b) const {
+    return act.empty() ? S[z(b)] : static_cast<int>(act[act.size() == 1 ? 0 : z(b)]);
+  }
+  bool paged() const { return store > 1; }
+  bool masked(int b, int j) const {
+    if (flags & kNoFullMask) return j > 0 && hv(seed + 5, b, j, 0) < 0.3;
+    return b == 1 || hv(seed + 5, b, j, 0) < 0.3;
+  }
+  std::string name() const {
+    return layout + " store " + std::to_string(store) + " seed " + std::to_string(seed);
+  }
+};
+
+template <class T, class TKV, class TM>
+struct IfaBuilt {
+  IfaCase c;
+  Seqs q, k, v;  // the reference's data (K, V dequantized)
+  std::vector<T> qb, pse, out, aqs, aqo;
+  std::vector<std::vector<TKV>> ks, vs;  // one per tensor
+  std::vector<Shape> kshape;
+  Array<TM> mask;
+  std::vector<std::int32_t> table;
+  Shape qshape, mshape, pshape, aqshape;
+  int W = 0, maxb = 0, blocks = 0;  // W: mask / pse width
+};
+
+template <class T, class TKV, class TM>
+IfaBuilt<T, TKV, TM> build_ifa(const IfaCase& c) {
+  constexpr bool q8 = std::is_same_v<TKV, i8>;
+  IfaBuilt<T, TKV, TM> r;
+  r.c = c;
+  const int B = c.B(), N = c.N, KVN = c.kvn, D = c.D, nch = c.quant == Quant::Tensor ? 1 : KVN * D;
+  std::vector<int> L;
+  for (int b = 0; b < B; ++b) L.push_back(c.len(b));
+  std::mt19937 rng(c.seed);
+  r.q = draw<T>(rng, std::vector<int>(z(B), 1), N, D);
+  r.qb = concat<T>(r.q);  // BSH, BSND and BNSD with S = 1: the same memory
+  r.qshape = c.layout == "BSH"    ? Shape{B, 1, N * D}
+             : c.layout == "BSND" ? Shape{B, 1, N, D}
+                                  : Shape{B, N, 1, D};
+  for (int kv = 0; q8 && kv < 2; ++kv)
+    for (int ch = 0; ch < nch; ++ch) {
+      r.aqs.push_back(T(static_cast<float>(0.004 + 0.02 * hv(c.seed + 3, kv, ch, 0))));
+      if (c.flags & kOffset)
+        r.aqo.push_back(T(std::round(16 * static_cast<float>(hv(c.seed + 4, kv, ch, 0)) - 8)));
+    }
+  const Shape per_channel[4] = {{2, KVN, 1, D}, {2, 1, KVN, D}, {2, KVN, D}, {2, KVN * D}};
+  if (q8) r.aqshape = c.quant == Quant::Tensor ? Shape{2} : per_channel[c.aq];
+  // Raw K / V in token order (any storage gets the same), dequantized for the reference.
+  std::uniform_int_distribution<int> ui(-100, 100);
+  std::normal_distribution<double> nd;
+  std::vector<std::vector<TKV>> raw(2 * z(B));
+  r.k.resize(z(B));
+  r.v.resize(z(B));
+  for (int b = 0; b < B; ++b)
+    for (int e = 0; e < L[z(b)] * KVN * D; ++e)
+      for (int kv = 0; kv < 2; ++kv) {
+        const TKV x = q8 ? TKV(ui(rng)) : TKV(static_cast<float>(nd(rng)));
+        raw[z(2 * b + kv)].push_back(x);
+        double val = dbl(x);
+        if constexpr (q8) {
+          const size_t ch = z(kv * nch + (nch == 1 ? 0 : e % (KVN * D)));
+          val = ref::cann::antiquant(x, dbl(r.aqs[ch]), r.aqo.empty() ? 0.0 : dbl(r.aqo[ch]));
+        }
+        (kv ? r.v : r.k)[z(b)].push_back(val);
+      }
+  auto store = [&](auto&& index, size_t size, int first, int count) {
+    std::vector<TKV> kt(size, poison<TKV>()), vt(size, poison<TKV>());
+    for (int b = first; b < first + count; ++b)
+      for (int t = 0; t < L[z(b)]; ++t)
+        for (int h = 0; h < KVN; ++h)
+          for (int d = 0; d < D; ++d) {
+            const size_t at = index(b, t, h, d), e = z((t * KVN + h) * D + d);
+            kt[at] = raw[z(2 * b)][e];
+            vt[at] = raw[z(2 * b + 1)][e];
+          }
+    r.ks.push_back(std::move(kt));
+    r.vs.push_back(std::move(vt));
+  };
+  if (c.paged()) {  // shuffled table, -1 padding, two spare blocks
+    const int bs = c.store;
+    std::vector<int> nb;
+    for (int l : L) {
+      nb.push_back((l + bs - 1) / bs);
+      r.maxb = std::max(r.maxb, nb.back() + 1);
+      r.blocks += nb.back();
+    }
+    r.blocks += 2;
+    std::vector<std::int32_t> ids(z(r.blocks));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
+    std::mt19937 trng(c.seed + 2000);
+    std::shuffle(ids.begin(), ids.end(), trng);
+    r.table.assign(z(B * r.maxb), -1);
+    for (int b = 0, next = 0; b < B; ++b)
+      for (int j = 0; j < nb[z(b)]; ++j) r.table[z(b * r.maxb + j)] = ids[z(next++)];
+    const bool four = c.flags & kCache4d;
+    store(
+        [&](int b, int t, int h, int d) {
+          const int blk = r.table[z(b * r.maxb + t / bs)];
+          return four ? z(((blk * KVN + h) * bs + t % bs) * D + d)
+                      : z(((blk * bs + t % bs) * KVN + h) * D + d);
+        },
+        z(r.blocks * bs * KVN * D), 0, B);
+    r.kshape.push_back(four ? Shape{r.blocks, KVN, bs, D} : Shape{r.blocks, bs, KVN * D});
+    r.W = r.maxb * bs;
+  } else {
+    for (int b = 0; b < (c.store ? B : 1); ++b) {
+      const Dims d{c.layout, c.store ? 1 : B, c.S[z(b)], KVN, D, {}};
+      const int b0 = c.store ? b : 0;
+      store([&](int x, int t, int h, int e) { return d.at(x - b0, t, h, e); }, d.size(), b0,
+            c.store ? 1 : B);
+      r.kshape.push_back(d.shape());
+    }
+    r.W = *std::max_element(c.S.begin(), c.S.end()) + 3;
+  }
+  if (c.mrank) {
+    r.mshape = c.mrank == 2 ? Shape{B, r.W} : c.mrank == 3 ? Shape{B, 1, r.W} : Shape{B, 1, 1, r.W};
+    r.mask = Array<TM>(z(B * r.W));
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < r.W; ++j) r.mask[z(b * r.W + j)] = TM(c.masked(b, j) ? 1 : 0);
+  }
+  if (c.pse) {  // NaN past the kv lengths
+    const int Bp = c.pse == 1 ? B : 1, maxL = *std::max_element(L.begin(), L.end());
+    r.pshape = {Bp, N, 1, r.W};
+    for (int b = 0; b < Bp; ++b)
+      for (int h = 0; h < N; ++h)
+        for (int j = 0; j < r.W; ++j)
+          r.pse.push_back(j < (Bp == 1 ? maxL : L[z(b)])
+                              ? T(static_cast<float>(4 * hv(c.seed + 6, b, h, j) - 2))
+                              : poison<T>());
+  }
+  r.out.assign(r.qb.size(), T(7.0f));
+  return r;
+}
+
+template <class T, class TKV, class TM>
+struct IfaCall {
+  attnref::IncreFlashAttentionParams p;
+  attnref::IncreFlashAttentionInputs<T, TKV, TM> in;
+  TensorRef<T> o;
+};
+template <class T, class TKV, class TM>
+using IfaEdit = std::function<void(IfaCall<T, TKV, TM>&)>;
+
+template <class T, class TKV, class TM>
+void run(IfaBuilt<T, TKV, TM>& r, const IfaEdit<T, TKV, TM>& edit = {}) {
+  const IfaCase& c = r.c;
+  IfaCall<T, TKV, TM> x;
+  const std::int64_t kvn = c.kvn == c.N && c.seed % 2 ? 0 : c.kvn;  // 0: num_heads
+  const int block = c.paged() ? c.store : 0, inner = c.flags & kInner0 ? 0 : 1;
+  x.p = {c.N, c.scale, c.layout, kvn, block, inner, order(c.flags)};
+  x.in.query = {r.qb.data(), r.qshape};
+  for (size_t i = 0; i < r.ks.size(); ++i) {
+    x.in.key.emplace_back(r.ks[i].data(), r.kshape[i]);
+    x.in.value.emplace_back(r.vs[i].data(), r.kshape[i]);
+  }
+  x.in.actual_seq_lengths = c.act;
+  if (c.mrank) x.in.atten_mask = {r.mask.data(), r.mshape};
+  if (c.pse) x.in.pse_shift = {r.pse.data(), r.pshape};
+  if (!r.aqs.empty()) x.in.antiquant_scale = {r.aqs.data(), r.aqshape};
+  if (!r.aqo.empty()) x.in.antiquant_offset = {r.aqo.data(), r.aqshape};
+  if (c.paged()) x.in.block_table = {r.table.data(), {c.B(), r.maxb}};
+  x.o = TensorRef<T>(r.out.data(), r.qshape);
+  if (edit) edit(x);
+  attnref::incre_flash_attention(x.p, x.in, attnref::IncreFlashAttentionOutputs<T>{x.o});
+}
+
+template <class T, class TKV, class TM>
+std::vector<double> expected(const IfaBuilt<T, TKV, TM>& r) {
+  const IfaCase& c = r.c;
+  ref::cann::Ifa pr{c.N, c.kvn, c.D, {}, c.scale, bool(c.flags & kAts)};
+  for (int b = 0; b < c.B(); ++b) pr.kv_len.push_back(c.len(b));
+  if (c.mrank) pr.mask = [&c](int b, int j) { return c.masked(b, j); };
+  if (c.pse)
+    pr.pse = [&r](int b, int h, int j) {
+      return dbl(r.pse[z(((r.pshape[0] == 1 ? 0 : b) * r.c.N + h) * r.W + j)]);
+    };
+  std::vector<double> want;
+  for (const auto& x : ref::cann::ifa(pr, r.q, r.k, r.v))
+    want.insert(want.end(), x.begin(), x.end());
+  return want;
+}
+
+template <class T, class TKV, class TM = u8>
+IfaBuilt<T, TKV, TM> checked_ifa(const IfaCase& c) {
+  auto r = build_ifa<T, TKV, TM>(c);
+  EXPECT_NO_THROW(run(r)) << c.name();
+  EXPECT_TRUE(matches(expected(r), r.out)) << c.name();
+  return r;
+}
+
+template <class T, class TM>
+void ifa_check(const IfaCase& c) {
+  if (c.quant == Quant::None)
+    checked_ifa<T, T, TM>(c);
+  else
+    checked_ifa<T, i8, TM>(c);
+}
+
+std::vector<IfaCase> ifa_grid() {
+  const Quant N = Quant::None, C = Quant::Channel, T = Quant::Tensor;
+  const std::vector<int> S40{40, 40, 40}, P{};
+  return {{0, 0, 0, 2, N, 0, S40, {40, 17, 1}},
+          {0, 2, 1, 2, N, 0, {33, 33}, {}, kAts},  // no lengths; batch 1 masked: the mean of V
+          {1, 3, 2, 8, N, 0, {40, 7, 129}, {}},
+          {1, 4, 0, 2, N, 0, {40, 17, 64}, {30, 0, 64}, kInner0},  // a length 0: zeros
+          {0, 0, 0, 2, N, 0, S40, {17}},                           // one length for all
+          {16, 2, 1, 2, N, 0, P, {40, 17, 1}, kCache4d},
+          {32, 0, 2, 1, N, 0, P, {129, 0, 64}},
+          {0, 2, 0, 2, C, 0, S40, {40, 17, 1}, kOffset},
+          {32, 0, 1, 2, C, 1, P, {40, 17, 1}, kCache4d},
+          {1, 0, 0, 2, C, 2, {40, 7, 129}, {}, kOffset},
+          {64, 0, 0, 2, C, 3, P, {1, 100, 64}},
+          {32, 3, 0, 2, T, 0, P, {40, 17, 1}, kOffset},
+          {0, 0, 2, 8, T, 0, S40, {40, 17, 1}}};
+}
+
+TEST(IncreFlashAttention, MatchesReference) {
+  unsigned seed = 300;
+  for (const char* lay : {"BSH", "BSND", "BNSD"})
+    for (IfaCase c : ifa_grid()) {
+      c.layout = lay;
+      c.seed = seed++;
+      if (c.layout != "BNSD") c.flags &= ~kCache4d;  // the 4-D cache needs BNSD
+      ifa_check<half, u8>(c);
+      ifa_check<bfloat16, bool>(c);
+      ifa_check<float, i8>(c);
+    }
+}
+
+// The key tensor of the first sequence is the shortest, and the output follows it in memory.
+TEST(IncreFlashAttention, KvListOfDifferentLengthsWithTheOutputRightAfterAShortTensor) {
+  for (const char* lay : {"BSH", "BSND", "BNSD"}) {
+    IfaCase c{1, 2, 0, 2, Quant::None, 0, {7, 40, 17}, {}};
+    c.layout = lay;
+    auto r = build_ifa<half, half, u8>(c);
+    std::vector<half> arena(r.ks[0]);
+    arena.resize(arena.size() + r.out.size(), half(7.0f));
+    EXPECT_NO_THROW(run(r, IfaEdit<half, half, u8>([&](auto& x) {
+                          x.in.key[0].data = arena.data();
+                          x.o.data = arena.data() + r.ks[0].size();
+                        })))
+        << lay;
+    EXPECT_TRUE(
+        matches(expected(r), std::vector<half>(arena.begin() + z(r.ks[0].size()), arena.end())))
+        << lay;
+  }
+}
+
+TEST(IncreFlashAttention, ContiguousListAndPagedAgreeBitForBit) {
+  for (const char* lay : {"BSH", "BSND", "BNSD"})
+    for (Quant q : {Quant::None, Quant::Channel}) {
+      IfaCase c{0, 2, 1, 2, q, 0, {70, 70, 70}, {70, 33, 1}, kOffset};
+      c.layout = lay;
+      auto go = [&](const IfaCase& x) {
+        return q == Quant::None ? checked_ifa<half, half>(x).out : checked_ifa<half, i8>(x).out;
+      };
+      const auto base = go(c);
+      for (int store : {1, 32, -32}) {  // -32: the 4-D paged cache
+        if (store < 0 && c.layout != "BNSD") continue;
+        IfaCase x = c;
+        x.store = std::abs(store);
+        x.flags |= store < 0 ? kCache4d : 0;
+        EXPECT_TRUE(same_bits(base, go(x))) << x.name();
+      }
+    }
+}
+
+TEST(IncreFlashAttention, AntiquantPerTensorEqualsPerChannelWithEqualScalesBitForBit) {
+  for (int flags : {0, kOffset})
+    for (int aq = 0; aq < 4; ++aq) {
+      IfaCase c{aq == 3 ? 32 : 0, 2, 0, 2, Quant::Tensor, 0, {40, 40, 40}, {40, 17, 1}, flags};
+      const auto t = checked_ifa<half, i8>(c);
+      c.quant = Quant::Channel;
+      c.aq = aq;
+      auto ch = build_ifa<half, i8, u8>(c);
+      const size_t n = z(c.kvn * c.D);
+      for (size_t i = 0; i < 2 * n; ++i) {
+        ch.aqs[i] = t.aqs[i / n];
+        if (flags) ch.aqo[i] = t.aqo[i / n];
+      }
+      run(ch);
+      EXPECT_TRUE(same_bits(t.out, ch.out)) << "shape " << aq << " flags " << flags;
+    }
+}
+
+// ATB PagedAttention on the same paged data: pse as ALIBI, the mask as an additive NORM mask
+// of -inf (key 0 never masked: no row entirely masked), antiquant as DEQUANT_FUSION (integer
+// offsets).
+template <class T, class TKV>
+void ifa_vs_paged_attention(const IfaCase& c) {
+  using PP = attnref::PagedAttentionParams;
+  const auto r = checked_ifa<T, TKV>(c);
+  const int B = c.B();
+  PP p;
+  p.num_heads = c.N;
+  p.num_kv_heads = c.kvn;
+  p.qk_scale = static_cast<float>(c.scale);
+  attnref::PagedAttentionInputs<T, TKV, T> in;
+  in.query = StridedView<const T, 3>(r.qb.data(), {B, c.N, c.D});
+  in.key_cache = StridedView<const TKV, 4>(r.ks[0].data(), {r.blocks, c.store, c.kvn, c.D});
+  in.value_cache = StridedView<const TKV, 4>(r.vs[0].data(), {r.blocks, c.store, c.kvn, c.D});
+  in.block_tables = StridedView<const std::int32_t, 2>(r.table.data(), {B, r.maxb});
+  for (int b = 0; b < B; ++b) in.context_lens.push_back(c.len(b));
+  std::vector<T> m;
+  if (c.mrank) {
+    p.mask_type = PP::MaskType::Norm;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < r.W; ++j) m.push_back(T(c.masked(b, j) ? -INFINITY : 0.0f));
+    in.mask = StridedView<const T, 3>(m.data(), {B, 1, r.W});
+  }
+  if (c.pse) {
+    p.mask_type = PP::MaskType::Alibi;
+    in.alibi_mask = StridedView<const T, 4>(r.pse.data(), {r.pshape[0], c.N, 1, r.W});
+  }
+  std::vector<float> kd, vd;
+  std::vector<std::int32_t> ko, vo;
+  const Index n = c.kvn * c.D;
+  for (size_t i = 0; i < r.aqs.size() / 2; ++i) {
+    kd.push_back(static_cast<float>(r.aqs[i]));
+    vd.push_back(static_cast<float>(r.aqs[z(n) + i]));
+    if (c.flags & kOffset) {
+      ko.push_back(static_cast<std::int32_t>(static_cast<float>(r.aqo[i])));
+      vo.push_back(static_cast<std::int32_t>(static_cast<float>(r.aqo[z(n) + i])));
+    }
+  }
+  if (!kd.empty()) {
+    p.quant_type = PP::QuantType::DequantFusion;
+    p.has_quant_offset = c.flags & kOffset;
+    in.k_descale = StridedView<const float, 1>(kd.data(), {n});
+    in.v_descale = StridedView<const float, 1>(vd.data(), {n});
+    if (!ko.empty()) in.k_offset = StridedView<const std::int32_t, 1>(ko.data(), {n});
+    if (!vo.empty()) in.v_offset = StridedView<const std::int32_t, 1>(vo.data(), {n});
+  }
+  std::vector<T> o(r.out.size(), T(7.0f));
+  attnref::paged_attention(
+      p, in, attnref::PagedAttentionOutputs<T>{StridedView<T, 3>(o.data(), {B, c.N, c.D})});
+  EXPECT_TRUE(ulp_close(r.out, o)) << c.name();
+}
+
+TEST(IncreFlashAttention, EqualsAtbPagedAttention) {
+  IfaCase c{16, 0, 0, 2, Quant::None, 0, {}, {40, 17, 1}, kNoFullMask};
+  c.scale = 0.125;
+  ifa_vs_paged_attention<half, half>(c);
+  c.pse = 1;
+  ifa_vs_paged_attention<bfloat16, bfloat16>(c);
+  ifa_vs_paged_attention<float, float>(c);
+  c.pse = 0;
+  c.mrank = 2;
+  ifa_vs_paged_attention<half, half>(c);
+  ifa_vs_paged_attention<bfloat16, bfloat16>(c);
+  c.mrank = 0;
+  c.store = 32;
+  c.quant = Quant::Channel;
+  c.aq = 2;
+  for (int offset : {0, kOffset}) {
+    c.flags = kNoFullMask | offset;
+    ifa_vs_paged_attention<half, i8>(c);
+    ifa_vs_paged_attention<bfloat16, i8>(c);
+  }
+}
+
+// Each edit must throw (std::invalid_argument, or std::out_of_range) naming `what`, before the
+// output is written.
+template <class TKV>
+void ifa_rejected(const IfaCase& c,
+                  const std::vector<std::pair<IfaEdit<half, TKV, u8>, std::string>>& edits,
+                  bool out_of_range = false) {
+  const auto built = build_ifa<half, TKV, u8>(c);
+  for (const auto& [edit, what] : edits) {
+    auto r = built;
+    support::expect_throw([&] { run(r, edit); }, what, out_of_range);
+    EXPECT_TRUE(untouched(r.out)) << what;
+  }
+}
+
+TEST(IncreFlashAttention, Rejections) {
+  using X = IfaCall<half, half, u8>;
+  using X8 = IfaCall<half, i8, u8>;
+  static const half aq[2] = {half(0.5f), half(0.5f)};
+  // BSND, one [3, 40, 2, 32] tensor, lengths {40, 17, 1}, mask [3, 43], pse [3, 8, 1, 43].
+  IfaCase c{0, 2, 1, 2, Quant::None, 0, {40, 40, 40}, {40, 17, 1}};
+  ifa_rejected<half>(
+      c,
+      {{[](X& x) { x.in.query.shape = shp(3, 2, 8, 32); }, "query"},
+       {[](X& x) { x.p.input_layout = "TND"; }, "input_layout"},
+       {[](X& x) { x.p.input_layout = "BNSD_BSND"; }, "input_layout"},
+       {[](X& x) { x.p.num_heads = 4; }, "query"},
+       {[](X& x) { x.p.num_key_value_heads = 16; }, "params.num_"},
+       {[](X& x) { x.p.num_key_value_heads = -1; }, "num_key_value_heads"},
+       {[](X& x) { x.in.key.push_back(x.in.key[0]), x.in.value.push_back(x.in.value[0]); }, "key"},
+       {[](X& x) { x.in.value[0].shape[1] = 39; }, "value"},
+       {[](X& x) { x.in.actual_seq_lengths = lens(40, 41, 1); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths = lens(-1); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths = lens(40, 17); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.atten_mask.shape = shp(1, 43); }, "atten_mask"},
+       {[](X& x) { x.in.atten_mask.shape = shp(3, 20); }, "atten_mask"},
+       {[](X& x) { x.in.pse_shift.shape[1] = 4; }, "pse_shift"},
+       {[](X& x) { x.in.pse_shift.shape = shp(3, 8, 2, 21); }, "pse_shift"},
+       {[](X& x) { x.in.antiquant_scale = TensorRef<const half>(aq, shp(2)); }, "antiquant"},
+       {[](X& x) { x.p.inner_precise = 2; }, "inner_precise"},
+       {[](X& x) { x.p.inner_precise = -1; }, "inner_precise"}});
+  IfaCase l = c;  // B tensors
+  l.store = 1;
+  ifa_rejected<half>(l, {{[](X& x) { x.in.key.pop_back(); }, "key"},
+                         {[](X& x) { x.in.value[2].shape[3] = 16; }, "value"}});
+  IfaCase pg = c;  // paged, block size 16, table [3, 4], mask [3, 64]
+  pg.store = 16;
+  pg.S.clear();
+  ifa_rejected<half>(
+      pg, {{[](X& x) { x.in.actual_seq_lengths.clear(); }, "actual_seq_lengths"},
+           {[](X& x) { x.p.block_size = 32; }, "block_size"},
+           {[](X& x) { x.in.atten_mask.shape = shp(3, 63); }, "atten_mask"},
+           {[](X& x) { x.in.key.push_back(x.in.key[0]), x.in.value.push_back(x.in.value[0]); },
+            "key"}});
+  static std::vector<std::int32_t> tbl;
+  auto r = build_ifa<half, half, u8>(pg);
+  tbl = r.table;
+  tbl[z(1 * r.maxb + 1)] = r.blocks;  // batch 1 (17 tokens) uses two blocks
+  ifa_rejected<half>(pg, {{[](X& x) { x.in.block_table.data = tbl.data(); }, "block_table[1][1]"}},
+                     true);
+  tbl = r.table;
+  tbl[z(1 * r.maxb + 2)] = 1 << 20;  // past the used blocks: never read
+  EXPECT_NO_THROW(
+      run(r, IfaEdit<half, half, u8>([](X& x) { x.in.block_table.data = tbl.data(); })));
+  EXPECT_TRUE(matches(expected(r), r.out));
+  IfaCase p4 = pg;  // [blockNum, KV_N, blockSize, D] needs BNSD
+  p4.flags = kCache4d;
+  ifa_rejected<half>(p4, {{nullptr, "key"}});
+  for (int bs : {24, 528}) {
+    IfaCase b = pg;
+    b.store = bs;
+    ifa_rejected<half>(b, {{nullptr, "block_size"}});
+  }
+  IfaCase q8 = c;  // int8 K / V, per channel (2, 2, 32) with an offset
+  q8.quant = Quant::Channel;
+  q8.aq = 2;
+  q8.flags = kOffset;
+  ifa_rejected<i8>(
+      q8, {{[](X8& x) { x.in.antiquant_scale = {}; }, "antiquant_scale"},
+           {[](X8& x) { x.in.antiquant_scale.shape = shp(2, 8, 8); }, "antiquant_scale"},
+           {[](X8& x) { x.in.antiquant_scale.shape = shp(3); }, "antiquant_scale"},
+           {[](X8& x) { x.in.antiquant_scale.shape = shp(2, 2, 2, 16); }, "antiquant_scale"},
+           {[](X8& x) { x.in.antiquant_offset.shape = shp(2, 64); }, "antiquant_offset"}});
+  q8.store = 16;  // int8 K / V in blocks of 16
+  q8.S.clear();
+  ifa_rejected<i8>(q8, {{nullptr, "block_size"}});
+}
+
+}  // namespace
