@@ -1,0 +1,149 @@
+// attnref_bench, families pfa/ and ifa/: CANN PromptFlashAttention and IncreFlashAttention at the
+// foundation's shapes (Hq=32, Hkv=8, D=128, BSND):
+//   pfa/<f16|bf16>/<dense|causal>/S:<S>/threads:<T>   dense: sparse_mode 0 without a mask;
+//                                                     causal: sparse_mode 3 (2048² mask)
+//   ifa/<f16|bf16|int8>/B:<B>/KV:<kv>/threads:<T>     contiguous KV; int8: antiquant per channel
+//                                                     with offsets (fp16 query)
+//   ifa_paged/f16/B:<B>/KV:<kv>/threads:<T>           128-token blocks, shuffled
+// Compare with prefill/ and decode/ (the engine alone). Counters as there: GFLOPS (useful
+// FLOPs), GBps (K and V bytes read per second).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <attnref/cann/incre_flash_attention.hpp>
+#include <attnref/cann/prompt_flash_attention.hpp>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using attnref::Index;
+using attnref::TensorRef;
+
+constexpr Index kHeads = 32, kKvHeads = 8, kD = 128;
+
+template <class E>
+std::vector<E> random_values(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<E> x(n);
+  for (E& e : x) e = std::is_same_v<E, std::int8_t> ? E(nd(rng) * 40.0f) : E(nd(rng));
+  return x;
+}
+
+template <class T>
+void pfa(benchmark::State& state, Index s, bool causal, int threads) {
+  const auto q = random_values<T>(static_cast<size_t>(s * kHeads * kD), 1);
+  const auto k = random_values<T>(static_cast<size_t>(s * kKvHeads * kD), 2);
+  const auto v = random_values<T>(k.size(), 3);
+  std::vector<T> o(q.size());
+  std::vector<std::uint8_t> mask;
+  attnref::PromptFlashAttentionParams p;
+  p.num_heads = kHeads;
+  p.num_key_value_heads = kKvHeads;
+  p.input_layout = "BSND";
+  p.scale_value = 0.088;
+  attnref::PromptFlashAttentionInputs<T> in{TensorRef<const T>(q.data(), {1, s, kHeads, kD}),
+                                            TensorRef<const T>(k.data(), {1, s, kKvHeads, kD}),
+                                            TensorRef<const T>(v.data(), {1, s, kKvHeads, kD})};
+  if (causal) {
+    p.sparse_mode = 3;
+    mask.assign(2048 * 2048, 0);
+    for (Index i = 0; i < 2048; ++i)
+      for (Index j = i + 1; j < 2048; ++j) mask[static_cast<size_t>(i * 2048 + j)] = 1;
+    in.atten_mask = TensorRef<const std::uint8_t>(mask.data(), {2048, 2048});
+  }
+  const attnref::PromptFlashAttentionOutputs<T> out{TensorRef<T>(o.data(), {1, s, kHeads, kD})};
+  for (auto _ : state) {
+    attnref::prompt_flash_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  const double pairs = causal ? static_cast<double>(s) * static_cast<double>(s + 1) / 2.0
+                              : static_cast<double>(s) * static_cast<double>(s);
+  state.counters["GFLOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// T: query / output type; KV: cache type (int8: antiquant). block: 0 contiguous, else paged.
+template <class T, class KV = T>
+void ifa(benchmark::State& state, Index batch, Index kv, Index block, int threads) {
+  const auto q = random_values<T>(static_cast<size_t>(batch * kHeads * kD), 1);
+  const Index rows = block ? (kv + block - 1) / block * block * batch : batch * kv;
+  const auto k = random_values<KV>(static_cast<size_t>(rows * kKvHeads * kD), 2);
+  const auto v = random_values<KV>(k.size(), 3);
+  std::vector<T> o(q.size());
+  attnref::IncreFlashAttentionParams p;
+  p.num_heads = kHeads;
+  p.num_key_value_heads = kKvHeads;
+  p.input_layout = "BSND";
+  p.scale_value = 0.088;
+  attnref::IncreFlashAttentionInputs<T, KV> in;
+  in.query = TensorRef<const T>(q.data(), {batch, 1, kHeads, kD});
+  std::vector<std::int32_t> table;
+  if (block) {
+    const Index per_seq = (kv + block - 1) / block, blocks = batch * per_seq;
+    table.resize(static_cast<size_t>(blocks));
+    for (Index i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+    std::shuffle(table.begin(), table.end(), std::mt19937(4));
+    in.key = {TensorRef<const KV>(k.data(), {blocks, block, kKvHeads * kD})};
+    in.value = {TensorRef<const KV>(v.data(), {blocks, block, kKvHeads * kD})};
+    in.block_table = TensorRef<const std::int32_t>(table.data(), {batch, per_seq});
+    in.actual_seq_lengths = {kv};
+    p.block_size = block;
+  } else {
+    in.key = {TensorRef<const KV>(k.data(), {batch, kv, kKvHeads, kD})};
+    in.value = {TensorRef<const KV>(v.data(), {batch, kv, kKvHeads, kD})};
+  }
+  std::vector<T> scale, offset;
+  if constexpr (std::is_same_v<KV, std::int8_t>) {
+    scale.assign(static_cast<size_t>(2 * kKvHeads * kD), T(0.02f));
+    offset.assign(scale.size(), T(1.0f));
+    in.antiquant_scale = TensorRef<const T>(scale.data(), {2, kKvHeads, kD});
+    in.antiquant_offset = TensorRef<const T>(offset.data(), {2, kKvHeads, kD});
+  }
+  const attnref::IncreFlashAttentionOutputs<T> out{TensorRef<T>(o.data(), {batch, 1, kHeads, kD})};
+  for (auto _ : state) {
+    attnref::incre_flash_attention(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = 2.0 * batch * kv * kKvHeads * kD * sizeof(KV);
+  state.counters["GBps"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class F>
+void reg(const std::string& name, F f) {
+  benchmark::RegisterBenchmark(name.c_str(), f)->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+const bool registered = [] {
+  for (int t : {1, 2}) {
+    const std::string th = "/threads:" + std::to_string(t);
+    for (bool causal : {false, true}) {
+      const std::string c = causal ? "/causal" : "/dense";
+      reg("pfa/f16" + c + "/S:2048" + th,
+          [=](benchmark::State& st) { pfa<attnref::half>(st, 2048, causal, t); });
+      reg("pfa/bf16" + c + "/S:2048" + th,
+          [=](benchmark::State& st) { pfa<attnref::bfloat16>(st, 2048, causal, t); });
+    }
+    for (Index b : {1, 8}) {
+      const std::string tail = "/B:" + std::to_string(b) + "/KV:4096" + th;
+      reg("ifa/f16" + tail, [=](benchmark::State& st) { ifa<attnref::half>(st, b, 4096, 0, t); });
+      reg("ifa/bf16" + tail,
+          [=](benchmark::State& st) { ifa<attnref::bfloat16>(st, b, 4096, 0, t); });
+      reg("ifa/int8" + tail,
+          [=](benchmark::State& st) { ifa<attnref::half, std::int8_t>(st, b, 4096, 0, t); });
+      reg("ifa_paged/f16" + tail,
+          [=](benchmark::State& st) { ifa<attnref::half>(st, b, 4096, 128, t); });
+    }
+  }
+  return true;
+}();
+
+}  // namespace
