@@ -4,6 +4,7 @@
 /// pseShift, the antiquant offset term) and small checking helpers. Not part of the API.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -37,6 +38,8 @@ struct CannVariant {
   StridedView<const TP, 4> pse{};
   bool add_then_scale = false;
   float scale = 1.0f;
+  bool int8_scores = false;  // int8 q / k: s = int32(q·k)·deq1 here, then the scale
+  float deq1 = 1.0f;
   const float* row_bias = nullptr;  // [batch * num_heads]
   Index num_heads = 0;
 
@@ -50,7 +53,7 @@ struct CannVariant {
   }
   bool has_transform() const {
     return !pse.absent() || row_bias != nullptr || (!mask.absent() && !mask_excludes) ||
-           add_then_scale;
+           add_then_scale || int8_scores;
   }
   KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
     if (!band || q1 <= q0) return {0, s.kv_len};
@@ -94,15 +97,73 @@ struct CannVariant {
     if (!pse.absent())
       p = static_cast<float>(
           pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : c.q, c.kv));
-    s = add_then_scale ? (s + p) * scale : s + p;
+    if (int8_scores) s *= deq1;
+    if (add_then_scale)
+      s = (s + p) * scale;
+    else if (int8_scores)
+      s = s * scale + p;
+    else
+      s += p;  // the engine applied the scale
     if (!mask.absent() && !mask_excludes && user_masked(c)) s = fill;
     return static_cast<Acc>(s);
+  }
+};
+
+/// PromptFlashAttention's int8 path: P8 = sat(rint(P̂ · quant_scale1)) with P̂ = exp(s - m)
+/// against the running row max, each block of kv_tile keys contributing deq2 · (P8·V8); the
+/// denominator takes the unrounded P̂.
+template <class TM, class TP>
+struct CannQuantVariant : CannVariant<TM, TP> {
+  float qs1 = 1.0f;
+  float deq2 = 1.0f;
+
+  template <class Acc>
+  Acc quantize_p(const Coord&, Acc* row, Index cols, Acc&, Acc& sum) const {
+    Acc sm = Acc(0);
+    for (Index j = 0; j < cols; ++j) {
+      sm += row[j];
+      const float q = std::nearbyint(static_cast<float>(row[j]) * qs1);
+      row[j] = static_cast<Acc>(std::min(std::max(q, -128.0f), 127.0f));
+    }
+    sum = sm;
+    return static_cast<Acc>(deq2);
   }
 };
 
 inline void cann_check(bool ok, const char* fn, const std::string& arg, const std::string& what,
                        const std::string& expected, const std::string& got) {
   ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
+}
+
+/// int8 output quantization (quantScale2 / quantOffset2): out = sat(rint(v·scale[c] + offset[c]))
+/// with c = h·D + d, per tensor (one value) or per channel (N·D values, any shape).
+struct CannPostQuant {
+  const float* scale = nullptr;
+  const float* offset = nullptr;
+  bool per_channel = false;
+
+  std::int8_t operator()(float v, Index c) const {
+    const Index i = per_channel ? c : 0;
+    const float x = std::nearbyint(v * scale[i] + (offset != nullptr ? offset[i] : 0.0f));
+    return static_cast<std::int8_t>(std::min(std::max(x, -128.0f), 127.0f));
+  }
+};
+
+/// Checks quant_scale2 / quant_offset2 for an int8 output (`int8_out`) or their absence.
+inline CannPostQuant cann_post_quant(const char* fn, const TensorRef<const float>& qs2,
+                                     const TensorRef<const float>& qo2, Index channels,
+                                     bool int8_out) {
+  if (!int8_out) {
+    cann_check(qs2.absent() && qo2.absent(), fn, "quant_scale2 / quant_offset2",
+               "given without int8 output", "none", shape_str(qs2));
+    return {};
+  }
+  cann_check(!qs2.absent() && qs2.data != nullptr && (qs2.numel() == 1 || qs2.numel() == channels),
+             fn, "quant_scale2", "required for int8 output: per tensor or per channel",
+             "1 or " + std::to_string(channels) + " values", shape_str(qs2));
+  cann_check(qo2.absent() || (qo2.data != nullptr && qo2.shape == qs2.shape), fn,
+             "quant_offset2.shape", "differs from quant_scale2's", shape_str(qs2), shape_str(qo2));
+  return {qs2.data, qo2.absent() ? nullptr : qo2.data, qs2.numel() != 1};
 }
 
 inline std::string dims_str(const std::vector<Index>& v) {

@@ -59,6 +59,10 @@ struct IncreFlashAttentionInputs {
       antiquant_scale{};  ///< int8 K/V: (2, N, 1, D), (2, 1, N, D), (2, N, D), (2, N·D), (2)
   TensorRef<const T> antiquant_offset{};        ///< optional, same shape
   TensorRef<const std::int32_t> block_table{};  ///< [B, maxBlocksPerSeq]
+  /// int8 output: out = sat(rint(O·quant_scale2 + quant_offset2)), per tensor or per channel
+  /// (N·D values); the offset is optional.
+  TensorRef<const float> quant_scale2{};
+  TensorRef<const float> quant_offset2{};
 };
 
 template <class T>
@@ -74,7 +78,9 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                 "incre_flash_attention query: half, bfloat16 or float");
   static_assert(std::is_same_v<TKV, T> || std::is_same_v<TKV, std::int8_t>,
                 "incre_flash_attention key / value: the query's type or int8 (antiquant)");
-  static_assert(std::is_same_v<TO, T>, "incre_flash_attention: the output type is the query's");
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  static_assert(std::is_same_v<TO, T> || kInt8Out,
+                "incre_flash_attention: the output type is the query's, or int8");
   static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
                     std::is_same_v<TM, std::uint8_t>,
                 "incre_flash_attention mask: bool, int8 or uint8");
@@ -281,8 +287,10 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   ep.num_threads = num_threads;
   std::vector<float> q_buf, o_buf, bias;
   const auto qv = detail::pfa_view(in.query.data, layout, qd);
-  StridedView<T, 4> ov = detail::pfa_view(out.attention_out.data, layout, qd);
-  AttentionOutputs<T> probe_o{ov};
+  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data, layout, qd);
+  const detail::CannPostQuant post =
+      detail::cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * D, kInt8Out);
+  AttentionOutputs<TO> probe_o{ov};
   if constexpr (!kQuant) {
     e.q = qv;
     if (pages.first.empty()) validate(e, ep, probe_o);
@@ -296,50 +304,60 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     if (pages.first.empty()) validate(probe, ep, probe_o);
   }
   // Nothing has been written yet.
-  if constexpr (kQuant) {
-    const Index G = n / kvn;
-    auto sc = [&](Index which, Index c) {
-      return static_cast<float>(as.data[which * per + (per == 1 ? 0 : c)]);
-    };
-    auto of = [&](Index which, Index c) {
-      return ao.absent() ? 0.0f : static_cast<float>(ao.data[which * per + (per == 1 ? 0 : c)]);
-    };
-    q_buf.resize(static_cast<size_t>(B * n * D));
-    bias.assign(static_cast<size_t>(B * n), 0.0f);
-    for (Index b = 0; b < B; ++b)
-      for (Index h = 0; h < n; ++h) {
-        double acc = 0.0;
-        for (Index x = 0; x < D; ++x) {
-          const Index c = (h / G) * D + x;
-          const float qs = static_cast<float>(qv(b, 0, h, x)) * sc(0, c);
-          q_buf[static_cast<size_t>((b * n + h) * D + x)] = qs;
-          acc += static_cast<double>(qs) * of(0, c);
-        }
-        bias[static_cast<size_t>(b * n + h)] =
-            static_cast<float>(ep.scale) * static_cast<float>(acc);
-      }
-    if (!ao.absent()) var.row_bias = bias.data();
-    e.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
-    o_buf.assign(static_cast<size_t>(B * n * D), 0.0f);
-    AttentionOutputs<float> eo{bsnd_view<float>(o_buf.data(), B, 1, n, D)};
+  auto run = [&](auto& eo) {
     if (pages.first.empty())
       attention_with(var, e, ep, eo);
     else
       detail::attention_with_pages(var, e, ep, eo, pages);
+  };
+  if constexpr (!kQuant && !kInt8Out) {
+    run(probe_o);
+  } else {
+    const Index G = n / kvn;
+    auto sc = [&](Index which, Index c) {
+      return kQuant ? static_cast<float>(as.data[which * per + (per == 1 ? 0 : c)]) : 1.0f;
+    };
+    auto of = [&](Index which, Index c) {
+      return !kQuant || ao.absent() ? 0.0f
+                                    : static_cast<float>(ao.data[which * per + (per == 1 ? 0 : c)]);
+    };
+    if constexpr (kQuant) {
+      q_buf.resize(static_cast<size_t>(B * n * D));
+      bias.assign(static_cast<size_t>(B * n), 0.0f);
+      for (Index b = 0; b < B; ++b)
+        for (Index h = 0; h < n; ++h) {
+          double acc = 0.0;
+          for (Index x = 0; x < D; ++x) {
+            const Index c = (h / G) * D + x;
+            const float qs = static_cast<float>(qv(b, 0, h, x)) * sc(0, c);
+            q_buf[static_cast<size_t>((b * n + h) * D + x)] = qs;
+            acc += static_cast<double>(qs) * of(0, c);
+          }
+          bias[static_cast<size_t>(b * n + h)] =
+              static_cast<float>(ep.scale) * static_cast<float>(acc);
+        }
+      if (!ao.absent()) var.row_bias = bias.data();
+      e.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
+    } else {
+      e.q = qv;
+    }
+    o_buf.assign(static_cast<size_t>(B * n * D), 0.0f);
+    AttentionOutputs<float> eo{bsnd_view<float>(o_buf.data(), B, 1, n, D)};
+    run(eo);
+    // V's affine map (antiquant), then the output type or its int8 quantization; batches without
+    // keys give 0.
     for (Index b = 0; b < B; ++b)
       for (Index h = 0; h < n; ++h)
         for (Index x = 0; x < D; ++x) {
           const Index c = (h / G) * D + x;
-          float v = 0.0f;
-          if (kv_len[static_cast<size_t>(b)] > 0)
-            v = (o_buf[static_cast<size_t>((b * n + h) * D + x)] + of(1, c)) * sc(1, c);
-          ov(b, 0, h, x) = T(v);
+          const bool any = kv_len[static_cast<size_t>(b)] > 0;
+          const float v =
+              any ? (o_buf[static_cast<size_t>((b * n + h) * D + x)] + of(1, c)) * sc(1, c) : 0.0f;
+          if constexpr (kInt8Out)
+            ov(b, 0, h, x) = any ? post(v, h * D + x) : std::int8_t{0};
+          else
+            ov(b, 0, h, x) = TO(v);
         }
-  } else {
-    if (pages.first.empty())
-      attention_with(var, e, ep, probe_o);
-    else
-      detail::attention_with_pages(var, e, ep, probe_o, pages);
   }
 }
 

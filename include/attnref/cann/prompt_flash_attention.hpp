@@ -18,10 +18,18 @@
 /// key is masked is the plain mean of V over them. Rows excluded entirely (band, causal), padded
 /// rows i >= S1_b and batches with S2_b = 0 give 0. Softmax and P·V in fp32, the output rounded
 /// to T. GQA: query head h reads kv head h / (N / KV_N).
+/// int8 q / k / v (deq_scale1, quant_scale1, deq_scale2 per tensor): s = fp32(int32(q·k) ·
+/// deq_scale1) · scale (+ pse, masks as above); keys in blocks of params.quant_block_size from
+/// key 0 against the running row max m: P8 = sat(rint(exp(s - m) · quant_scale1)), O += deq_scale2
+/// · (P8·V8) (exact), l = Σ exp(s - m) unrounded; out = O / l as fp16, or int8. int8 output (any
+/// input type, quant_scale2 per tensor or per channel, quant_offset2 optional): out =
+/// sat(rint(O · quant_scale2 + quant_offset2)), round half to even (semantics.md §10 item 9);
+/// padded rows stay 0, a row with no key left is the quantized 0.
 /// Every check runs before the output is written; results never depend on num_threads.
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -51,19 +59,44 @@ struct PromptFlashAttentionParams {
   std::int64_t sparse_mode = 0;                 ///< 0–4
   std::int64_t inner_precise = 1;               ///< 0–3; bit 1: fully masked rows give 0
   PseOrder pse_order = PseOrder::ScaleThenAdd;  ///< attnref extension (see PseOrder)
+  /// attnref extension: keys per block of the int8 path's quantized P (the NPU's block follows
+  /// its tiling; P8 is taken against the running row max, so the block size changes the bits).
+  /// [1, 1024].
+  int quant_block_size = 128;
 };
 
-/// T: half or bfloat16 (float: attnref extension). TM: bool, int8 or uint8 (nonzero = masked).
-template <class T, class TM = std::uint8_t>
+namespace detail {
+template <class T>
+struct pfa_pse {
+  using type = T;
+};
+template <>
+struct pfa_pse<std::int8_t> {
+  using type = half;
+};
+}  // namespace detail
+
+/// T: half or bfloat16 (float: attnref extension), or int8 (the quantized path). TM: bool, int8
+/// or uint8 (nonzero = masked). TP: the pse type (T; half with int8 data).
+template <class T, class TM = std::uint8_t, class TP = typename detail::pfa_pse<T>::type>
 struct PromptFlashAttentionInputs {
   TensorRef<const T>
       query;  ///< BSH [B, S1, N·D], BSND [B, S1, N, D], BNSD(_BSND) [B, N, S1, D], TND [T1, N, D]
   TensorRef<const T> key;            ///< the same layout with S2 and numKeyValueHeads
   TensorRef<const T> value;          ///< as key, head size Dv (may differ from D)
-  TensorRef<const T> pse_shift{};    ///< [B or 1, N, >= S1, >= S2]
+  TensorRef<const TP> pse_shift{};   ///< [B or 1, N, >= S1, >= S2]
   TensorRef<const TM> atten_mask{};  ///< [S1', S2'], [B|1, S1', S2'], [B|1, 1, S1', S2']
   std::vector<std::int64_t> actual_seq_lengths{};     ///< per batch (TND: cumulative); empty: S1
   std::vector<std::int64_t> actual_seq_lengths_kv{};  ///< per batch (TND: cumulative); empty: S2
+  /// int8 q / k / v: per-tensor [1] fp32 scales (scale_from_bits converts the uint64 form):
+  /// S = int32(q·k)·deq_scale1, P8 = sat(rint(P̂·quant_scale1)), O += deq_scale2·(P8·V8).
+  TensorRef<const float> deq_scale1{};
+  TensorRef<const float> quant_scale1{};
+  TensorRef<const float> deq_scale2{};
+  /// int8 output: out = sat(rint(O·quant_scale2 + quant_offset2)), per tensor [1] or per channel
+  /// (N·Dv values, any shape with that many elements); the offset is optional.
+  TensorRef<const float> quant_scale2{};
+  TensorRef<const float> quant_offset2{};
 };
 
 template <class T>
@@ -174,13 +207,19 @@ CannFront cann_front(const char* fn, const std::string& layout, bool ifa, std::i
 
 }  // namespace detail
 
-template <class T, class TM, class TO>
+template <class T, class TM, class TP, class TO>
 void prompt_flash_attention(const PromptFlashAttentionParams& params,
-                            const PromptFlashAttentionInputs<T, TM>& in,
+                            const PromptFlashAttentionInputs<T, TM, TP>& in,
                             const PromptFlashAttentionOutputs<TO>& out, int num_threads = 0) {
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
-                "prompt_flash_attention data: half, bfloat16 or float");
-  static_assert(std::is_same_v<TO, T>, "prompt_flash_attention: the output type is the input's");
+  constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  static_assert(
+      std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> || kInt8In,
+      "prompt_flash_attention data: half, bfloat16, float or int8");
+  static_assert(kInt8Out || (kInt8In ? std::is_same_v<TO, half> : std::is_same_v<TO, T>),
+                "prompt_flash_attention output: the input's type (half for int8 input) or int8");
+  static_assert(std::is_same_v<TP, typename detail::pfa_pse<T>::type>,
+                "prompt_flash_attention pse: the input's type (half for int8 input)");
   static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
                     std::is_same_v<TM, std::uint8_t>,
                 "prompt_flash_attention mask: bool, int8 or uint8");
@@ -208,6 +247,9 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
              std::to_string(sm));
   cann_check(params.inner_precise >= 0 && params.inner_precise <= 3, fn, "params.inner_precise",
              "out of range", "0–3", std::to_string(params.inner_precise));
+  cann_check(params.quant_block_size >= 1 && params.quant_block_size <= 1024, fn,
+             "params.quant_block_size", "out of range", "[1, 1024]",
+             std::to_string(params.quant_block_size));
   cann_check(std::isfinite(params.scale_value), fn, "params.scale_value", "not finite",
              "a finite value", std::to_string(params.scale_value));
   const bool tnd = layout == L::TND;
@@ -258,7 +300,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
              shape_str(out.attention_out));
 
   // Mask and band.
-  detail::CannVariant<TM, T> var{};
+  detail::CannVariant<TM, TP> var{};
   const auto& m = in.atten_mask;
   cann_check(sm == 0 || !m.absent(), fn, "atten_mask",
              "required by sparse_mode " + std::to_string(sm), "a mask", "none");
@@ -329,12 +371,34 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
                "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
                    ", >= " + std::to_string(S1) + ", >= " + std::to_string(S2) + "]",
                shape_str(ps));
-    var.pse = StridedView<const T, 4>(ps.data, {ps.dim(0), ps.dim(1), ps.dim(2), ps.dim(3)});
+    var.pse = StridedView<const TP, 4>(ps.data, {ps.dim(0), ps.dim(1), ps.dim(2), ps.dim(3)});
   }
   const bool ats = params.pse_order == PseOrder::AddThenScale;
   var.add_then_scale = ats && !ps.absent();
   var.scale = static_cast<float>(params.scale_value);
   var.num_heads = n;
+
+  // Quantization: the int8 path's three per-tensor scales, the int8 output's scale / offset.
+  auto scalar = [&](const TensorRef<const float>& t, const char* arg, bool want) {
+    if (!want) {
+      cann_check(t.absent(), fn, arg,
+                 kInt8In ? "given for int8 output only"
+                         : "given without int8 "
+                           "query / key / value",
+                 "none", shape_str(t));
+      return 1.0f;
+    }
+    cann_check(!t.absent() && t.data != nullptr && t.numel() == 1, fn, arg,
+               "per-tensor scale required", "[1]", shape_str(t));
+    cann_check(std::isfinite(t.data[0]), fn, arg, "not finite", "a finite value",
+               std::to_string(t.data[0]));
+    return t.data[0];
+  };
+  const float deq1 = scalar(in.deq_scale1, "deq_scale1", kInt8In);
+  const float qs1 = scalar(in.quant_scale1, "quant_scale1", kInt8In);
+  const float deq2 = scalar(in.deq_scale2, "deq_scale2", kInt8In);
+  const detail::CannPostQuant post =
+      detail::cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * Dv, kInt8Out);
 
   // The engine problem.
   AttentionInputs<T> e;
@@ -349,18 +413,54 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
     e.seq.kv = kv_len;
   }
   AttentionParams ep;
-  ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
+  ep.scale = var.add_then_scale || kInt8In ? 1.0 : params.scale_value;
   ep.num_threads = num_threads;
+  if (kInt8In) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
-  AttentionOutputs<T> eo{detail::pfa_view(out.attention_out.data, out_layout, od)};
-  validate(e, ep, eo);  // overlaps and data checks; nothing written yet
+  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data, out_layout, od);
+  using EO = std::conditional_t<kInt8Out, float, TO>;
+  std::vector<float> o_buf;
+  StridedView<EO, 4> eov;
+  if constexpr (kInt8Out) {
+    o_buf.assign(static_cast<size_t>(ov.numel()), 0.0f);
+    eov = detail::pfa_view(o_buf.data(), out_layout, od);
+    AttentionOutputs<TO> probe{ov};
+    validate(e, ep, probe);  // overlaps and data checks; nothing written yet
+  } else {
+    eov = ov;
+  }
+  AttentionOutputs<EO> eo{eov};
+  validate(e, ep, eo);
   // Padded query rows are 0.
   if (!tnd)
     for (Index b = 0; b < B; ++b)
       for (Index i = q_len[static_cast<size_t>(b)]; i < S1; ++i)
         for (Index h = 0; h < n; ++h)
-          for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = T(0.0f);
-  attention_with(var, e, ep, eo);
+          for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = EO(0.0f);
+  if constexpr (kInt8In) {
+    detail::CannQuantVariant<TM, TP> qv{};
+    static_cast<detail::CannVariant<TM, TP>&>(qv) = var;
+    qv.int8_scores = true;
+    qv.deq1 = deq1;
+    qv.qs1 = qs1;
+    qv.deq2 = deq2;
+    attention_with(qv, e, ep, eo);
+  } else {
+    attention_with(var, e, ep, eo);
+  }
+  if constexpr (kInt8Out) {
+    // out = sat(rint(O·quant_scale2 + quant_offset2)) per channel (h, d); padded rows stay 0.
+    const Index rows = tnd ? 1 : B;
+    for (Index b = 0; b < rows; ++b)
+      for (Index i = 0; i < (tnd ? S1 : q_len[static_cast<size_t>(b)]); ++i)
+        for (Index h = 0; h < n; ++h)
+          for (Index x = 0; x < Dv; ++x) ov(b, i, h, x) = post(eo.o(b, i, h, x), h * Dv + x);
+    if (!tnd)
+      for (Index b = 0; b < B; ++b)
+        for (Index i = q_len[static_cast<size_t>(b)]; i < S1; ++i)
+          for (Index h = 0; h < n; ++h)
+            for (Index x = 0; x < Dv; ++x) ov(b, i, h, x) = std::int8_t{0};
+  }
 }
 
 }  // namespace attnref
