@@ -2,6 +2,8 @@
 // foundation's shapes (Hq=32, Hkv=8, D=128, BSND):
 //   pfa/<f16|bf16>/<dense|causal>/S:<S>/threads:<T>   dense: sparse_mode 0 without a mask;
 //                                                     causal: sparse_mode 3 (2048² mask)
+//   pfa/int8/<dense|causal>/S:<S>/threads:<T>         int8 q / k / v, fp16 output (deq_scale1,
+//                                                     quant_scale1, deq_scale2 per tensor)
 //   ifa/<f16|bf16|int8>/B:<B>/KV:<kv>/threads:<T>     contiguous KV; int8: antiquant per channel
 //                                                     with offsets (fp16 query)
 //   ifa_paged/f16/B:<B>/KV:<kv>/threads:<T>           128-token blocks, shuffled
@@ -35,13 +37,17 @@ std::vector<E> random_values(size_t n, unsigned seed) {
   return x;
 }
 
+/// T: q / k / v type (int8: the quantized path with fp16 output).
 template <class T>
 void pfa(benchmark::State& state, Index s, bool causal, int threads) {
+  constexpr bool kInt8 = std::is_same_v<T, std::int8_t>;
+  using TO = std::conditional_t<kInt8, attnref::half, T>;
   const auto q = random_values<T>(static_cast<size_t>(s * kHeads * kD), 1);
   const auto k = random_values<T>(static_cast<size_t>(s * kKvHeads * kD), 2);
   const auto v = random_values<T>(k.size(), 3);
-  std::vector<T> o(q.size());
+  std::vector<TO> o(q.size());
   std::vector<std::uint8_t> mask;
+  const float deq1 = 1.0f / 1600.0f, qs1 = 127.0f, deq2 = 1.0f / (127.0f * 40.0f);
   attnref::PromptFlashAttentionParams p;
   p.num_heads = kHeads;
   p.num_key_value_heads = kKvHeads;
@@ -57,7 +63,12 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
       for (Index j = i + 1; j < 2048; ++j) mask[static_cast<size_t>(i * 2048 + j)] = 1;
     in.atten_mask = TensorRef<const std::uint8_t>(mask.data(), {2048, 2048});
   }
-  const attnref::PromptFlashAttentionOutputs<T> out{TensorRef<T>(o.data(), {1, s, kHeads, kD})};
+  if (kInt8) {
+    in.deq_scale1 = TensorRef<const float>(&deq1, {1});
+    in.quant_scale1 = TensorRef<const float>(&qs1, {1});
+    in.deq_scale2 = TensorRef<const float>(&deq2, {1});
+  }
+  const attnref::PromptFlashAttentionOutputs<TO> out{TensorRef<TO>(o.data(), {1, s, kHeads, kD})};
   for (auto _ : state) {
     attnref::prompt_flash_attention(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());
@@ -131,6 +142,8 @@ const bool registered = [] {
           [=](benchmark::State& st) { pfa<attnref::half>(st, 2048, causal, t); });
       reg("pfa/bf16" + c + "/S:2048" + th,
           [=](benchmark::State& st) { pfa<attnref::bfloat16>(st, 2048, causal, t); });
+      reg("pfa/int8" + c + "/S:2048" + th,
+          [=](benchmark::State& st) { pfa<std::int8_t>(st, 2048, causal, t); });
     }
     for (Index b : {1, 8}) {
       const std::string tail = "/B:" + std::to_string(b) + "/KV:4096" + th;

@@ -651,7 +651,8 @@ TEST(PromptFlashAttention, Rejections) {
 
 // ============================================================================ IncreFlashAttention
 
-enum class Quant { None, Channel, Tensor };
+enum class Quant { None, Channel, Tensor, Token };
+constexpr std::int64_t kNoPad = INT64_MIN;  // IfaCase::pad: no kv_padding_size
 
 struct IfaCase {
   int store;  // 0: one tensor with batch B; 1: B tensors with batch 1; else the paged block size
@@ -665,10 +666,20 @@ struct IfaCase {
   unsigned seed = 1;
   int N = 8, D = 32;
   double scale = 0.2;
+  std::int64_t pad = kNoPad;  // kv left padding (one tensor with lengths)
   int B() const { return static_cast<int>(S.empty() ? act.size() : S.size()); }
-  int len(int b) const {
+  int given(int b) const {
     return act.empty() ? S[z(b)] : static_cast<int>(act[act.size() == 1 ? 0 : z(b)]);
   }
+  // The window's first position: S - max(pad, 0) - length; -1 when it would start before 0
+  // (the batch then reads nothing).
+  int start(int b) const {
+    if (pad == kNoPad) return 0;
+    const std::int64_t s = S[z(b)] - std::max<std::int64_t>(pad, 0) - given(b);
+    return s < 0 ? -1 : static_cast<int>(s);
+  }
+  int shift(int b) const { return std::max(0, start(b)); }
+  int len(int b) const { return start(b) < 0 ? 0 : given(b); }
   bool paged() const { return store > 1; }
   bool masked(int b, int j) const {
     if (flags & kNoFullMask) return j > 0 && hv(seed + 5, b, j, 0) < 0.3;
@@ -684,11 +695,13 @@ struct IfaBuilt {
   IfaCase c;
   Seqs q, k, v;  // the reference's data (K, V dequantized)
   std::vector<T> qb, pse, out, aqs, aqo;
+  std::vector<float> tks, tko;  // per-token antiquant (2, B, W)
+  std::int64_t pad = 0;
   std::vector<std::vector<TKV>> ks, vs;  // one per tensor
   std::vector<Shape> kshape;
   Array<TM> mask;
   std::vector<std::int32_t> table;
-  Shape qshape, mshape, pshape, aqshape;
+  Shape qshape, mshape, pshape, aqshape, tshape;
   int W = 0, maxb = 0, blocks = 0;  // W: mask / pse width
 };
 
@@ -697,7 +710,16 @@ IfaBuilt<T, TKV, TM> build_ifa(const IfaCase& c) {
   constexpr bool q8 = std::is_same_v<TKV, i8>;
   IfaBuilt<T, TKV, TM> r;
   r.c = c;
+  r.pad = c.pad;
   const int B = c.B(), N = c.N, KVN = c.kvn, D = c.D, nch = c.quant == Quant::Tensor ? 1 : KVN * D;
+  const bool tok = c.quant == Quant::Token;
+  // Per-token antiquant at position p of batch b (k: 0 key, 1 value).
+  auto tscale = [&c](int k, int b, int p) {
+    return 0.004f + 0.02f * float(hv(c.seed + 3, k, b, p));
+  };
+  auto toff = [&c](int k, int b, int p) {
+    return std::round(16 * float(hv(c.seed + 4, k, b, p)) - 8);
+  };
   std::vector<int> L;
   for (int b = 0; b < B; ++b) L.push_back(c.len(b));
   std::mt19937 rng(c.seed);
@@ -706,14 +728,14 @@ IfaBuilt<T, TKV, TM> build_ifa(const IfaCase& c) {
   r.qshape = c.layout == "BSH"    ? Shape{B, 1, N * D}
              : c.layout == "BSND" ? Shape{B, 1, N, D}
                                   : Shape{B, N, 1, D};
-  for (int kv = 0; q8 && kv < 2; ++kv)
+  for (int kv = 0; q8 && !tok && kv < 2; ++kv)
     for (int ch = 0; ch < nch; ++ch) {
       r.aqs.push_back(T(static_cast<float>(0.004 + 0.02 * hv(c.seed + 3, kv, ch, 0))));
       if (c.flags & kOffset)
         r.aqo.push_back(T(std::round(16 * static_cast<float>(hv(c.seed + 4, kv, ch, 0)) - 8)));
     }
   const Shape per_channel[4] = {{2, KVN, 1, D}, {2, 1, KVN, D}, {2, KVN, D}, {2, KVN * D}};
-  if (q8) r.aqshape = c.quant == Quant::Tensor ? Shape{2} : per_channel[c.aq];
+  if (q8 && !tok) r.aqshape = c.quant == Quant::Tensor ? Shape{2} : per_channel[c.aq];
   // Raw K / V in token order (any storage gets the same), dequantized for the reference.
   std::uniform_int_distribution<int> ui(-100, 100);
   std::normal_distribution<double> nd;
@@ -728,7 +750,10 @@ IfaBuilt<T, TKV, TM> build_ifa(const IfaCase& c) {
         double val = dbl(x);
         if constexpr (q8) {
           const size_t ch = z(kv * nch + (nch == 1 ? 0 : e % (KVN * D)));
-          val = ref::cann::antiquant(x, dbl(r.aqs[ch]), r.aqo.empty() ? 0.0 : dbl(r.aqo[ch]));
+          const int p = c.shift(b) + e / (KVN * D);
+          val = tok ? ref::cann::antiquant(x, tscale(kv, b, p),
+                                           c.flags & kOffset ? toff(kv, b, p) : 0.0)
+                    : ref::cann::antiquant(x, dbl(r.aqs[ch]), r.aqo.empty() ? 0.0 : dbl(r.aqo[ch]));
         }
         (kv ? r.v : r.k)[z(b)].push_back(val);
       }
@@ -775,8 +800,8 @@ IfaBuilt<T, TKV, TM> build_ifa(const IfaCase& c) {
     for (int b = 0; b < (c.store ? B : 1); ++b) {
       const Dims d{c.layout, c.store ? 1 : B, c.S[z(b)], KVN, D, {}};
       const int b0 = c.store ? b : 0;
-      store([&](int x, int t, int h, int e) { return d.at(x - b0, t, h, e); }, d.size(), b0,
-            c.store ? 1 : B);
+      store([&](int x, int t, int h, int e) { return d.at(x - b0, c.shift(x) + t, h, e); },
+            d.size(), b0, c.store ? 1 : B);
       r.kshape.push_back(d.shape());
     }
     r.W = *std::max_element(c.S.begin(), c.S.end()) + 3;
@@ -787,13 +812,24 @@ IfaBuilt<T, TKV, TM> build_ifa(const IfaCase& c) {
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < r.W; ++j) r.mask[z(b * r.W + j)] = TM(c.masked(b, j) ? 1 : 0);
   }
-  if (c.pse) {  // NaN past the kv lengths
-    const int Bp = c.pse == 1 ? B : 1, maxL = *std::max_element(L.begin(), L.end());
+  if (tok) {  // (2, B, W): every position drawn, the ones read or not
+    r.tshape = {2, B, r.W};
+    for (int kv = 0; kv < 2; ++kv)
+      for (int b = 0; b < B; ++b)
+        for (int p = 0; p < r.W; ++p) {
+          r.tks.push_back(tscale(kv, b, p));
+          if (c.flags & kOffset) r.tko.push_back(toff(kv, b, p));
+        }
+  }
+  if (c.pse) {  // NaN outside the positions read
+    const int Bp = c.pse == 1 ? B : 1;
+    int maxE = 0;
+    for (int b = 0; b < B; ++b) maxE = std::max(maxE, c.shift(b) + L[z(b)]);
     r.pshape = {Bp, N, 1, r.W};
     for (int b = 0; b < Bp; ++b)
       for (int h = 0; h < N; ++h)
         for (int j = 0; j < r.W; ++j)
-          r.pse.push_back(j < (Bp == 1 ? maxL : L[z(b)])
+          r.pse.push_back((Bp == 1 ? j < maxE : j >= c.shift(b) && j < c.shift(b) + L[z(b)])
                               ? T(static_cast<float>(4 * hv(c.seed + 6, b, h, j) - 2))
                               : poison<T>());
   }
@@ -827,6 +863,12 @@ void run(IfaBuilt<T, TKV, TM>& r, const IfaEdit<T, TKV, TM>& edit = {}) {
   if (c.pse) x.in.pse_shift = {r.pse.data(), r.pshape};
   if (!r.aqs.empty()) x.in.antiquant_scale = {r.aqs.data(), r.aqshape};
   if (!r.aqo.empty()) x.in.antiquant_offset = {r.aqo.data(), r.aqshape};
+  if (c.quant == Quant::Token) {
+    x.p.antiquant_mode = 1;
+    x.in.antiquant_scale_per_token = {r.tks.data(), r.tshape};
+    if (!r.tko.empty()) x.in.antiquant_offset_per_token = {r.tko.data(), r.tshape};
+  }
+  if (c.pad != kNoPad) x.in.kv_padding_size = {&r.pad, {}};
   if (c.paged()) x.in.block_table = {r.table.data(), {c.B(), r.maxb}};
   x.o = TensorRef<T>(r.out.data(), r.qshape);
   if (edit) edit(x);
@@ -838,10 +880,10 @@ std::vector<double> expected(const IfaBuilt<T, TKV, TM>& r) {
   const IfaCase& c = r.c;
   ref::cann::Ifa pr{c.N, c.kvn, c.D, {}, c.scale, bool(c.flags & kAts)};
   for (int b = 0; b < c.B(); ++b) pr.kv_len.push_back(c.len(b));
-  if (c.mrank) pr.mask = [&c](int b, int j) { return c.masked(b, j); };
+  if (c.mrank) pr.mask = [&c](int b, int j) { return c.masked(b, c.shift(b) + j); };
   if (c.pse)
     pr.pse = [&r](int b, int h, int j) {
-      return dbl(r.pse[z(((r.pshape[0] == 1 ? 0 : b) * r.c.N + h) * r.W + j)]);
+      return dbl(r.pse[z(((r.pshape[0] == 1 ? 0 : b) * r.c.N + h) * r.W + r.c.shift(b) + j)]);
     };
   std::vector<double> want;
   for (const auto& x : ref::cann::ifa(pr, r.q, r.k, r.v))
@@ -866,7 +908,7 @@ void ifa_check(const IfaCase& c) {
 }
 
 std::vector<IfaCase> ifa_grid() {
-  const Quant N = Quant::None, C = Quant::Channel, T = Quant::Tensor;
+  const Quant N = Quant::None, C = Quant::Channel, T = Quant::Tensor, K = Quant::Token;
   const std::vector<int> S40{40, 40, 40}, P{};
   return {{0, 0, 0, 2, N, 0, S40, {40, 17, 1}},
           {0, 2, 1, 2, N, 0, {33, 33}, {}, kAts},  // no lengths; batch 1 masked: the mean of V
@@ -880,7 +922,10 @@ std::vector<IfaCase> ifa_grid() {
           {1, 0, 0, 2, C, 2, {40, 7, 129}, {}, kOffset},
           {64, 0, 0, 2, C, 3, P, {1, 100, 64}},
           {32, 3, 0, 2, T, 0, P, {40, 17, 1}, kOffset},
-          {0, 0, 2, 8, T, 0, S40, {40, 17, 1}}};
+          {0, 0, 2, 8, T, 0, S40, {40, 17, 1}},
+          {0, 2, 1, 2, K, 0, S40, {40, 17, 1}, kOffset},
+          {1, 0, 0, 8, K, 0, {40, 7, 129}, {}},
+          {32, 3, 2, 2, K, 0, P, {40, 0, 65}, kOffset | kCache4d}};
 }
 
 TEST(IncreFlashAttention, MatchesReference) {
@@ -949,6 +994,59 @@ TEST(IncreFlashAttention, AntiquantPerTensorEqualsPerChannelWithEqualScalesBitFo
       }
       run(ch);
       EXPECT_TRUE(same_bits(t.out, ch.out)) << "shape " << aq << " flags " << flags;
+    }
+}
+
+// kv_padding_size: each batch reads [S - pad - len, S - pad); masks, pse and per-token scales
+// follow the positions; a window starting before 0 gives zeros; NaN everywhere else.
+TEST(IncreFlashAttention, KvLeftPaddingMatchesReference) {
+  unsigned seed = 700;
+  for (const char* lay : {"BSH", "BSND", "BNSD"})
+    for (Quant q : {Quant::None, Quant::Channel, Quant::Token})
+      for (std::int64_t pad : {-3, 0, 5, 30}) {  // 30: batches 0 and 1 start before 0
+        IfaCase c{0, 2, 1, 2, q, 1, {40, 40, 40}, {40, 17, 1}, kOffset | kNoFullMask};
+        c.layout = lay;
+        c.pad = pad;
+        c.seed = seed++;
+        ifa_check<half, u8>(c);
+        ifa_check<bfloat16, bool>(c);
+      }
+  IfaCase one{0, 0, 0, 2, Quant::None, 0, {40}, {9}};  // batch 1: the list-of-one path
+  one.pad = 6;
+  checked_ifa<float, float>(one);
+}
+
+TEST(IncreFlashAttention, KvLeftPaddingEqualsTheWindowsAsTheirOwnTensorsBitForBit) {
+  for (const char* lay : {"BSH", "BSND", "BNSD"})
+    for (Quant q : {Quant::None, Quant::Channel}) {
+      IfaCase c{0, 0, 0, 2, q, 0, {40, 40, 40}, {33, 17, 1}, kOffset};
+      c.layout = lay;
+      c.pad = 4;
+      IfaCase w{1, 0, 0, 2, q, 0, {33, 17, 1}, {}, kOffset};  // B tensors of the window lengths
+      w.layout = lay;
+      w.seed = c.seed;
+      if (q == Quant::None)
+        EXPECT_TRUE(same_bits(checked_ifa<half, half>(c).out, checked_ifa<half, half>(w).out));
+      else
+        EXPECT_TRUE(same_bits(checked_ifa<half, i8>(c).out, checked_ifa<half, i8>(w).out));
+    }
+}
+
+TEST(IncreFlashAttention, AntiquantPerTokenWithEqualScalesIsPerTensor) {
+  for (int store : {0, 32})
+    for (int flags : {0, kOffset}) {
+      IfaCase c{store, 2, 0, 2, Quant::Tensor, 0, {40, 40, 40}, {40, 17, 1}, flags};
+      if (store) c.S.clear();
+      const auto t = checked_ifa<half, i8>(c);
+      c.quant = Quant::Token;
+      auto tk = build_ifa<half, i8, u8>(c);
+      const size_t per = tk.tks.size() / 2;
+      for (size_t i = 0; i < tk.tks.size(); ++i) {
+        tk.tks[i] = float(t.aqs[i / per]);
+        if (flags) tk.tko[i] = float(t.aqo[i / per]);
+      }
+      run(tk);
+      EXPECT_TRUE(ulp_close(t.out, tk.out)) << "store " << store << " flags " << flags;
     }
 }
 
@@ -1113,6 +1211,41 @@ TEST(IncreFlashAttention, Rejections) {
   q8.store = 16;  // int8 K / V in blocks of 16
   q8.S.clear();
   ifa_rejected<i8>(q8, {{nullptr, "block_size"}});
+  IfaCase tk = c;  // per token (2, 3, 43) with an offset
+  tk.quant = Quant::Token;
+  tk.flags = kOffset;
+  ifa_rejected<i8>(
+      tk, {{[](X8& x) { x.p.antiquant_mode = 2; }, "antiquant_mode"},
+           {[](X8& x) { x.p.antiquant_mode = 0; }, "antiquant_scale_per_token"},
+           {[](X8& x) { x.in.antiquant_scale = TensorRef<const half>(aq, shp(2)); }, "antiquant"},
+           {[](X8& x) { x.in.antiquant_scale_per_token.shape = shp(2, 3, 39); }, "per_token"},
+           {[](X8& x) { x.in.antiquant_scale_per_token.shape = shp(2, 1, 129); }, "per_token"},
+           {[](X8& x) { x.in.antiquant_scale_per_token.shape = shp(1, 3, 43); }, "per_token"},
+           {[](X8& x) { x.in.antiquant_offset_per_token.shape = shp(2, 3, 42); }, "offset_per"},
+           {[](X8& x) { x.in.antiquant_scale_per_token = {}; }, "antiquant_scale_per_token"}});
+  static std::int64_t pad = 2;
+  static const float tks[2] = {1.0f, 1.0f};
+  ifa_rejected<half>(
+      c, {{[](X& x) { x.p.antiquant_mode = 1; }, "antiquant_mode"},
+          {[](X& x) { x.in.antiquant_scale_per_token = TensorRef<const float>(tks, shp(2)); },
+           "antiquant_scale_per_token"},
+          {[](X& x) {
+             x.in.kv_padding_size = {&pad, shp(2)};
+           },
+           "kv_padding_size"},
+          {[](X& x) {
+             x.in.kv_padding_size = {&pad, {}}, x.in.actual_seq_lengths.clear();
+           },
+           "kv_padding_size"},
+          {[](X& x) {
+             x.in.kv_padding_size = {&pad, {}}, x.in.atten_mask.shape = shp(3, 37);
+           },
+           "atten_mask"}});
+  ifa_rejected<half>(l, {{[](X& x) { x.in.kv_padding_size = {&pad, shp(1)}; }, "kv_padding_size"}});
+  ifa_rejected<half>(pg, {{[](X& x) {
+                             x.in.kv_padding_size = {&pad, shp(1)};
+                           },
+                           "kv_padding_size"}});
 }
 
 }  // namespace

@@ -27,6 +27,8 @@ namespace attnref::detail {
 ///   pse:   [Bp, N, S1' (or 1: one row for all), S2'], added after scaling (or before, with
 ///          add_then_scale: then the engine's scale is 1 and `scale` applies here)
 ///   row_bias: the antiquant K-offset term of each (batch, head) (scaled like the score)
+///   kv_shift: per batch, the position of key 0 in the mask / pse columns (IFA's kv left
+///          padding); null: 0
 template <class TM, class TP>
 struct CannVariant {
   bool band = false;
@@ -42,6 +44,9 @@ struct CannVariant {
   float deq1 = 1.0f;
   const float* row_bias = nullptr;  // [batch * num_heads]
   Index num_heads = 0;
+  const Index* kv_shift = nullptr;  // [batch]
+
+  Index col(const Coord& c) const { return kv_shift == nullptr ? c.kv : c.kv + kv_shift[c.batch]; }
 
   Index off(const SeqInfo& s) const { return bottom_right ? s.kv_len - s.q_len : 0; }
   KvRange visible(const SeqInfo& s, Index i) const {
@@ -80,7 +85,7 @@ struct CannVariant {
     return true;
   }
   bool user_masked(const Coord& c) const {
-    return mask(mask.size(0) == 1 ? 0 : c.batch, c.q, c.kv) != TM(0);
+    return mask(mask.size(0) == 1 ? 0 : c.batch, c.q, col(c)) != TM(0);
   }
   bool masked(const SeqInfo& s, const Coord& c) const {
     if (band) {
@@ -96,7 +101,7 @@ struct CannVariant {
     float p = 0.0f;
     if (!pse.absent())
       p = static_cast<float>(
-          pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : c.q, c.kv));
+          pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : c.q, col(c)));
     if (int8_scores) s *= deq1;
     if (add_then_scale)
       s = (s + p) * scale;

@@ -12,8 +12,17 @@
 /// Antiquant (int8 K/V): K = (K8 + offset)·scale per channel (KV_N·D) or per tensor, V likewise
 /// (index 0 of antiquant_scale / antiquant_offset: key, 1: value); computed exactly in that
 /// algebra with the K scale folded into q, the offset term added to every score of the row and
-/// V's affine map applied to the normalised output, fp32 throughout. Softmax and P·V in fp32
-/// (the NPU rounds P to the KV type before P·V; attnref keeps fp32), output rounded to T.
+/// V's affine map applied to the normalised output, fp32 throughout. Per-token antiquant
+/// (antiquant_mode 1, FusedInferAttentionScore's (2, B, S) fp32 scales): K and V of the keys
+/// read are dequantized to fp32, K = (K8 + offset[0][b][p])·scale[0][b][p] at position p, and
+/// the float problem runs on the engine. Softmax and P·V in fp32 (the NPU rounds P to the KV
+/// type before P·V; attnref keeps fp32), output rounded to T.
+///
+/// kv left padding (kv_padding_size, one int64 pad, contiguous single tensor with actual
+/// lengths): batch b reads positions [S - pad - len_b, S - pad) of its S (pad < 0 counts as 0),
+/// and its mask, pse and per-token scale columns are those positions. A batch whose window
+/// would start before 0 gives 0 (the vector kernel's InitAllZeroOutput; the docs call the
+/// result unspecified).
 
 #include <algorithm>
 #include <array>
@@ -40,6 +49,9 @@ struct IncreFlashAttentionParams {
   std::int64_t block_size = 0;           ///< paged KV (with block_table)
   std::int64_t inner_precise = 1;        ///< 0 or 1 (no row-invalid fix in IFA)
   PseOrder pse_order = PseOrder::ScaleThenAdd;
+  /// FusedInferAttentionScore's antiquantMode: 0 per channel / per tensor (antiquant_scale),
+  /// 1 per token (antiquant_scale_per_token).
+  std::int64_t antiquant_mode = 0;
 };
 
 /// T: half or bfloat16 (float: attnref extension); TKV: T, or int8 with antiquant; TM: bool,
@@ -57,7 +69,14 @@ struct IncreFlashAttentionInputs {
   std::vector<std::int64_t> actual_seq_lengths{};  ///< kv lengths per batch (required if paged)
   TensorRef<const T>
       antiquant_scale{};  ///< int8 K/V: (2, N, 1, D), (2, 1, N, D), (2, N, D), (2, N·D), (2)
-  TensorRef<const T> antiquant_offset{};        ///< optional, same shape
+  TensorRef<const T> antiquant_offset{};  ///< optional, same shape
+  /// antiquant_mode 1: (2, B, S') fp32, [0][b][p] the scale of key position p of batch b,
+  /// [1][b][p] its value's; S' covers every position read. The offset is optional.
+  TensorRef<const float> antiquant_scale_per_token{};
+  TensorRef<const float> antiquant_offset_per_token{};
+  /// kv left padding: one int64 (shape [] or [1]); needs one contiguous key / value tensor and
+  /// actual_seq_lengths.
+  TensorRef<const std::int64_t> kv_padding_size{};
   TensorRef<const std::int32_t> block_table{};  ///< [B, maxBlocksPerSeq]
   /// int8 output: out = sat(rint(O·quant_scale2 + quant_offset2)), per tensor or per channel
   /// (N·D values); the offset is optional.
@@ -112,7 +131,10 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   detail::KvPages<TKV> pages;
   std::vector<TKV> packed_k, packed_v;  // BNSD tensor lists of different S, gathered
   std::vector<Index> kv_len;
-  Index mask_cols = 0;  // the keys a mask / pse row must cover
+  std::vector<Index> shift;  // kv left padding: position of each batch's key 0
+  Index mask_cols = 0;       // the key positions a mask / pse row must cover
+  cann_check(in.kv_padding_size.absent() || !paged, fn, "kv_padding_size",
+             "not supported with a paged cache", "no block_table", shape_str(in.block_table));
   if (paged) {
     cann_check(in.key.size() == 1, fn, "key / value", "paged: one cache tensor each", "1",
                std::to_string(in.key.size()));
@@ -192,10 +214,45 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       }
       kv_len[static_cast<size_t>(b)] = l;
     }
+    const auto& kp = in.kv_padding_size;
+    if (!kp.absent()) {
+      cann_check(kp.data != nullptr && kp.numel() == 1, fn, "kv_padding_size.shape",
+                 "not one value", "[] or [1]", shape_str(kp));
+      cann_check(in.key.size() == 1, fn, "kv_padding_size", "needs one key / value tensor",
+                 "a list of 1", std::to_string(in.key.size()));
+      cann_check(!al.empty(), fn, "kv_padding_size",
+                 "given without actual_seq_lengths (the NPU would ignore it)", "actual_seq_lengths",
+                 "none");
+      const Index S = dims[0][1];
+      const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data));
+      shift.assign(static_cast<size_t>(B), 0);
+      for (Index b = 0; b < B; ++b) {
+        const Index start = S - pad - kv_len[static_cast<size_t>(b)];
+        if (start < 0)
+          kv_len[static_cast<size_t>(b)] = 0;  // the kernel's all-zero output
+        else
+          shift[static_cast<size_t>(b)] = start;
+      }
+    }
     mask_cols = 0;
-    for (Index l : kv_len) mask_cols = std::max(mask_cols, l);
+    for (Index b = 0; b < B; ++b)
+      mask_cols = std::max(mask_cols, (shift.empty() ? 0 : shift[static_cast<size_t>(b)]) +
+                                          kv_len[static_cast<size_t>(b)]);
     const bool gather = list && !same_s;
-    if (!list) {
+    if (!shift.empty()) {
+      // One page per sequence starting at its window; dims[0] has batch B (or 1 = B).
+      const std::array<Index, 4> d0{B, dims[0][1], kvn, D};
+      const auto v0 = detail::pfa_view(in.key[0].data, layout, d0);
+      e.k = StridedView<const TKV, 4>(in.key[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
+      e.v = StridedView<const TKV, 4>(in.value[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
+      pages.page_size = std::max<Index>(1, d0[1]);
+      for (Index b = 0; b < B; ++b) {
+        const Index o = b * v0.stride(0) + shift[static_cast<size_t>(b)] * v0.stride(1);
+        pages.k.push_back(in.key[0].data + o);
+        pages.v.push_back(in.value[0].data + o);
+        pages.first.push_back(b);
+      }
+    } else if (!list) {
       e.k = detail::pfa_view(in.key[0].data, layout, dims[0]);
       e.v = detail::pfa_view(in.value[0].data, layout, dims[0]);
     } else if (!gather) {
@@ -238,6 +295,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   var.fill = -1e12f;
   var.num_heads = n;
   var.scale = static_cast<float>(params.scale_value);
+  if (!shift.empty()) var.kv_shift = shift.data();
   const auto& m = in.atten_mask;
   if (!m.absent()) {
     const Index r = m.rank();
@@ -265,20 +323,47 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   const auto& as = in.antiquant_scale;
   const auto& ao = in.antiquant_offset;
   Index per = 0;  // values per K or V: KV_N·D, or 1
-  if constexpr (kQuant) {
-    const std::vector<std::vector<Index>> shapes{
-        {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kvn * D}, {2}};
-    const bool ok = !as.absent() && as.data != nullptr &&
-                    std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
-    cann_check(ok, fn, "antiquant_scale.shape", "not an accepted shape (int8 key / value)",
-               "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)", shape_str(as));
-    cann_check(ao.absent() || (ao.data != nullptr && ao.shape == as.shape), fn,
-               "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
-               shape_str(ao));
-    per = as.numel() / 2;
-  } else {
+  const auto& ts = in.antiquant_scale_per_token;
+  const auto& to = in.antiquant_offset_per_token;
+  cann_check(params.antiquant_mode == 0 || (params.antiquant_mode == 1 && kQuant), fn,
+             "params.antiquant_mode", "not supported",
+             kQuant ? "0 (per channel / per tensor) or 1 (per token)" : "0 (no int8 key / value)",
+             std::to_string(params.antiquant_mode));
+  const bool per_token = params.antiquant_mode == 1;
+  if (per_token) {
     cann_check(as.absent() && ao.absent(), fn, "antiquant_scale / antiquant_offset",
-               "given with floating-point key / value", "none", shape_str(as));
+               "given with antiquant_mode 1 (per token)",
+               "none (antiquant_scale_per_token instead)", shape_str(as));
+    cann_check(!ts.absent() && ts.data != nullptr && ts.rank() == 3 && ts.dim(0) == 2 &&
+                   ts.dim(1) == B && ts.dim(2) >= mask_cols,
+               fn, "antiquant_scale_per_token.shape", "mismatch (antiquant_mode 1)",
+               "(2, " + std::to_string(B) + ", >= " + std::to_string(mask_cols) + ")",
+               shape_str(ts));
+    cann_check(to.absent() || (to.data != nullptr && to.shape == ts.shape), fn,
+               "antiquant_offset_per_token.shape", "differs from antiquant_scale_per_token's",
+               shape_str(ts), shape_str(to));
+  } else {
+    cann_check(ts.absent() && to.absent(), fn,
+               "antiquant_scale_per_token / antiquant_offset_per_token",
+               "given without antiquant_mode 1", "none", shape_str(ts));
+  }
+  if (!per_token) {
+    if constexpr (kQuant) {
+      const std::vector<std::vector<Index>> shapes{
+          {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kvn * D}, {2}};
+      const bool ok = !as.absent() && as.data != nullptr &&
+                      std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
+      cann_check(ok, fn, "antiquant_scale.shape", "not an accepted shape (int8 key / value)",
+                 "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)",
+                 shape_str(as));
+      cann_check(ao.absent() || (ao.data != nullptr && ao.shape == as.shape), fn,
+                 "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
+                 shape_str(ao));
+      per = as.numel() / 2;
+    } else {
+      cann_check(as.absent() && ao.absent(), fn, "antiquant_scale / antiquant_offset",
+                 "given with floating-point key / value", "none", shape_str(as));
+    }
   }
 
   // The engine problem: B sequences of one query token.
@@ -315,13 +400,57 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   } else {
     const Index G = n / kvn;
     auto sc = [&](Index which, Index c) {
-      return kQuant ? static_cast<float>(as.data[which * per + (per == 1 ? 0 : c)]) : 1.0f;
+      return kQuant && !per_token ? static_cast<float>(as.data[which * per + (per == 1 ? 0 : c)])
+                                  : 1.0f;
     };
     auto of = [&](Index which, Index c) {
-      return !kQuant || ao.absent() ? 0.0f
-                                    : static_cast<float>(ao.data[which * per + (per == 1 ? 0 : c)]);
+      return !kQuant || per_token || ao.absent()
+                 ? 0.0f
+                 : static_cast<float>(ao.data[which * per + (per == 1 ? 0 : c)]);
     };
-    if constexpr (kQuant) {
+    std::vector<float> kf, vf;  // per token: the dequantized keys and values read
+    AttentionInputs<float, float> ef;
+    if (per_token) {
+      q_buf.resize(static_cast<size_t>(B * n * D));
+      for (Index b = 0; b < B; ++b)
+        for (Index h = 0; h < n; ++h)
+          for (Index x = 0; x < D; ++x)
+            q_buf[static_cast<size_t>((b * n + h) * D + x)] = static_cast<float>(qv(b, 0, h, x));
+      Index lmax = 1;
+      for (Index l : kv_len) lmax = std::max(lmax, l);
+      kf.assign(static_cast<size_t>(B * lmax * kvn * D), 0.0f);
+      vf.assign(kf.size(), 0.0f);
+      const Index sp = ts.dim(2);
+      // Element (b, t, h, x) of K or V however it is stored.
+      auto elem = [&](const StridedView<const TKV, 4>& view, const std::vector<const TKV*>& pg,
+                      Index b, Index t, Index h, Index x) {
+        if (paged) {
+          const Index bs = view.size(1);
+          return static_cast<float>(view(e.block_table(b, t / bs), t % bs, h, x));
+        }
+        if (!pages.first.empty())
+          return static_cast<float>(
+              pg[static_cast<size_t>(b)][t * view.stride(1) + h * view.stride(2) + x]);
+        return static_cast<float>(view(b, t, h, x));
+      };
+      for (Index b = 0; b < B; ++b)
+        for (Index t = 0; t < kv_len[static_cast<size_t>(b)]; ++t) {
+          const Index p = b * sp + (shift.empty() ? 0 : shift[static_cast<size_t>(b)]) + t;
+          const float ks = ts.data[p], vs = ts.data[B * sp + p];
+          const float ko = to.absent() ? 0.0f : to.data[p];
+          const float vo = to.absent() ? 0.0f : to.data[B * sp + p];
+          for (Index h = 0; h < kvn; ++h)
+            for (Index x = 0; x < D; ++x) {
+              const size_t dst = static_cast<size_t>(((b * lmax + t) * kvn + h) * D + x);
+              kf[dst] = (elem(e.k, pages.k, b, t, h, x) + ko) * ks;
+              vf[dst] = (elem(e.v, pages.v, b, t, h, x) + vo) * vs;
+            }
+        }
+      ef.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
+      ef.k = bsnd_view<const float>(kf.data(), B, lmax, kvn, D);
+      ef.v = bsnd_view<const float>(vf.data(), B, lmax, kvn, D);
+      ef.seq.kv = kv_len;
+    } else if constexpr (kQuant) {
       q_buf.resize(static_cast<size_t>(B * n * D));
       bias.assign(static_cast<size_t>(B * n), 0.0f);
       for (Index b = 0; b < B; ++b)
@@ -343,7 +472,10 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     }
     o_buf.assign(static_cast<size_t>(B * n * D), 0.0f);
     AttentionOutputs<float> eo{bsnd_view<float>(o_buf.data(), B, 1, n, D)};
-    run(eo);
+    if (per_token)
+      attention_with(var, ef, ep, eo);
+    else
+      run(eo);
     // V's affine map (antiquant), then the output type or its int8 quantization; batches without
     // keys give 0.
     for (Index b = 0; b < B; ++b)
