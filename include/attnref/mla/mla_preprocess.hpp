@@ -1,0 +1,324 @@
+#pragma once
+/// attnref::mla_preprocess — ATB MlaPreprocessOperation (semantics.md §5): the whole input
+/// preparation of DeepSeek's Multi-head Latent Attention, composed of the public stages
+///
+///   input [N, H0] ─ rms_norm_quant(gamma0, beta0, quantScale0/Offset0) ─ int8_matmul(wdqkv,
+///   bias0, deScale0) ─> mm1 [N, C + R + Q] ─┬─ [0, C)      rms_norm(gamma2) ───────> k_nope
+///                                           ├─ [C, C + R)  rope(sin, cos) ─────────> k_rope
+///                                           └─ [C + R, ..) rms_norm_quant(gamma1, beta1,
+///   quantScale1/Offset1) ─ int8_matmul(wuq, bias1, deScale1) ─> mm2 [N, heads, P + R]
+///     mm2[.., 0:P] ─ q_nope_absorb(wuk) ─> q_nope [N, heads, C];  mm2[.., P:] ─ rope ─> q_rope
+///   k_nope, k_rope ─ mla_reshape_and_cache(slot_mapping, cache_mode)
+///
+/// Outputs: KvCache: q_out [N, heads, C + R] = concat(T(q_nope), q_rope); KRopeCtkv and NzCache:
+/// q_out [N, heads, C] = T(q_nope), q_rope_out [N, heads, R]; Int8NzCache: q_out_i8 [N, heads, C]
+/// = sat8(rne(T(q_nope) · q_nope_scale[h])) (the product rounded to fp16 for fp16 models, fp32
+/// for bf16), q_rope_out. Unquant: both norms give T(y + beta) and both matmuls are
+/// floating-point (weights in T; biases and scales absent). Per-token modes take no biases.
+/// One sin / cos pair [N, R] serves the query and the key (ATB's operation has one).
+/// Everything is checked before anything is written; the caches are read-modify-write.
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/mla/int8_matmul.hpp"
+#include "attnref/mla/params.hpp"
+#include "attnref/mla/reshape_and_cache.hpp"
+#include "attnref/mla/rmsnorm_quant.hpp"
+#include "attnref/mla/rope.hpp"
+
+namespace attnref {
+
+/// MlaPreprocess inputs, named after ATB's (index in ATB's list in brackets).
+template <class T>
+struct MlaPreprocessInputs {
+  TensorRef<const T> input;                        ///< [0] [N, H0]
+  TensorRef<const T> gamma0, beta0;                ///< [1], [2] H0 values (beta optional)
+  TensorRef<const T> quant_scale0{};               ///< [3] [1] (PerTensorAsymm)
+  TensorRef<const std::int8_t> quant_offset0{};    ///< [4] [1] (PerTensorAsymm)
+  WeightRef<std::int8_t> wdqkv{};                  ///< [5] [C + R + Q, H0] (quantized modes)
+  WeightRef<T> wdqkv_float{};                      ///< [5] in Unquant mode
+  TensorRef<const float> de_scale0{};              ///< [6] C + R + Q values (fp32 ...
+  TensorRef<const std::int64_t> de_scale0_bits{};  ///< ... or int64 with the fp32 bits)
+  TensorRef<const std::int32_t> bias0{};           ///< [7] C + R + Q values (PerTensorAsymm)
+  TensorRef<const T> gamma1, beta1;                ///< [8], [9] Q values
+  TensorRef<const T> quant_scale1{};               ///< [10]
+  TensorRef<const std::int8_t> quant_offset1{};    ///< [11]
+  WeightRef<std::int8_t> wuq{};                    ///< [12] [heads · (P + R), Q]
+  WeightRef<T> wuq_float{};                        ///< [12] in Unquant mode
+  TensorRef<const float> de_scale1{};              ///< [13] heads · (P + R) values
+  TensorRef<const std::int64_t> de_scale1_bits{};
+  TensorRef<const std::int32_t> bias1{};       ///< [14]
+  TensorRef<const T> gamma2;                   ///< [15] C values
+  TensorRef<const T> cos, sin;                 ///< [16], [17] [N, R]
+  WukRef<T> wuk;                               ///< [18] [heads, P, C] (or NZ)
+  TensorRef<const std::int32_t> slot_mapping;  ///< [21] N values
+  TensorRef<const T> ctkv_scale{};             ///< [22] quantScale3 [1] (Int8NzCache)
+  TensorRef<const T> q_nope_scale{};           ///< [23] heads values (Int8NzCache)
+};
+
+/// MlaPreprocess outputs; the caches ([19] ctkv / kv cache, [20] krope) are updated in place.
+template <class T>
+struct MlaPreprocessOutputs {
+  TensorRef<T> q_out{};  ///< KvCache [N, heads, C + R]; KRopeCtkv, NzCache [N, heads, C]
+  TensorRef<std::int8_t> q_out_i8{};  ///< Int8NzCache [N, heads, C]
+  TensorRef<T> q_rope_out{};          ///< modes 1-3 [N, heads, R]
+  MlaCaches<T> caches{};
+};
+
+template <class T>
+void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+                    const MlaPreprocessOutputs<T>& out, int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                "mla_preprocess: half or bfloat16 (the model dtype)");
+  using namespace detail::mla;
+  constexpr const char* fn = "mla_preprocess";
+  const MlaDims& d = params.dims;
+  const Index H0 = d.hidden_size, C = d.kv_lora_rank, R = d.rope_dim, Q = d.q_lora_rank,
+              P = d.nope_dim, W1 = C + R + Q;
+  check(H0 > 0 && C > 0 && R > 0 && R % 2 == 0 && Q > 0 && P > 0, fn, "params.dims",
+        "not positive (rope_dim even)", "positive sizes",
+        "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " + std::to_string(R) +
+            ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
+  check(params.wdq_dim == 0 || Index(params.wdq_dim) == Q, fn, "params.wdq_dim",
+        "differs from dims.q_lora_rank", "0 or " + std::to_string(Q),
+        std::to_string(params.wdq_dim));
+  check(params.q_rope_dim == 0 || Index(params.q_rope_dim) == R, fn, "params.q_rope_dim",
+        "differs from dims.rope_dim", "0 or " + std::to_string(R),
+        std::to_string(params.q_rope_dim));
+  check(params.k_rope_dim == 0 || Index(params.k_rope_dim) == R, fn, "params.k_rope_dim",
+        "differs from dims.rope_dim", "0 or " + std::to_string(R),
+        std::to_string(params.k_rope_dim));
+  check(params.q_rotary_coeff == 2 && params.k_rotary_coeff == 2, fn,
+        "params.q_rotary_coeff / k_rotary_coeff", "not supported", "2 (rotate half)",
+        std::to_string(params.q_rotary_coeff) + " / " + std::to_string(params.k_rotary_coeff));
+  check(params.transpose_wuk, fn, "params.transpose_wuk", "not supported", "true", "false");
+  check(params.epsilon >= 0.0f && std::isfinite(params.epsilon), fn, "params.epsilon",
+        "out of range", ">= 0 and finite", std::to_string(params.epsilon));
+  const int qm = static_cast<int>(params.quant_mode);
+  check(qm >= 0 && qm <= 3, fn, "params.quant_mode", "out of range", "0 to 3", std::to_string(qm));
+  const MlaQuantMode mode = params.quant_mode;
+  const MlaCacheMode cm = params.cache_mode;
+  const bool unquant = mode == MlaQuantMode::Unquant;
+  const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
+
+  check(in.input.data != nullptr && in.input.rank() == 2 && in.input.dim(1) == H0, fn,
+        "input.shape", "mismatch", "[N, " + std::to_string(H0) + "]", detail::shape_str(in.input));
+  const Index N = in.input.dim(0);
+  check(N > 0, fn, "input.shape[0]", "no tokens", ">= 1", std::to_string(N));
+  const auto& wk = in.wuk.tensor;
+  check(wk.data != nullptr && (wk.rank() == 3 || wk.rank() == 4) && wk.dim(0) > 0, fn, "wuk.shape",
+        "not [heads, P, C] or NZ", "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]",
+        detail::shape_str(wk));
+  const Index NH = wk.dim(0), W2 = NH * (P + R);
+  if (!in.wuk.nz)
+    check(wk.rank() == 3 && wk.dim(1) == P && wk.dim(2) == C, fn, "wuk.shape", "mismatch",
+          "[" + std::to_string(NH) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
+          detail::shape_str(wk));
+  else
+    check(
+        wk.rank() == 4 && wk.dim(1) * 16 == C && wk.dim(2) == (P + 15) / 16 * 16 && wk.dim(3) == 16,
+        fn, "wuk.shape", "mismatch (NZ)",
+        "[" + std::to_string(NH) + ", " + std::to_string(C / 16) + ", " +
+            std::to_string((P + 15) / 16 * 16) + ", 16]",
+        detail::shape_str(wk));
+
+  // Norm parameters.
+  check_vector(fn, "gamma0", in.gamma0, H0);
+  if (!in.beta0.absent()) check_vector(fn, "beta0", in.beta0, H0);
+  check_vector(fn, "gamma1", in.gamma1, Q);
+  if (!in.beta1.absent()) check_vector(fn, "beta1", in.beta1, Q);
+  check_vector(fn, "gamma2", in.gamma2, C);
+  check_matrix(fn, "cos", in.cos, N, R);
+  check_matrix(fn, "sin", in.sin, N, R);
+  auto static_scale = [&](const TensorRef<const T>& s, const TensorRef<const std::int8_t>& o,
+                          const char* sn, const char* on) {
+    if (per_tensor) {
+      check_vector(fn, sn, s, 1);
+      check_vector(fn, on, o, 1);
+      const float v = static_cast<float>(s.data[0]);
+      check(v != 0.0f && std::isfinite(v), fn, sn, "not usable", "finite and nonzero",
+            std::to_string(v));
+    } else {
+      check(s.absent() && o.absent(), fn, std::string(sn) + " / " + on,
+            "given for a mode without a static scale", "none", detail::shape_str(s));
+    }
+  };
+  static_scale(in.quant_scale0, in.quant_offset0, "quant_scale0", "quant_offset0");
+  static_scale(in.quant_scale1, in.quant_offset1, "quant_scale1", "quant_offset1");
+  // Weights, scales and biases.
+  auto matmul_args = [&](const WeightRef<std::int8_t>& w, const WeightRef<T>& wf,
+                         const TensorRef<const float>& ds, const TensorRef<const std::int64_t>& db,
+                         const TensorRef<const std::int32_t>& bias, Index rows, Index cols,
+                         const std::string& wn, const std::string& sn, const std::string& bn) {
+    if (unquant) {
+      check_weight(fn, (wn + "_float").c_str(), wf, rows, cols);
+      check(w.tensor.absent() && ds.absent() && db.absent() && bias.absent(), fn,
+            wn + " / " + sn + " / " + bn, "given in Unquant mode", "none (" + wn + "_float)",
+            "a tensor");
+      return;
+    }
+    check_weight(fn, wn.c_str(), w, rows, cols);
+    check(wf.tensor.absent(), fn, wn + "_float", "given in a quantized mode", "none",
+          detail::shape_str(wf.tensor));
+    check(ds.absent() != db.absent(), fn, sn + " / " + sn + "_bits", "exactly one is required",
+          "one of them", "none or both");
+    if (!ds.absent()) check_vector(fn, sn.c_str(), ds, rows);
+    if (!db.absent()) check_vector(fn, (sn + "_bits").c_str(), db, rows);
+    if (per_tensor) {
+      if (!bias.absent()) check_vector(fn, bn.c_str(), bias, rows);
+    } else {
+      check(bias.absent(), fn, bn, "given with per-token quantization", "none",
+            detail::shape_str(bias));
+    }
+  };
+  matmul_args(in.wdqkv, in.wdqkv_float, in.de_scale0, in.de_scale0_bits, in.bias0, W1, H0, "wdqkv",
+              "de_scale0", "bias0");
+  matmul_args(in.wuq, in.wuq_float, in.de_scale1, in.de_scale1_bits, in.bias1, W2, Q, "wuq",
+              "de_scale1", "bias1");
+  // Outputs and caches.
+  auto shape3 = [](Index a, Index b, Index c) {
+    return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
+  };
+  auto out3 = [&](const auto& t, const char* name, Index w) {
+    check(t.data != nullptr && t.rank() == 3 && t.dim(0) == N && t.dim(1) == NH && t.dim(2) == w,
+          fn, std::string(name) + ".shape", "mismatch", shape3(N, NH, w), detail::shape_str(t));
+  };
+  const int cmi = static_cast<int>(cm);
+  check(cmi >= 0 && cmi <= 3, fn, "params.cache_mode", "out of range", "0 to 3",
+        std::to_string(cmi));
+  const bool int8_q = cm == MlaCacheMode::Int8NzCache;
+  if (cm == MlaCacheMode::KvCache) {
+    out3(out.q_out, "q_out", C + R);
+    check(out.q_out_i8.absent() && out.q_rope_out.absent(), fn, "q_out_i8 / q_rope_out",
+          "given with cache_mode KvCache", "none", "a tensor");
+  } else {
+    out3(out.q_rope_out, "q_rope_out", R);
+    if (int8_q) {
+      out3(out.q_out_i8, "q_out_i8", C);
+      check(out.q_out.absent(), fn, "q_out", "given with cache_mode Int8NzCache", "none (q_out_i8)",
+            detail::shape_str(out.q_out));
+    } else {
+      out3(out.q_out, "q_out", C);
+      check(out.q_out_i8.absent(), fn, "q_out_i8", "given without cache_mode Int8NzCache", "none",
+            detail::shape_str(out.q_out_i8));
+    }
+  }
+  const auto [blocks, bs] = check_caches(fn, cm, out.caches, C, R);
+  const bool nz_cache = cm == MlaCacheMode::Int8NzCache || cm == MlaCacheMode::NzCache;
+  check(nz_cache ? bs == 128 : (bs <= 128 || bs == 256), fn, "caches block size",
+        "not supported by ATB", nz_cache ? "128 (NZ caches)" : "1 to 128, or 256",
+        std::to_string(bs));
+  if (int8_q) {
+    check_vector(fn, "ctkv_scale", in.ctkv_scale, 1);
+    const float v = static_cast<float>(in.ctkv_scale.data[0]);
+    check(v != 0.0f && std::isfinite(v), fn, "ctkv_scale", "not usable", "finite and nonzero",
+          std::to_string(v));
+    check_vector(fn, "q_nope_scale", in.q_nope_scale, NH);
+  } else {
+    check(in.ctkv_scale.absent() && in.q_nope_scale.absent(), fn, "ctkv_scale / q_nope_scale",
+          "given without cache_mode Int8NzCache", "none", "a tensor");
+  }
+  check_slots<T>(fn, in.slot_mapping, N, blocks * bs);
+  // Nothing has been written yet; from here on only internal buffers until the last step.
+
+  std::vector<T> mm1(static_cast<size_t>(N * W1)), mm2(static_cast<size_t>(N * W2));
+  auto norm_matmul = [&](const TensorRef<const T>& x, Index K, const TensorRef<const T>& g,
+                         const TensorRef<const T>& b, const TensorRef<const T>& qs,
+                         const TensorRef<const std::int8_t>& qo, const WeightRef<std::int8_t>& w,
+                         const WeightRef<T>& wf, const TensorRef<const float>& ds,
+                         const TensorRef<const std::int64_t>& db,
+                         const TensorRef<const std::int32_t>& bias, std::vector<T>& dst,
+                         Index width) {
+    const TensorRef<T> o(dst.data(), {N, width});
+    RmsNormQuantInputs<T> ri{x, g, b, qs, qo};
+    if (unquant) {
+      std::vector<T> y(static_cast<size_t>(N * K));
+      rms_norm_quant<T>(mode, params.epsilon, ri, {{}, {}, {}, TensorRef<T>(y.data(), {N, K})});
+      float_matmul<T>(TensorRef<const T>(y.data(), {N, K}), wf, o, num_threads);
+      return;
+    }
+    std::vector<std::int8_t> q(static_cast<size_t>(N * K));
+    std::vector<float> dsc(static_cast<size_t>(N)), zp(static_cast<size_t>(N));
+    RmsNormQuantOutputs<T> ro{TensorRef<std::int8_t>(q.data(), {N, K})};
+    if (!per_tensor) ro.descale = TensorRef<float>(dsc.data(), {N});
+    if (mode == MlaQuantMode::PerTokenAsymm) ro.zero_point = TensorRef<float>(zp.data(), {N});
+    rms_norm_quant<T>(mode, params.epsilon, ri, ro);
+    Int8MatmulInputs mi{TensorRef<const std::int8_t>(q.data(), {N, K}), w, bias, ds, db};
+    if (!per_tensor) mi.token_scale = TensorRef<const float>(dsc.data(), {N});
+    if (mode == MlaQuantMode::PerTokenAsymm) mi.zero_point = TensorRef<const float>(zp.data(), {N});
+    int8_matmul<T>(mi, o, num_threads);
+  };
+  // 1-2: input -> mm1 [N, C + R + Q].
+  norm_matmul(in.input, H0, in.gamma0, in.beta0, in.quant_scale0, in.quant_offset0, in.wdqkv,
+              in.wdqkv_float, in.de_scale0, in.de_scale0_bits, in.bias0, mm1, W1);
+  // 3-5: the query latent -> mm2 [N, heads, P + R].
+  std::vector<T> ql(static_cast<size_t>(N * Q)), kv(static_cast<size_t>(N * C)),
+      kr(static_cast<size_t>(N * R));
+  for (Index t = 0; t < N; ++t) {
+    const T* row = mm1.data() + t * W1;
+    std::copy(row, row + C, kv.data() + t * C);
+    std::copy(row + C, row + C + R, kr.data() + t * R);
+    std::copy(row + C + R, row + W1, ql.data() + t * Q);
+  }
+  norm_matmul(TensorRef<const T>(ql.data(), {N, Q}), Q, in.gamma1, in.beta1, in.quant_scale1,
+              in.quant_offset1, in.wuq, in.wuq_float, in.de_scale1, in.de_scale1_bits, in.bias1,
+              mm2, W2);
+  // 6-7: q_nope · wuk and the query rope.
+  std::vector<T> qn(static_cast<size_t>(N * NH * P)), qr(static_cast<size_t>(N * NH * R));
+  for (Index t = 0; t < N; ++t)
+    for (Index h = 0; h < NH; ++h) {
+      const T* row = mm2.data() + (t * NH + h) * (P + R);
+      std::copy(row, row + P, qn.data() + (t * NH + h) * P);
+      std::copy(row + P, row + P + R, qr.data() + (t * NH + h) * R);
+    }
+  std::vector<float> qa(static_cast<size_t>(N * NH * C));
+  q_nope_absorb<T>(TensorRef<const T>(qn.data(), {N, NH, P}), in.wuk,
+                   TensorRef<float>(qa.data(), {N, NH, C}), num_threads);
+  rope_rotate_half<T>(TensorRef<const T>(qr.data(), {N, NH, R}), in.sin, in.cos, NH,
+                      TensorRef<T>(qr.data(), {N, NH, R}));
+  // 8: the key path.
+  std::vector<T> kn(static_cast<size_t>(N * C));
+  rms_norm<T>(TensorRef<const T>(kv.data(), {N, C}), in.gamma2, params.epsilon,
+              TensorRef<T>(kn.data(), {N, C}));
+  rope_rotate_half<T>(TensorRef<const T>(kr.data(), {N, R}), in.sin, in.cos, 1,
+                      TensorRef<T>(kr.data(), {N, R}));
+
+  // Outputs, then the caches.
+  for (Index t = 0; t < N; ++t)
+    for (Index h = 0; h < NH; ++h) {
+      const float* a = qa.data() + (t * NH + h) * C;
+      const T* r = qr.data() + (t * NH + h) * R;
+      if (cm == MlaCacheMode::KvCache) {
+        T* o = out.q_out.data + (t * NH + h) * (C + R);
+        for (Index c = 0; c < C; ++c) o[c] = T(a[c]);
+        std::copy(r, r + R, o + C);
+        continue;
+      }
+      std::copy(r, r + R, out.q_rope_out.data + (t * NH + h) * R);
+      if (int8_q) {
+        std::int8_t* o = out.q_out_i8.data + (t * NH + h) * C;
+        const float s = static_cast<float>(in.q_nope_scale.data[h]);
+        for (Index c = 0; c < C; ++c) {
+          const float p = fmul(static_cast<float>(T(a[c])), s);
+          o[c] = sat8_rne(std::is_same_v<T, half> ? static_cast<float>(half(p)) : p);
+        }
+      } else {
+        T* o = out.q_out.data + (t * NH + h) * C;
+        for (Index c = 0; c < C; ++c) o[c] = T(a[c]);
+      }
+    }
+  const float inv3 =
+      int8_q ? static_cast<float>(T(1.0 / double(static_cast<float>(in.ctkv_scale.data[0]))))
+             : 0.0f;
+  write_caches(cm, kn.data(), kr.data(), in.slot_mapping.data, N, C, R, bs, inv3, out.caches);
+}
+
+}  // namespace attnref

@@ -1,0 +1,162 @@
+#pragma once
+/// RoPE with rotary coefficient 2 (rotate half) as ATB's MlaPreprocess applies it to the query
+/// and key rope parts (semantics.md §5 steps 5 and 6), in the model dtype's arithmetic:
+///   rot = [−x₂, x₁] (the two halves of each head), out = T(T(x · cos) + T(rot · sin))
+/// with each product rounded to T and the sum of the two T values rounded once (through fp32).
+/// sin and cos are per token [N, R], the same for every head.
+///
+/// q_nope_absorb: the per-head product q_nope · wuk ("matmulEin"): out[t][h] = q[t][h] · wuk[h],
+/// [N, heads, P] × [heads, P, C] -> [N, heads, C], accumulated in fp32 in k order, each step
+/// o = fp32(o + q·w) rounded once (the product exact).
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/core/error.hpp"
+#include "attnref/core/nz.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/detail/simd.hpp"
+#include "attnref/detail/threading.hpp"
+#include "attnref/mla/rmsnorm_quant.hpp"
+
+namespace attnref {
+
+namespace detail::mla {
+
+/// One head of R values, in place into out (may alias nothing).
+template <class T>
+void rope_head(const T* x, const T* sin, const T* cos, Index R, T* out) {
+  const Index h = R / 2;
+  for (Index j = 0; j < R; ++j) {
+    const float xr = static_cast<float>(x[j]);
+    const float rot = j < h ? -static_cast<float>(x[j + h]) : static_cast<float>(x[j - h]);
+    const float a = round_to<T>(fmul(xr, static_cast<float>(cos[j])));
+    const float b = round_to<T>(fmul(rot, static_cast<float>(sin[j])));
+    out[j] = T(fadd(a, b));
+  }
+}
+
+/// fp32(a·b + c) rounded once: the product is exact in double, so a compiler-fused multiply-add
+/// gives the same bits as the separate operations, at every SIMD level.
+inline float fma_f32(float a, float b, float c) {
+  return static_cast<float>(double(a) * double(b) + double(c));
+}
+
+}  // namespace detail::mla
+
+/// x, out: [N, heads·R] or [N, heads, R]; sin, cos: [N, R]. rotary_coeff must be 2.
+template <class T>
+void rope_rotate_half(const TensorRef<const T>& x, const TensorRef<const T>& sin,
+                      const TensorRef<const T>& cos, Index heads, const TensorRef<T>& out,
+                      int rotary_coeff = 2) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "rope_rotate_half: half, bfloat16 or float");
+  using namespace detail::mla;
+  constexpr const char* fn = "rope_rotate_half";
+  check(rotary_coeff == 2, fn, "rotary_coeff", "not supported", "2 (rotate half)",
+        std::to_string(rotary_coeff));
+  check(sin.data != nullptr && sin.rank() == 2, fn, "sin.shape", "not 2-D", "[N, R]",
+        detail::shape_str(sin));
+  const Index N = sin.dim(0), R = sin.dim(1);
+  check(R > 0 && R % 2 == 0, fn, "sin.shape[1]", "not a positive even rope width", "even R",
+        std::to_string(R));
+  check(cos.data != nullptr && cos.shape == sin.shape, fn, "cos.shape", "differs from sin's",
+        detail::shape_str(sin), detail::shape_str(cos));
+  check(heads > 0, fn, "heads", "not positive", ">= 1", std::to_string(heads));
+  auto ok = [&](const auto& t) {
+    return t.data != nullptr &&
+           ((t.rank() == 2 && t.dim(0) == N && t.dim(1) == heads * R) ||
+            (t.rank() == 3 && t.dim(0) == N && t.dim(1) == heads && t.dim(2) == R));
+  };
+  const std::string want = "[" + std::to_string(N) + ", " + std::to_string(heads * R) + "] or [" +
+                           std::to_string(N) + ", " + std::to_string(heads) + ", " +
+                           std::to_string(R) + "]";
+  check(ok(x), fn, "x.shape", "mismatch", want, detail::shape_str(x));
+  check(ok(out), fn, "out.shape", "mismatch", want, detail::shape_str(out));
+  const bool same = static_cast<const void*>(x.data) == static_cast<const void*>(out.data);
+  std::vector<T> tmp(same ? static_cast<size_t>(R) : 0);
+  for (Index t = 0; t < N; ++t)
+    for (Index h = 0; h < heads; ++h) {
+      const T* xs = x.data + (t * heads + h) * R;
+      T* os = out.data + (t * heads + h) * R;
+      if (same) {
+        rope_head(xs, sin.data + t * R, cos.data + t * R, R, tmp.data());
+        std::copy(tmp.begin(), tmp.end(), os);
+      } else {
+        rope_head(xs, sin.data + t * R, cos.data + t * R, R, os);
+      }
+    }
+}
+
+/// wuk [heads, P, C] as ND, or NZ per head [heads, C / 16, P rounded to 16, 16] (fp16 / bf16).
+template <class T>
+struct WukRef {
+  TensorRef<const T> tensor;
+  bool nz = false;
+};
+
+/// out [N, heads, C] (fp32) = q [N, heads, P] · wuk[h] per head.
+template <class T>
+void q_nope_absorb(const TensorRef<const T>& q, const WukRef<T>& wuk, const TensorRef<float>& out,
+                   int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "q_nope_absorb: half, bfloat16 or float");
+  using namespace detail::mla;
+  constexpr const char* fn = "q_nope_absorb";
+  check(q.data != nullptr && q.rank() == 3, fn, "q.shape", "not 3-D", "[N, heads, P]",
+        detail::shape_str(q));
+  const Index N = q.dim(0), H = q.dim(1), P = q.dim(2);
+  const auto& w = wuk.tensor;
+  Index C = 0;
+  if (!wuk.nz) {
+    check(w.data != nullptr && w.rank() == 3 && w.dim(0) == H && w.dim(1) == P, fn, "wuk.shape",
+          "mismatch", "[" + std::to_string(H) + ", " + std::to_string(P) + ", C]",
+          detail::shape_str(w));
+    C = w.dim(2);
+  } else {
+    constexpr Index c0 = nz_c0<T>();
+    check(w.data != nullptr && w.rank() == 4 && w.dim(0) == H && w.dim(2) == (P + 15) / 16 * 16 &&
+              w.dim(3) == c0,
+          fn, "wuk.shape", "mismatch (NZ)",
+          "[" + std::to_string(H) + ", C / " + std::to_string(c0) + ", " +
+              std::to_string((P + 15) / 16 * 16) + ", " + std::to_string(c0) + "]",
+          detail::shape_str(w));
+    C = w.dim(1) * c0;
+  }
+  check(out.data != nullptr && out.rank() == 3 && out.dim(0) == N && out.dim(1) == H &&
+            out.dim(2) == C,
+        fn, "out.shape", "mismatch",
+        "[" + std::to_string(N) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
+        detail::shape_str(out));
+  // Per head: out[t][h][:] = Σ_k q[t][h][k] · wuk[h][k][:], k ascending (fp32 axpys), so each
+  // element's sum order is the same for every N and thread count.
+  detail::parallel_for(
+      detail::resolve_threads(num_threads), H,
+      [&] { return std::vector<float>(static_cast<size_t>(C)); },
+      [&](std::vector<float>& wrow, Index h) {
+        for (Index t = 0; t < N; ++t) std::fill_n(out.data + (t * H + h) * C, C, 0.0f);
+        constexpr Index c0 = nz_c0<T>();
+        for (Index k = 0; k < P; ++k) {
+          if (!wuk.nz) {
+            detail::simd::to_float(w.data + (h * P + k) * C, C, wrow.data());
+          } else {
+            const Index pp = w.dim(2);
+            const T* base = w.data + h * w.dim(1) * pp * c0;
+            for (Index cb = 0; cb < C / c0; ++cb)
+              detail::simd::to_float(base + (cb * pp + k) * c0, c0, wrow.data() + cb * c0);
+          }
+          for (Index t = 0; t < N; ++t) {
+            const float qk = static_cast<float>(q.data[(t * H + h) * P + k]);
+            float* o = out.data + (t * H + h) * C;
+            for (Index c = 0; c < C; ++c) o[c] = fma_f32(qk, wrow[static_cast<size_t>(c)], o[c]);
+          }
+        }
+      });
+}
+
+}  // namespace attnref
