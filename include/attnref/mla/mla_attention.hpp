@@ -1,0 +1,202 @@
+#pragma once
+/// MLA decode attention over the latent paged cache that mla_preprocess writes (KvCache mode:
+/// [blocks, blockSize, 1, C + R], row t = concat(k_nope(t) = c_t, k_rope(t))).
+///
+/// Absorbed form (mla_decode), what DeepSeek inference runs: the query of head h is
+/// q_h = concat(wuk[h]ᵀ · q_nope_h, q_rope_h) (C + R wide: mla_preprocess's q_out), every head
+/// attends to the same single latent "kv head":
+///   s_t = scale · q_h · row(t),   o_h = Σ_t softmax(s)_t · c_t          (o_h: C wide)
+/// on the attention engine (K = the cache rows, V = their first C elements, one kv head). The
+/// output projection through wuv (o_h -> v heads) is the caller's.
+///
+/// Un-absorbed form (mla_decode_unabsorbed), for verification: the latent is expanded through
+/// the up-projection, k_h(t) = concat(wuk[h] · c_t, k_rope(t)) (P + R wide, fp32), v_h(t) = c_t,
+/// q_h = concat(q_nope_h, q_rope_h); the same attention, per head, on fp32 copies. Equal to the
+/// absorbed form in exact arithmetic: q_nope · (wuk c) = (wukᵀ q_nope) · c.
+///
+/// A sequence with no key gives 0. Block-table entries in use outside [0, blocks) throw
+/// std::out_of_range; everything is checked before anything is written.
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/attention.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/mla/rmsnorm_quant.hpp"
+
+namespace attnref {
+
+struct MlaDecodeParams {
+  Index kv_lora_rank = 512;  ///< C
+  Index rope_dim = 64;       ///< R
+  /// Softmax scale; DeepSeek-V3 uses 1 / sqrt(nope_dim + rope_dim) = 1 / sqrt(192) (times its
+  /// YaRN mscale², the caller's to fold in).
+  double scale = 0.07216878364870322;
+};
+
+template <class T>
+struct MlaDecodeInputs {
+  TensorRef<const T> q;                       ///< [B, heads, C + R] (absorbed q_nope | q_rope)
+  TensorRef<const T> kv_cache;                ///< [blocks, blockSize, 1, C + R]
+  TensorRef<const std::int32_t> block_table;  ///< [B, maxBlocksPerSeq]
+  std::vector<Index> context_lens;            ///< B kv lengths
+};
+
+template <class T>
+struct MlaUnabsorbedInputs {
+  TensorRef<const T> q_nope;                  ///< [B, heads, P] (before absorption)
+  TensorRef<const T> q_rope;                  ///< [B, heads, R] (after RoPE)
+  TensorRef<const T> wuk;                     ///< [heads, P, C]
+  TensorRef<const T> kv_cache;                ///< [blocks, blockSize, 1, C + R]
+  TensorRef<const std::int32_t> block_table;  ///< [B, maxBlocksPerSeq]
+  std::vector<Index> context_lens;            ///< B kv lengths
+};
+
+namespace detail::mla {
+
+template <class T>
+void check_cache_table(const char* fn, const TensorRef<const T>& cache,
+                       const TensorRef<const std::int32_t>& table, const std::vector<Index>& lens,
+                       Index B, Index width) {
+  check(cache.data != nullptr && cache.rank() == 4 && cache.dim(1) > 0 && cache.dim(2) == 1 &&
+            cache.dim(3) == width,
+        fn, "kv_cache.shape", "mismatch", "[blocks, blockSize, 1, " + std::to_string(width) + "]",
+        detail::shape_str(cache));
+  check(table.data != nullptr && table.rank() == 2 && table.dim(0) == B, fn, "block_table.shape",
+        "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", detail::shape_str(table));
+  check(static_cast<Index>(lens.size()) == B, fn, "context_lens", "size mismatch",
+        std::to_string(B), std::to_string(lens.size()));
+  const Index bs = cache.dim(1);
+  for (Index b = 0; b < B; ++b) {
+    const Index l = lens[static_cast<size_t>(b)];
+    check(l >= 0 && l <= table.dim(1) * bs, fn, "context_lens[" + std::to_string(b) + "]",
+          "out of range", "[0, " + std::to_string(table.dim(1) * bs) + "]", std::to_string(l));
+    for (Index j = 0; j * bs < l; ++j) {
+      const std::int32_t id = table.data[b * table.dim(1) + j];
+      ATTNREF_CHECK(id >= 0 && id < cache.dim(0), std::out_of_range, fn,
+                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
+                    "out of range", "[0, " + std::to_string(cache.dim(0)) + ")",
+                    std::to_string(id));
+    }
+  }
+}
+
+}  // namespace detail::mla
+
+/// out [B, heads, C] = the absorbed MLA decode attention (T: half, bfloat16 or float).
+template <class T>
+void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
+                const TensorRef<T>& out, int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "mla_decode: half, bfloat16 or float");
+  using namespace detail::mla;
+  constexpr const char* fn = "mla_decode";
+  const Index C = params.kv_lora_rank, R = params.rope_dim, W = C + R;
+  check(C > 0 && R >= 0, fn, "params.kv_lora_rank / rope_dim", "out of range", "C > 0, R >= 0",
+        std::to_string(C) + " / " + std::to_string(R));
+  check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
+        std::to_string(params.scale));
+  check(in.q.data != nullptr && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W, fn,
+        "q.shape", "mismatch", "[B, heads, " + std::to_string(W) + "]", detail::shape_str(in.q));
+  const Index B = in.q.dim(0), H = in.q.dim(1);
+  check(out.data != nullptr && out.rank() == 3 && out.dim(0) == B && out.dim(1) == H &&
+            out.dim(2) == C,
+        fn, "out.shape", "mismatch",
+        "[" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
+        detail::shape_str(out));
+  check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
+  const Index blocks = in.kv_cache.dim(0), bs = in.kv_cache.dim(1);
+  AttentionInputs<T, T> e;
+  e.q = StridedView<const T, 4>(in.q.data, {B, 1, H, W});
+  e.k = StridedView<const T, 4>(in.kv_cache.data, {blocks, bs, 1, W});
+  e.v = StridedView<const T, 4>(in.kv_cache.data, {blocks, bs, 1, C}, {bs * W, W, W, 1});
+  e.block_table =
+      StridedView<const std::int32_t, 2>(in.block_table.data, {B, in.block_table.dim(1)});
+  e.seq.kv = in.context_lens;
+  AttentionParams ep;
+  ep.scale = params.scale;
+  ep.num_threads = num_threads;
+  attention(e, ep, AttentionOutputs<T>{StridedView<T, 4>(out.data, {B, 1, H, C})});
+}
+
+/// out [B, heads, C] = the same attention with the latent expanded per head (verification).
+template <class T>
+void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
+                           const TensorRef<T>& out, int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "mla_decode_unabsorbed: half, bfloat16 or float");
+  using namespace detail::mla;
+  constexpr const char* fn = "mla_decode_unabsorbed";
+  const Index C = params.kv_lora_rank, R = params.rope_dim, W = C + R;
+  check(C > 0 && R >= 0, fn, "params.kv_lora_rank / rope_dim", "out of range", "C > 0, R >= 0",
+        std::to_string(C) + " / " + std::to_string(R));
+  check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
+        std::to_string(params.scale));
+  check(in.q_nope.data != nullptr && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 &&
+            in.q_nope.dim(2) > 0,
+        fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]", detail::shape_str(in.q_nope));
+  const Index B = in.q_nope.dim(0), H = in.q_nope.dim(1), P = in.q_nope.dim(2);
+  const std::string bh = "[" + std::to_string(B) + ", " + std::to_string(H) + ", ";
+  check(in.q_rope.data != nullptr && in.q_rope.shape == std::vector<Index>{B, H, R}, fn,
+        "q_rope.shape", "mismatch", bh + std::to_string(R) + "]", detail::shape_str(in.q_rope));
+  check(in.wuk.data != nullptr && in.wuk.shape == std::vector<Index>{H, P, C}, fn, "wuk.shape",
+        "mismatch",
+        "[" + std::to_string(H) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
+        detail::shape_str(in.wuk));
+  check(out.data != nullptr && out.shape == std::vector<Index>{B, H, C}, fn, "out.shape",
+        "mismatch", bh + std::to_string(C) + "]", detail::shape_str(out));
+  check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
+  const Index bs = in.kv_cache.dim(1);
+  Index L = 1;
+  for (Index l : in.context_lens) L = std::max(L, l);
+  // Expanded keys [B, L, H, P + R] and values [B, L, H, C] in fp32.
+  const Index KW = P + R;
+  std::vector<float> q(static_cast<size_t>(B * H * KW)), k(static_cast<size_t>(B * L * H * KW)),
+      v(static_cast<size_t>(B * L * H * C));
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < H; ++h) {
+      for (Index j = 0; j < P; ++j)
+        q[static_cast<size_t>((b * H + h) * KW + j)] =
+            static_cast<float>(in.q_nope.data[(b * H + h) * P + j]);
+      for (Index j = 0; j < R; ++j)
+        q[static_cast<size_t>((b * H + h) * KW + P + j)] =
+            static_cast<float>(in.q_rope.data[(b * H + h) * R + j]);
+    }
+  for (Index b = 0; b < B; ++b)
+    for (Index t = 0; t < in.context_lens[static_cast<size_t>(b)]; ++t) {
+      const Index blk = in.block_table.data[b * in.block_table.dim(1) + t / bs];
+      const T* row = in.kv_cache.data + (blk * bs + t % bs) * W;
+      for (Index h = 0; h < H; ++h) {
+        float* kr = k.data() + ((b * L + t) * H + h) * KW;
+        for (Index j = 0; j < P; ++j) {
+          double acc = 0.0;
+          const T* w = in.wuk.data + (h * P + j) * C;
+          for (Index c = 0; c < C; ++c)
+            acc += double(static_cast<float>(w[c])) * double(static_cast<float>(row[c]));
+          kr[j] = static_cast<float>(acc);
+        }
+        for (Index j = 0; j < R; ++j) kr[P + j] = static_cast<float>(row[C + j]);
+        float* vr = v.data() + ((b * L + t) * H + h) * C;
+        for (Index c = 0; c < C; ++c) vr[c] = static_cast<float>(row[c]);
+      }
+    }
+  AttentionInputs<float, float> e;
+  e.q = StridedView<const float, 4>(q.data(), {B, 1, H, KW});
+  e.k = StridedView<const float, 4>(k.data(), {B, L, H, KW});
+  e.v = StridedView<const float, 4>(v.data(), {B, L, H, C});
+  e.seq.kv = in.context_lens;
+  AttentionParams ep;
+  ep.scale = params.scale;
+  ep.num_threads = num_threads;
+  std::vector<float> o(static_cast<size_t>(B * H * C));
+  attention(e, ep, AttentionOutputs<float>{StridedView<float, 4>(o.data(), {B, 1, H, C})});
+  for (size_t i = 0; i < o.size(); ++i) out.data[i] = T(o[i]);
+}
+
+}  // namespace attnref
