@@ -26,6 +26,8 @@
 #include <random>
 #include <vector>
 
+#include "../tests/reference/mla_attention.hpp"
+#include "../tests/reference/mla_preprocess.hpp"
 #include "../tests/reference/naive_attention.hpp"
 
 namespace {
@@ -343,6 +345,162 @@ bool paged_serving_run(std::mt19937& rng) {
   return prefill_err < tol && decode_err < tol;  // false for NaN
 }
 
+/// DeepSeek-V3 MLA: MlaPreprocess of a prompt into the latent cache, then decode steps.
+bool mla_run(std::mt19937& rng) {
+  using attnref::TensorRef;
+  attnref::MlaPreprocessParams p;  // DeepSeek-V3 dims, PER_TENSOR_QUANT_ASYMM, KvCache
+  p.epsilon = 1e-6f;
+  const attnref::MlaDims d = p.dims;
+  const Index H = 16, H0 = d.hidden_size, C = d.kv_lora_rank, R = d.rope_dim, Q = d.q_lora_rank,
+              P = d.nope_dim, W1 = C + R + Q, W2 = H * (P + R), W = C + R;
+  const Index prompt = 6, steps = 2, total = prompt + steps, bs = 16, blocks = 4;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> ui(-128, 127);
+  // Weights and norm parameters, kept as halves and as the reference's floats.
+  auto halves = [&](Index n, float scale, std::vector<float>& ref) {
+    std::vector<half> v(static_cast<size_t>(n));
+    ref.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) ref[i] = static_cast<float>(v[i] = half(nd(rng) * scale));
+    return v;
+  };
+  ref::mla::ChainIn ci;
+  auto g0 = halves(H0, 1.0f, ci.gamma0), b0 = halves(H0, 0.05f, ci.beta0);
+  auto g1 = halves(Q, 1.0f, ci.gamma1), b1 = halves(Q, 0.05f, ci.beta1);
+  auto g2 = halves(C, 1.0f, ci.gamma2);
+  std::vector<float> wuk_ref;
+  auto wuk = halves(H * P * C, 0.05f, wuk_ref);
+  ci.wuk = wuk_ref;
+  ci.wdqkv.resize(static_cast<size_t>(W1 * H0));
+  ci.wuq.resize(static_cast<size_t>(W2 * Q));
+  for (auto& x : ci.wdqkv) x = static_cast<std::int8_t>(ui(rng));
+  for (auto& x : ci.wuq) x = static_cast<std::int8_t>(ui(rng));
+  ci.descale0.assign(static_cast<size_t>(W1), 1.0f / 4096.0f);
+  ci.descale1.assign(static_cast<size_t>(W2), 1.0f / 8192.0f);
+  ci.bias0.assign(static_cast<size_t>(W1), 7);
+  ci.bias1.assign(static_cast<size_t>(W2), -3);
+  const half qs(0.02f);
+  const std::int8_t qo = 2;
+  ci.quant_scale0 = ci.quant_scale1 = static_cast<float>(qs);
+  ci.quant_offset0 = ci.quant_offset1 = qo;
+  // The weights as the NPU takes them: int8 NZ.
+  auto to_nz = [](const std::vector<std::int8_t>& nd_w, Index rows, Index cols) {
+    const auto s = attnref::nz_shape<std::int8_t>(1, rows, cols);
+    std::vector<std::int8_t> nz(static_cast<size_t>(s[1] * s[2] * s[3]));
+    attnref::nd_to_nz<std::int8_t>(
+        attnref::StridedView<const std::int8_t, 3>(nd_w.data(), {1, rows, cols}),
+        attnref::StridedView<std::int8_t, 4>(nz.data(), s));
+    return nz;
+  };
+  const auto wdq_nz = to_nz(ci.wdqkv, W1, H0), wuq_nz = to_nz(ci.wuq, W2, Q);
+  const auto s1 = attnref::nz_shape<std::int8_t>(1, W1, H0),
+             s2 = attnref::nz_shape<std::int8_t>(1, W2, Q);
+  // The latent cache: blocks handed out in a shuffled order, NaN until written.
+  std::vector<half> cache(static_cast<size_t>(blocks * bs * W), half(NAN));
+  std::vector<std::int32_t> table = {2, 0, 3, 1};
+  // Token embeddings and per-token sin / cos (YaRN tables are the caller's; any values do).
+  std::vector<float> x_ref, cos_ref, sin_ref;
+  auto x = halves(total * H0, 1.0f, x_ref);
+  auto cs = halves(total * R, 0.7f, cos_ref), sn = halves(total * R, 0.7f, sin_ref);
+  std::vector<float> ref_cache(static_cast<size_t>(blocks * bs * W), NAN);  // the reference's
+  std::vector<double> ref_q;                                                // last q (absorbed)
+  double pre_err = 0.0, dec_err = 0.0, t_pre = 0.0, t_dec = 0.0;
+  attnref::MlaDecodeParams dp;  // 512 + 64, scale 1/sqrt(192)
+  // Step 0 preprocesses the prompt; steps 1.. one token each; each then decodes the last token.
+  for (Index s = 0, first = 0; s <= steps; ++s) {
+    const Index n = s == 0 ? prompt : 1;
+    std::vector<std::int32_t> slots(static_cast<size_t>(n));
+    for (Index t = 0; t < n; ++t) {
+      const Index pos = first + t;
+      slots[static_cast<size_t>(t)] =
+          table[static_cast<size_t>(pos / bs)] * static_cast<std::int32_t>(bs) +
+          static_cast<std::int32_t>(pos % bs);
+    }
+    attnref::MlaPreprocessInputs<half> in;
+    in.input = {x.data() + first * H0, {n, H0}};
+    in.gamma0 = {g0.data(), {H0}};
+    in.beta0 = {b0.data(), {H0}};
+    in.quant_scale0 = in.quant_scale1 = {&qs, {1}};
+    in.quant_offset0 = in.quant_offset1 = {&qo, {1}};
+    in.wdqkv = {{wdq_nz.data(), {s1[1], s1[2], s1[3]}}, W1, H0, attnref::WeightFormat::Nz};
+    in.de_scale0 = {ci.descale0.data(), {W1}};
+    in.bias0 = {ci.bias0.data(), {W1}};
+    in.gamma1 = {g1.data(), {Q}};
+    in.beta1 = {b1.data(), {Q}};
+    in.wuq = {{wuq_nz.data(), {s2[1], s2[2], s2[3]}}, W2, Q, attnref::WeightFormat::Nz};
+    in.de_scale1 = {ci.descale1.data(), {W2}};
+    in.bias1 = {ci.bias1.data(), {W2}};
+    in.gamma2 = {g2.data(), {C}};
+    in.cos = {cs.data() + first * R, {n, R}};
+    in.sin = {sn.data() + first * R, {n, R}};
+    in.wuk.tensor = {wuk.data(), {H, P, C}};
+    in.slot_mapping = {slots.data(), {n}};
+    std::vector<half> q_out(static_cast<size_t>(n * H * W));
+    attnref::MlaPreprocessOutputs<half> out;
+    out.q_out = {q_out.data(), {n, H, W}};
+    out.caches.kv_cache = {cache.data(), {blocks, bs, 1, W}};
+    auto t0 = Clock::now();
+    attnref::mla_preprocess(p, in, out);
+    t_pre += seconds_since(t0);
+    // The reference chain on the same tokens; its k rows go to the reference cache.
+    ci.input.assign(x_ref.begin() + first * H0, x_ref.begin() + (first + n) * H0);
+    ci.cos.assign(cos_ref.begin() + first * R, cos_ref.begin() + (first + n) * R);
+    ci.sin.assign(sin_ref.begin() + first * R, sin_ref.begin() + (first + n) * R);
+    ref::mla::Dims rd{static_cast<int>(H0), static_cast<int>(C), static_cast<int>(R),
+                      static_cast<int>(Q),  static_cast<int>(P), static_cast<int>(H)};
+    const auto co =
+        ref::mla::chain(rd, 0, 0, ci, static_cast<int>(n), p.epsilon, ref::mla::Dt::F16);
+    for (Index t = 0; t < n; ++t) {
+      float* row = ref_cache.data() + slots[static_cast<size_t>(t)] * W;
+      for (Index c = 0; c < C; ++c) row[c] = co.k_nope[static_cast<size_t>(t * C + c)];
+      for (Index r = 0; r < R; ++r) row[C + r] = co.k_rope[static_cast<size_t>(t * R + r)];
+      for (Index h = 0; h < H; ++h)
+        for (Index c = 0; c < W; ++c) {
+          const double want = c < C ? co.q_nope_T[static_cast<size_t>((t * H + h) * C + c)]
+                                    : co.q_rope[static_cast<size_t>((t * H + h) * R + c - C)];
+          pre_err = worse_of(
+              pre_err, std::fabs(want - static_cast<float>(
+                                            q_out[static_cast<size_t>((t * H + h) * W + c)])) /
+                           (1.0 + std::fabs(want)));
+        }
+    }
+    for (size_t i = 0; i < cache.size(); ++i)
+      if (!std::isnan(ref_cache[i]))
+        pre_err = worse_of(pre_err, std::fabs(ref_cache[i] - static_cast<float>(cache[i])) /
+                                        (1.0 + std::fabs(ref_cache[i])));
+    first += n;
+    // Decode: the newest token's absorbed query over every cached token.
+    std::vector<half> o(static_cast<size_t>(H * C));
+    const attnref::MlaDecodeInputs<half> din{
+        TensorRef<const half>(q_out.data() + (n - 1) * H * W, {1, H, W}),
+        TensorRef<const half>(cache.data(), {blocks, bs, 1, W}),
+        TensorRef<const std::int32_t>(table.data(), {1, blocks}),
+        {first}};
+    t0 = Clock::now();
+    attnref::mla_decode(dp, din, TensorRef<half>(o.data(), {1, H, C}));
+    t_dec += seconds_since(t0);
+    ref_q.assign(static_cast<size_t>(H * W), 0.0);
+    for (Index h = 0; h < H; ++h)
+      for (Index c = 0; c < W; ++c)
+        ref_q[static_cast<size_t>(h * W + c)] =
+            c < C ? co.q_nope_T[static_cast<size_t>(((n - 1) * H + h) * C + c)]
+                  : co.q_rope[static_cast<size_t>(((n - 1) * H + h) * R + c - C)];
+    const std::vector<double> rc(ref_cache.begin(), ref_cache.end());
+    const auto want = ref::mla::mla_decode(
+        ref_q, 1, static_cast<int>(H), static_cast<int>(C), static_cast<int>(R), rc,
+        static_cast<int>(bs), table, static_cast<int>(blocks), {static_cast<int>(first)}, dp.scale);
+    for (size_t i = 0; i < o.size(); ++i)
+      dec_err = worse_of(
+          dec_err, std::fabs(want[i] - static_cast<float>(o[i])) / (1.0 + std::fabs(want[i])));
+  }
+  std::printf(
+      "MLA (DeepSeek-V3 dims, %ld heads, fp16, int8 NZ weights): MlaPreprocess of %ld + %ld x 1 "
+      "tokens %.2f ms, max rel err %.2e; absorbed decode over %ld..%ld cached tokens %.3f ms, "
+      "max rel err %.2e\n",
+      static_cast<long>(H), static_cast<long>(prompt), static_cast<long>(steps), t_pre * 1e3,
+      pre_err, static_cast<long>(prompt), static_cast<long>(total), t_dec * 1e3, dec_err);
+  return pre_err < 2e-3 && dec_err < 2e-3;  // false for NaN
+}
+
 }  // namespace
 
 int main() {
@@ -475,6 +633,7 @@ int main() {
   }
   ok = atb_self_attention_run(prompt, rng) && ok;
   ok = paged_serving_run(rng) && ok;
+  ok = mla_run(rng) && ok;
   std::printf("%s\n",
               ok ? "OK: every step matches the reference" : "FAILED: error above tolerance");
   return ok ? 0 : 1;
