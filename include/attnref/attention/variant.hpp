@@ -35,6 +35,13 @@
 ///       // at most 8 bits and kv_tile <= 1024 (every partial sum an integer below 2^24). With
 ///       // this hook the engine runs each row's tiles in order on the grid of kv_tile keys from
 ///       // key 0 (the operator's block grid) and never splits a kv range.
+///   template <class Acc> void round_p(const Coord& c, Acc* row, Index cols) const;  // optional
+///       // P·V with the normalised probabilities as the operator rounds them (NSA's P cast to
+///       // fp16 / bf16 before P·V). The engine then runs two passes per item: the first finds
+///       // each row's max and sum, the second recomputes the scores, forms P = exp(s - m) / l
+///       // (0 for masked keys), writes it to the probs output when asked, lets the hook round
+///       // `row` (the keys c.kv .. c.kv + cols - 1 of one row) and adds P·V to the (already
+///       // normalised) output. Items are never split; not combinable with quantize_p.
 ///
 /// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
 /// counted from the start of the sequence. A masked position is never read after its score is
@@ -100,6 +107,15 @@ struct has_quantize_p<V, Acc,
                       std::void_t<decltype(std::declval<const V&>().template quantize_p<Acc>(
                           std::declval<const Coord&>(), std::declval<Acc*>(), Index{},
                           std::declval<Acc&>(), std::declval<Acc&>()))>> : std::true_type {};
+
+/// True when V has the optional round_p hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_round_p : std::false_type {};
+template <class V, class Acc>
+struct has_round_p<V, Acc,
+                   std::void_t<decltype(std::declval<const V&>().template round_p<Acc>(
+                       std::declval<const Coord&>(), std::declval<Acc*>(), Index{}))>>
+    : std::true_type {};
 
 enum class TileMask { None, All, Partial };
 

@@ -152,6 +152,8 @@ struct Engine {
   static constexpr bool kMapK = std::is_same_v<TKV, Acc>;
   /// The variant quantizes P before P·V (quantize_p hook).
   static constexpr bool kQuantP = has_quantize_p<Variant, Acc>::value;
+  static constexpr bool kTwoPass = has_round_p<Variant, Acc>::value;
+  static_assert(!(kQuantP && kTwoPass), "quantize_p and round_p do not combine");
   /// int8 q / k / v with quantized P: both products can run on the int8 kernels.
   static constexpr bool kI8 = kQuantP && std::is_same_v<Acc, float> &&
                               std::is_same_v<TQ, std::int8_t> && std::is_same_v<TKV, std::int8_t>;
@@ -182,6 +184,9 @@ struct Engine {
     std::vector<std::uint8_t> q8, p8;
     std::vector<std::int8_t> kp, vp;
     std::vector<std::int32_t> kcorr, vcorr;
+    // round_p variants: the item's hooked scores and mask flags, kept from the first pass
+    AlignedVector<Acc> cache_s;
+    std::vector<std::uint8_t> cache_f;
   };
 
   /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
@@ -565,6 +570,13 @@ struct Engine {
     // Small row blocks process all heads of the tile together (token-major streaming); GEMM
     // blocks one head at a time (its scores stay in cache between the two products).
     const Index step = small(rows) ? it.head_end - it.head_begin : 1;
+    const Index span = it.kv_end - it.kv_begin;
+    if constexpr (kTwoPass) {  // every position masked until its tile is scored
+      const size_t n = static_cast<size_t>((it.head_end - it.head_begin) * rows * span);
+      if (ws.cache_s.size() < n) ws.cache_s.resize(n), ws.cache_f.resize(n);
+      std::fill(ws.cache_s.begin(), ws.cache_s.begin() + static_cast<std::ptrdiff_t>(n), kNegInf);
+      std::fill(ws.cache_f.begin(), ws.cache_f.begin() + static_cast<std::ptrdiff_t>(n), 1);
+    }
     for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
       const Index cols = std::min(g.kv_tile, it.kv_end - j0);
       const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
@@ -577,7 +589,80 @@ struct Engine {
         for (Index h = h0; h < h1; ++h) {
           const Head hd = head(ws, it, h);
           apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
+          if constexpr (kTwoPass)
+            for (Index r = 0; r < rows; ++r) {
+              const size_t at =
+                  static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
+              const Acc* srow = hd.s + r * ld();
+              const std::uint8_t* frow = hd.f + r * ld();
+              for (Index c = 0; c < cols; ++c) {
+                const bool hidden = partial && frow[c];
+                ws.cache_s[at + static_cast<size_t>(c)] = hidden ? kNegInf : srow[c];
+                ws.cache_f[at + static_cast<size_t>(c)] = hidden ? 1 : 0;
+              }
+            }
           softmax_update(hd, si, rows, cols, partial, it.q_begin, nq, j0);
+        }
+        if constexpr (!kTwoPass) accumulate_pv(ws, it, h0, h1, rows, cols, partial);
+      }
+    }
+    if constexpr (kTwoPass) normalised_pass(ws, it);
+  }
+
+  /// The second pass of round_p variants, on the scores kept from the first: P = exp(s - m) / l
+  /// per tile, written to the probs output when asked, rounded by the hook, then O += P·V (O
+  /// ends normalised).
+  void normalised_pass(Workspace& ws, const WorkItem& it) const {
+    const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
+    const SeqInfo si{it.seq, s.q_len, s.kv_len};
+    const Index nq = it.q_end - it.q_begin;
+    const Index rows = g.group * nq;
+    const bool want_probs = !out.probs.absent();
+    const Index span = it.kv_end - it.kv_begin;
+    if (want_probs)
+      for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
+        for (Index r = 0; r < rows; ++r)
+          for (Index j = 0; j < s.kv_len; ++j)
+            out.probs(s.q_batch, hkv * g.group + r / nq, s.q_off + it.q_begin + r % nq, j) = TS(0);
+    const Index step = small(rows) ? it.head_end - it.head_begin : 1;
+    for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
+      const Index cols = std::min(g.kv_tile, it.kv_end - j0);
+      const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
+      if (tm == TileMask::All) continue;
+      const bool partial = tm == TileMask::Partial;
+      tile_rows(ws, it.seq, j0, cols);
+      for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
+        const Index h1 = h0 + step;
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          for (Index r = 0; r < rows; ++r) {
+            const size_t at =
+                static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
+            std::copy_n(ws.cache_s.begin() + static_cast<std::ptrdiff_t>(at), cols,
+                        hd.s + r * ld());
+            std::copy_n(ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at), cols,
+                        hd.f + r * ld());
+          }
+          for (Index r = 0; r < rows; ++r) {
+            Acc* srow = hd.s + r * ld();
+            const SoftmaxState<Acc>& st = hd.st[r];
+            const std::uint8_t* frow = hd.f + r * ld();
+            const Acc inv = st.inv_l();
+            const Index qh = h * g.group + r / nq, qi = it.q_begin + r % nq;
+            ArrayMap<Acc> row(srow, cols);
+            if (st.l == Acc(0)) {
+              row.setZero();
+            } else {
+              row = (row - st.m).exp() * inv;
+              if (partial)
+                for (Index c = 0; c < cols; ++c)
+                  if (frow[c]) srow[c] = Acc(0);
+            }
+            if (want_probs)
+              for (Index c = 0; c < cols; ++c)
+                out.probs(s.q_batch, qh, s.q_off + qi, j0 + c) = static_cast<TS>(srow[c]);
+            var.template round_p<Acc>(Coord{si.batch, qi, j0, qh, h}, srow, cols);
+          }
         }
         accumulate_pv(ws, it, h0, h1, rows, cols, partial);
       }
@@ -594,7 +679,7 @@ struct Engine {
         const Index h = hkv * g.group + gi;
         for (Index t = 0; t < nq; ++t, ++r) {
           const Index i = it.q_begin + t;
-          store_row<TO>(o + r * g.v_head_size, st[r].inv_l(), g.v_head_size,
+          store_row<TO>(o + r * g.v_head_size, kTwoPass ? Acc(1) : st[r].inv_l(), g.v_head_size,
                         out.o.ptr(s.q_batch, s.q_off + i, h, 0), out.o.stride(3));
           if (!out.lse.absent()) out.lse(s.q_batch, h, s.q_off + i) = static_cast<TS>(st[r].lse());
         }
@@ -692,7 +777,8 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
   const bool want_probs = !out.probs.absent();
   Index num_partials = 0, max_rows = 1, split_rows = 0;
   std::vector<WorkItem> items =
-      make_items(g, num_partials, /*allow_split=*/!want_probs && !E::kQuantP, max_rows, split_rows);
+      make_items(g, num_partials, /*allow_split=*/!want_probs && !E::kQuantP && !E::kTwoPass,
+                 max_rows, split_rows);
   const E eng{in, out, var, g, pages, static_cast<Acc>(p.scale), max_rows, simd::level()};
 
   // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
@@ -718,7 +804,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
         eng.run_item(ws, it);
         if (it.partial < 0) {
           eng.finalize(it, ws.st.data(), ws.o.data());
-          if (want_probs) eng.write_probs(ws, it);
+          if (want_probs && !E::kTwoPass) eng.write_probs(ws, it);
         } else {
           const Index n = g.group * (it.q_end - it.q_begin) * (it.head_end - it.head_begin);
           std::copy(ws.o.begin(), ws.o.begin() + n * dv, part_o.begin() + it.partial * rows * dv);

@@ -1,0 +1,202 @@
+// The engine's two-pass mode (a variant with the round_p hook, attention/variant.hpp): with an
+// identity hook it is the ordinary attention (fp32 rounding apart), masks included (causal,
+// sliding window, a boolean mask with fully masked rows), with NaN in every masked K / V row
+// never reaching the output; the probs it writes are the ordinary ones; a rounding hook changes
+// P·V exactly as rounding the normalised P does (checked against a naive loop); the result does
+// not depend on the thread count; paged == contiguous.
+
+#include <gtest/gtest.h>
+
+#include <attnref/attention/attention.hpp>
+#include <attnref/core/layout.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "support/cast.hpp"
+#include "support/compare.hpp"
+
+namespace {
+
+using attnref::Coord;
+using attnref::Index;
+using support::z;
+
+// The default hooks (causal, window, masks) plus round_p: identity or rounding to a grid of
+// 1/64 (coarse, so that its effect is far above fp32 noise).
+struct TwoPass : attnref::DefaultVariant {
+  bool coarse = false;
+  template <class Acc>
+  void round_p(const Coord&, Acc* row, Index cols) const {
+    if (coarse)
+      for (Index j = 0; j < cols; ++j) row[j] = std::nearbyint(row[j] * Acc(64)) / Acc(64);
+  }
+};
+
+struct Problem {
+  Index B = 2, Sq = 5, Skv = 70, N = 4, Nkv = 2, D = 16;
+  std::vector<float> q, k, v;
+  std::vector<std::uint8_t> mask;
+  explicit Problem(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    q.resize(z(B * Sq * N * D));
+    k.resize(z(B * Skv * Nkv * D));
+    v.resize(k.size());
+    for (float& x : q) x = nd(rng);
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    mask.assign(z(B * Sq * Skv), 0);
+    std::bernoulli_distribution hole(0.3);
+    for (Index b = 0; b < B; ++b)
+      for (Index i = 0; i < Sq; ++i)
+        for (Index j = 0; j < Skv; ++j)
+          mask[z((b * Sq + i) * Skv + j)] = hole(rng) || (b == 1 && i == 2);
+  }
+  attnref::AttentionInputs<float, float> in(bool use_mask) const {
+    attnref::AttentionInputs<float, float> x{
+        attnref::bsnd_view<const float>(q.data(), B, Sq, N, D),
+        attnref::bsnd_view<const float>(k.data(), B, Skv, Nkv, D),
+        attnref::bsnd_view<const float>(v.data(), B, Skv, Nkv, D)};
+    if (use_mask)
+      x.mask_bool = attnref::StridedView<const std::uint8_t, 4>(mask.data(), {B, 1, Sq, Skv},
+                                                                {Sq * Skv, 0, Skv, 1});
+    return x;
+  }
+};
+
+template <class Variant>
+std::vector<float> run(const Variant& var, const attnref::AttentionInputs<float, float>& in,
+                       const attnref::AttentionParams& p, const Problem& pr,
+                       std::vector<float>* probs = nullptr) {
+  std::vector<float> o(z(pr.B * pr.Sq * pr.N * pr.D), 7.0f);
+  attnref::AttentionOutputs<float> out{
+      attnref::bsnd_view<float>(o.data(), pr.B, pr.Sq, pr.N, pr.D)};
+  if (probs) {
+    probs->assign(z(pr.B * pr.N * pr.Sq * pr.Skv), -1.0f);
+    out.probs = attnref::StridedView<float, 4>(probs->data(), {pr.B, pr.N, pr.Sq, pr.Skv});
+  }
+  attnref::AttentionParams q = p;  // the variants carry the causal mode and the window
+  q.causal = attnref::CausalMode::None;
+  q.window = 0;
+  attnref::attention_with(var, in, q, out);
+  return o;
+}
+
+TEST(EngineRoundP, IdentityHookIsOrdinaryAttentionUnderEveryMask) {
+  for (int m = 0; m < 4; ++m) {  // none, causal, causal + window 9, boolean mask
+    Problem pr(40 + static_cast<unsigned>(m));
+    attnref::AttentionParams p;
+    p.scale = 0.3;
+    p.kv_tile = 16;  // several tiles, partial ones included
+    if (m == 1 || m == 2) p.causal = attnref::CausalMode::BottomRight;
+    if (m == 2) p.window = 9;
+    const auto in = pr.in(false);
+    TwoPass two;
+    two.causal = {p.causal, p.window};
+    if (m == 3) two.mask_bool = pr.in(true).mask_bool;
+    attnref::DefaultVariant one;
+    one.causal = two.causal;
+    one.mask_bool = two.mask_bool;
+    std::vector<float> p1, p2;
+    const auto a = run(one, in, p, pr, &p1), b = run(two, in, p, pr, &p2);
+    EXPECT_TRUE(support::all_close(std::vector<double>(a.begin(), a.end()),
+                                   std::vector<double>(b.begin(), b.end()), {1e-6, 1e-5}))
+        << "mask " << m;
+    EXPECT_TRUE(support::all_close(std::vector<double>(p1.begin(), p1.end()),
+                                   std::vector<double>(p2.begin(), p2.end()), {1e-7, 1e-6}))
+        << "mask " << m;
+  }
+}
+
+TEST(EngineRoundP, MaskedRowsOfKAndVAreNeverRead) {
+  Problem pr(7);
+  attnref::AttentionParams p;
+  p.scale = 0.3;
+  p.kv_tile = 16;
+  // Keys 10, 33 and 69 hidden from every query by the boolean mask, NaN in their K and V rows.
+  for (Index b = 0; b < pr.B; ++b)
+    for (Index i = 0; i < pr.Sq; ++i)
+      for (Index j = 0; j < pr.Skv; ++j)
+        pr.mask[z((b * pr.Sq + i) * pr.Skv + j)] = j == 10 || j == 33 || j == 69;
+  for (Index b = 0; b < pr.B; ++b)
+    for (Index j : {10, 33, 69})
+      for (Index e = 0; e < pr.Nkv * pr.D; ++e) {
+        pr.k[z((b * pr.Skv + j) * pr.Nkv * pr.D + e)] = NAN;
+        pr.v[z((b * pr.Skv + j) * pr.Nkv * pr.D + e)] = NAN;
+      }
+  TwoPass two;
+  two.mask_bool = pr.in(true).mask_bool;
+  const auto o = run(two, pr.in(false), p, pr);
+  for (float x : o) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST(EngineRoundP, RoundingHookMatchesANaiveLoopAndThreadsAndPagingDoNotChangeBits) {
+  Problem pr(9);
+  attnref::AttentionParams p;
+  p.scale = 0.3;
+  p.kv_tile = 16;
+  p.causal = attnref::CausalMode::BottomRight;
+  TwoPass two;
+  two.causal = {p.causal, 0};
+  two.coarse = true;
+  const auto in = pr.in(false);
+  p.num_threads = 1;
+  const auto o1 = run(two, in, p, pr);
+  p.num_threads = 2;
+  const auto o2 = run(two, in, p, pr);
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0);
+  // Naive: P = softmax (double), rounded to 1/64, times V; no renormalisation.
+  const Index G = pr.N / pr.Nkv;
+  std::vector<double> want, got(o1.begin(), o1.end());
+  for (Index b = 0; b < pr.B; ++b)
+    for (Index i = 0; i < pr.Sq; ++i)
+      for (Index h = 0; h < pr.N; ++h) {
+        const Index last = i + pr.Skv - pr.Sq, hk = h / G;
+        std::vector<double> s(z(last + 1));
+        double mx = -INFINITY, sum = 0.0;
+        for (Index j = 0; j <= last; ++j) {
+          double dot = 0.0;
+          for (Index e = 0; e < pr.D; ++e)
+            dot += double(pr.q[z(((b * pr.Sq + i) * pr.N + h) * pr.D + e)]) *
+                   pr.k[z(((b * pr.Skv + j) * pr.Nkv + hk) * pr.D + e)];
+          s[z(j)] = 0.3 * dot;
+          mx = std::max(mx, s[z(j)]);
+        }
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (Index e = 0; e < pr.D; ++e) {
+          double o = 0.0;
+          for (Index j = 0; j <= last; ++j)
+            o += std::nearbyint(s[z(j)] / sum * 64.0) / 64.0 *
+                 pr.v[z(((b * pr.Skv + j) * pr.Nkv + hk) * pr.D + e)];
+          want.push_back(o);
+        }
+      }
+  // A P within 1e-6 of a rounding boundary may land on either side: allow one grid step there.
+  EXPECT_TRUE(support::all_close(want, got, {2e-5, 2e-5}));
+  // Paged: the same keys in blocks of 16, shuffled.
+  const Index bs = 16, per = (pr.Skv + bs - 1) / bs, nb = pr.B * per;
+  std::vector<float> kp(z(nb * bs * pr.Nkv * pr.D), NAN), vp(kp.size(), NAN);
+  std::vector<std::int32_t> table(z(nb));
+  for (Index i = 0; i < nb; ++i) table[z(i)] = static_cast<std::int32_t>((i * 7) % nb);
+  for (Index b = 0; b < pr.B; ++b)
+    for (Index t = 0; t < pr.Skv; ++t)
+      for (Index e = 0; e < pr.Nkv * pr.D; ++e) {
+        const Index blk = table[z(b * per + t / bs)];
+        kp[z((blk * bs + t % bs) * pr.Nkv * pr.D + e)] =
+            pr.k[z((b * pr.Skv + t) * pr.Nkv * pr.D + e)];
+        vp[z((blk * bs + t % bs) * pr.Nkv * pr.D + e)] =
+            pr.v[z((b * pr.Skv + t) * pr.Nkv * pr.D + e)];
+      }
+  auto pin = in;
+  pin.k = attnref::StridedView<const float, 4>(kp.data(), {nb, bs, pr.Nkv, pr.D});
+  pin.v = attnref::StridedView<const float, 4>(vp.data(), {nb, bs, pr.Nkv, pr.D});
+  pin.block_table = attnref::StridedView<const std::int32_t, 2>(table.data(), {pr.B, per});
+  pin.seq.kv.assign(z(pr.B), pr.Skv);
+  const auto op = run(two, pin, p, pr);
+  EXPECT_EQ(std::memcmp(o1.data(), op.data(), o1.size() * sizeof(float)), 0);
+}
+
+}  // namespace
