@@ -1,0 +1,387 @@
+#pragma once
+/// attnref::nsa_compress_attention_infer — CANN aclnnNsaCompressAttentionInfer (semantics.md §8):
+/// the compressed branch of Native Sparse Attention for decode, fused with the importance score
+/// and the top-k block selection.
+///
+/// Per batch b (cmp_len_b compressed keys in a paged cache, q_len_b <= 4 query tokens), query
+/// token i, head h (kv head h / G):
+///   s_t = q·k_t · scale_value (fp32); with an attention mask and q_len_b > 1 the last
+///   compressed key gets s = −3e38 for the tokens not yet covered: q_len_b − i − 1 > tail_b,
+///   tail_b = sel_len_b − ((cmp_len_b − 1)·d + l); P = softmax(s) (fp32); out = Σ_t T(P_t)·v_t
+///   (P rounded to the output type before P·V, summed in fp32); then importance scores, the group
+///   sum, forced blocks and top-k as in nsa/importance.hpp; topk [.., KV_N, k] per kv head.
+/// A batch without compressed keys (and padded BSND rows) gives output 0 and top-k −1; top-k
+/// positions past n_sel (relaxed mode) are −1.
+///
+/// The vendor's constraints are checked by default (params.strict); strict = false keeps only
+/// what the definition needs (positive sizes, d <= l <= l', d dividing l and l'), for research
+/// shapes. Everything is checked before anything is written.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/attention.hpp"
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/nsa/importance.hpp"
+
+namespace attnref {
+
+struct NsaCompressAttentionInferParams {
+  std::int64_t num_heads = 1;               ///< numHeads (N)
+  std::int64_t num_key_value_heads = 1;     ///< numKeyValueHeads (KV_N)
+  std::int64_t select_block_size = 64;      ///< selectBlockSize l'
+  std::int64_t select_block_count = 16;     ///< selectBlockCount k
+  std::int64_t compress_block_size = 32;    ///< compressBlockSize l
+  std::int64_t compress_block_stride = 16;  ///< compressBlockStride d
+  double scale_value = 1.0;                 ///< scaleValue
+  std::string layout = "TND";               ///< layoutOptional: TND or BSND
+  std::int64_t page_block_size = 128;       ///< pageBlockSize
+  std::int64_t sparse_mode = 0;             ///< sparseMode (0; the mask's presence is the flag)
+  bool strict = true;                       ///< the vendor's constraint list (false: relaxed)
+};
+
+/// T: half or bfloat16 (float: attnref extension). The mask's content is not read: its
+/// presence turns on the multi-token rule (as the kernel's attenMaskFlag).
+template <class T>
+struct NsaCompressAttentionInferInputs {
+  TensorRef<const T> query{};  ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
+  TensorRef<const T> key{};    ///< [numBlocks, pageBlockSize, KV_N·Dqk] (compressed keys)
+  TensorRef<const T> value{};  ///< [numBlocks, pageBlockSize, KV_N·Dv]
+  TensorRef<const std::uint8_t> atten_mask{};
+  TensorRef<const std::int32_t> block_table{};        ///< [B, maxBlocks]
+  std::vector<std::int64_t> actual_q_seq_len{};       ///< [B] per batch (empty: 1 each / S)
+  std::vector<std::int64_t> actual_cmp_kv_seq_len{};  ///< [B] compressed lengths (required)
+  std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (multi-token mask)
+};
+
+template <class T>
+struct NsaCompressAttentionInferOutputs {
+  TensorRef<T> output;           ///< TND [T, N, Dv] or BSND [B, S, N, Dv]
+  TensorRef<std::int32_t> topk;  ///< TND [T, KV_N, k] or BSND [B, S, KV_N, k]
+  /// Optional debug outputs (fp32): the probabilities [T, N, >= max cmp_len] (BSND: [B, S, N,
+  /// ...]); the per-head scores [T, N, >= max n_sel]; the group scores with the forced blocks
+  /// [T, KV_N, >= max n_sel]. Entries past a row's length are 0.
+  TensorRef<float> probs{};
+  TensorRef<float> head_scores{};
+  TensorRef<float> group_scores{};
+};
+
+namespace detail {
+
+/// The multi-token mask as an engine hook: the last compressed key gets −3e38 for query rows
+/// with q_len − i − 1 > tail[b].
+template <class T>
+struct NsaVariant {
+  const std::vector<Index>* tail = nullptr;  // null: no mask
+  bool has_transform() const { return tail != nullptr; }
+  KvRange kv_range(const SeqInfo& s, Index, Index) const { return {0, s.kv_len}; }
+  TileMask classify(const SeqInfo&, Index, Index, Index, Index) const { return TileMask::None; }
+  bool row_interval(const SeqInfo& s, const Coord&, KvRange& v) const {
+    v = {0, s.kv_len};
+    return true;
+  }
+  bool masked(const SeqInfo&, const Coord&) const { return false; }
+  /// P·V takes the probabilities rounded to the output type (the engine's two-pass mode).
+  template <class Acc>
+  void round_p(const Coord&, Acc* row, Index cols) const {
+    for (Index j = 0; j < cols; ++j)
+      row[j] = static_cast<Acc>(static_cast<float>(T(static_cast<float>(row[j]))));
+  }
+  template <class Acc>
+  Acc transform(const SeqInfo& s, const Coord& c, Acc score) const {
+    if (c.kv == s.kv_len - 1 && s.q_len - c.q - 1 > (*tail)[static_cast<size_t>(c.batch)])
+      return static_cast<Acc>(-3e38f);
+    return score;
+  }
+};
+
+inline void nsa_check(bool ok, const std::string& arg, const std::string& what,
+                      const std::string& expected, const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, "nsa_compress_attention_infer", arg, what, expected,
+                got);
+}
+
+inline bool nsa_step16(std::int64_t v, std::int64_t hi) {
+  return v >= 16 && v <= hi && v % 16 == 0;
+}
+
+}  // namespace detail
+
+template <class T>
+void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
+                                  const NsaCompressAttentionInferInputs<T>& in,
+                                  const NsaCompressAttentionInferOutputs<T>& out,
+                                  int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
+  using detail::nsa_check;
+  using detail::shape_str;
+  const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+  // Block sizes.
+  const std::int64_t l = p.compress_block_size, d = p.compress_block_stride,
+                     ls = p.select_block_size, k = p.select_block_count;
+  nsa_check(l > 0 && d > 0 && ls > 0 && k > 0, "params block sizes / select_block_count",
+            "not positive", "> 0",
+            std::to_string(l) + ", " + std::to_string(d) + ", " + std::to_string(ls) + ", " +
+                std::to_string(k));
+  nsa_check(l >= d, "params.compress_block_size", "below compress_block_stride",
+            ">= " + std::to_string(d), std::to_string(l));
+  nsa_check(ls >= l, "params.select_block_size", "below compress_block_size",
+            ">= " + std::to_string(l), std::to_string(ls));
+  nsa_check(l % d == 0 && ls % d == 0, "params.compress_block_stride",
+            "must divide compress_block_size and select_block_size", "a divisor of both",
+            "l " + std::to_string(l) + ", d " + std::to_string(d) + ", l' " + std::to_string(ls));
+  if (p.strict) {
+    nsa_check(detail::nsa_step16(l, 128), "params.compress_block_size", "not supported" + rule,
+              "16, 32, ..., 128", std::to_string(l));
+    nsa_check(detail::nsa_step16(ls, 128), "params.select_block_size", "not supported" + rule,
+              "16, 32, ..., 128", std::to_string(ls));
+    nsa_check(detail::nsa_step16(d, 64), "params.compress_block_stride", "not supported" + rule,
+              "16, 32, 48 or 64", std::to_string(d));
+  }
+  nsa_check(p.layout == "TND" || p.layout == "BSND", "params.layout", "not supported",
+            "TND or BSND", p.layout);
+  nsa_check(p.sparse_mode == 0, "params.sparse_mode", "not supported", "0",
+            std::to_string(p.sparse_mode));
+  nsa_check(std::isfinite(p.scale_value), "params.scale_value", "not finite", "a finite value",
+            std::to_string(p.scale_value));
+  // Heads and the query.
+  const Index N = p.num_heads, KVN = p.num_key_value_heads;
+  nsa_check(N > 0 && KVN > 0 && N % KVN == 0, "params.num_heads",
+            "not a positive multiple of num_key_value_heads",
+            "a multiple of " + std::to_string(KVN), std::to_string(N));
+  const Index G = N / KVN;
+  if (p.strict)
+    nsa_check(G <= 128 && 128 % G == 0, "params.num_heads / num_key_value_heads",
+              "group size not supported" + rule, "a divisor of 128", std::to_string(G));
+  const bool tnd = p.layout == "TND";
+  const auto& q = in.query;
+  nsa_check(q.data != nullptr && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == N,
+            "query.shape", "mismatch",
+            tnd ? "[T, " + std::to_string(N) + ", Dqk]" : "[B, S, " + std::to_string(N) + ", Dqk]",
+            shape_str(q));
+  const Index Dqk = q.dim(q.rank() - 1);
+  // Batches and lengths.
+  const auto& bt = in.block_table;
+  nsa_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
+            "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
+  const Index B = bt.dim(0);
+  if (p.strict)
+    nsa_check(B <= 10000, "block_table.shape[0]", "batch out of range" + rule, "[1, 10000]",
+              std::to_string(B));
+  nsa_check(static_cast<Index>(in.actual_cmp_kv_seq_len.size()) == B, "actual_cmp_kv_seq_len",
+            "required, one per batch", std::to_string(B),
+            std::to_string(in.actual_cmp_kv_seq_len.size()));
+  const Index S = tnd ? 0 : q.dim(1);
+  nsa_check(tnd || q.dim(0) == B, "query.shape[0]", "differs from block_table's batch",
+            std::to_string(B), shape_str(q));
+  std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), cmp(static_cast<size_t>(B));
+  if (!in.actual_q_seq_len.empty()) {
+    nsa_check(static_cast<Index>(in.actual_q_seq_len.size()) == B, "actual_q_seq_len",
+              "size mismatch", std::to_string(B), std::to_string(in.actual_q_seq_len.size()));
+    for (Index b = 0; b < B; ++b) {
+      const std::int64_t v = in.actual_q_seq_len[static_cast<size_t>(b)];
+      nsa_check(v >= 1 && v <= 4 && (tnd || v <= S), "actual_q_seq_len[" + std::to_string(b) + "]",
+                "out of range", tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
+      qlen[static_cast<size_t>(b)] = static_cast<Index>(v);
+    }
+  }
+  Index total = 0, max_q = 0;
+  for (Index v : qlen) total += v, max_q = std::max(max_q, v);
+  if (tnd)
+    nsa_check(q.dim(0) == total, "query.shape[0]", "differs from the sum of actual_q_seq_len",
+              std::to_string(total), shape_str(q));
+  else
+    nsa_check(S >= 1 && S <= 4, "query.shape[1]", "q_S out of range", "[1, 4]", std::to_string(S));
+  // Paged compressed K / V.
+  const auto& kt = in.key;
+  const auto& vt = in.value;
+  nsa_check(
+      kt.data != nullptr && kt.rank() == 3 && kt.dim(1) == p.page_block_size &&
+          kt.dim(2) == KVN * Dqk,
+      "key.shape", "mismatch",
+      "[numBlocks, " + std::to_string(p.page_block_size) + ", " + std::to_string(KVN * Dqk) + "]",
+      shape_str(kt));
+  nsa_check(vt.data != nullptr && vt.rank() == 3 && vt.dim(0) == kt.dim(0) &&
+                vt.dim(1) == kt.dim(1) && vt.dim(2) > 0 && vt.dim(2) % KVN == 0,
+            "value.shape", "mismatch",
+            "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(kt.dim(1)) + ", KV_N * Dv]",
+            shape_str(vt));
+  const Index Dv = vt.dim(2) / KVN, nb = kt.dim(0), pbs = kt.dim(1);
+  nsa_check(pbs > 0, "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
+  if (p.strict) {
+    nsa_check(Dqk <= 192 && Dv <= 128 && Dqk >= Dv, "query / value head sizes",
+              "not supported" + rule, "Dv <= Dqk <= 192, Dv <= 128",
+              "Dqk " + std::to_string(Dqk) + ", Dv " + std::to_string(Dv));
+    nsa_check(detail::nsa_step16(pbs, 128), "params.page_block_size", "not supported" + rule,
+              "16, 32, ..., 128", std::to_string(pbs));
+  }
+  Index max_cmp = 0, max_sel_blocks = 0;
+  for (Index b = 0; b < B; ++b) {
+    const std::int64_t v = in.actual_cmp_kv_seq_len[static_cast<size_t>(b)];
+    nsa_check(v >= 0 && v <= bt.dim(1) * pbs, "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
+              "out of range",
+              "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
+              std::to_string(v));
+    if (p.strict)
+      nsa_check(v <= 8192, "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
+                "above the compressed length limit" + rule, "<= 8192", std::to_string(v));
+    cmp[static_cast<size_t>(b)] = static_cast<Index>(v);
+    max_cmp = std::max(max_cmp, cmp[static_cast<size_t>(b)]);
+    const Index ns = nsa_select_block_count(v, l, d, ls);
+    max_sel_blocks = std::max(max_sel_blocks, ns);
+    if (v > 0) {
+      const Index ceil_len = (v - 1) * d + l;
+      if (p.strict) {
+        nsa_check(ceil_len / ls <= 4096, "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
+                  "too many select blocks" + rule, "(cmp - 1) * d + l <= 4096 * l'",
+                  std::to_string(v));
+        nsa_check(k <= ceil_len / ls, "params.select_block_count",
+                  "above the select blocks of batch " + std::to_string(b) + rule,
+                  "<= ((cmp - 1) * d + l) / l' = " + std::to_string(ceil_len / ls),
+                  std::to_string(k));
+      }
+    }
+    for (Index j = 0; j * pbs < v; ++j) {
+      const std::int32_t id = bt.data[b * bt.dim(1) + j];
+      ATTNREF_CHECK(id >= 0 && id < nb, std::out_of_range, "nsa_compress_attention_infer",
+                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
+                    "out of range", "[0, " + std::to_string(nb) + ")", std::to_string(id));
+    }
+  }
+  // The multi-token mask.
+  const bool mask = !in.atten_mask.absent() && max_q > 1;
+  std::vector<Index> tail(static_cast<size_t>(B), 0);
+  if (mask) {
+    nsa_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, "actual_sel_kv_seq_len",
+              "required with an attention mask and several query tokens", std::to_string(B),
+              std::to_string(in.actual_sel_kv_seq_len.size()));
+    for (Index b = 0; b < B; ++b) {
+      const std::int64_t sel = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
+      const Index c = cmp[static_cast<size_t>(b)];
+      const std::int64_t t = c > 0 ? sel - ((c - 1) * d + l) : 0;
+      nsa_check(c == 0 || (t >= 0 && t < d), "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
+                "inconsistent with the compressed length",
+                "cmp = (sel - l) / d + 1 = " + std::to_string(c), std::to_string(sel));
+      nsa_check(sel >= qlen[static_cast<size_t>(b)], "actual_q_seq_len[" + std::to_string(b) + "]",
+                "above actual_sel_kv_seq_len", "<= " + std::to_string(sel),
+                std::to_string(qlen[static_cast<size_t>(b)]));
+      tail[static_cast<size_t>(b)] = static_cast<Index>(t);
+    }
+  }
+  // Outputs.
+  auto out_shape = [&](Index last, Index heads) {
+    return tnd ? std::vector<Index>{total, heads, last} : std::vector<Index>{B, S, heads, last};
+  };
+  auto dims_str = [](const std::vector<Index>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  nsa_check(out.output.data != nullptr && out.output.shape == out_shape(Dv, N), "output.shape",
+            "mismatch", dims_str(out_shape(Dv, N)), shape_str(out.output));
+  nsa_check(out.topk.data != nullptr && out.topk.shape == out_shape(k, KVN), "topk.shape",
+            "mismatch", dims_str(out_shape(k, KVN)), shape_str(out.topk));
+  auto debug = [&](const TensorRef<float>& t, const char* name, Index heads, Index need) {
+    if (t.absent()) return;
+    const auto want = out_shape(need, heads);
+    nsa_check(t.data != nullptr && t.rank() == static_cast<Index>(want.size()) &&
+                  std::equal(want.begin(), want.end() - 1, t.shape.begin()) &&
+                  t.shape.back() >= need,
+              std::string(name) + ".shape", "mismatch",
+              dims_str(want) + " (last dimension at least)", shape_str(t));
+  };
+  debug(out.probs, "probs", N, max_cmp);
+  debug(out.head_scores, "head_scores", N, max_sel_blocks);
+  debug(out.group_scores, "group_scores", KVN, max_sel_blocks);
+  // Nothing has been written yet.
+
+  // The engine: P of every (batch, head, query token) over its compressed keys.
+  AttentionInputs<T, T> e;
+  std::vector<Index> q_cu{0};
+  if (tnd) {
+    e.q = StridedView<const T, 4>(q.data, {1, total, N, Dqk});
+    for (Index v : qlen) q_cu.push_back(q_cu.back() + v);
+    e.seq.q_cu = q_cu;
+  } else {
+    e.q = StridedView<const T, 4>(q.data, {B, S, N, Dqk});
+    e.seq.q = qlen;
+  }
+  e.k = StridedView<const T, 4>(kt.data, {nb, pbs, KVN, Dqk});
+  e.v = StridedView<const T, 4>(vt.data, {nb, pbs, KVN, Dv});
+  e.block_table = StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)});
+  e.seq.kv = cmp;
+  AttentionParams ep;
+  ep.scale = p.scale_value;
+  ep.num_threads = num_threads;
+  const Index pc = std::max<Index>(1, max_cmp);
+  // probs as the engine lays them out: TND [1, N, T, pc], BSND [B, N, S, pc].
+  const Index pb = tnd ? 1 : B, ps = tnd ? total : S;
+  // A per-thread buffer kept across calls (the engine writes every entry that is read).
+  thread_local std::vector<float> probs;
+  if (probs.size() < static_cast<size_t>(pb * N * ps * pc))
+    probs.resize(static_cast<size_t>(pb * N * ps * pc));
+  AttentionOutputs<T, float> eo;
+  eo.o = tnd ? StridedView<T, 4>(out.output.data, {1, total, N, Dv})
+             : StridedView<T, 4>(out.output.data, {B, S, N, Dv});
+  eo.probs = StridedView<float, 4>(probs.data(), {pb, N, ps, pc});
+  detail::NsaVariant<T> var;
+  if (mask) var.tail = &tail;
+  attention_with(var, e, ep, eo);
+
+  // Importance, forced blocks, top-k from the probabilities; padded BSND rows give 0.
+  std::vector<float> hs(static_cast<size_t>(std::max<Index>(1, max_sel_blocks)));
+  std::vector<float> gs(hs.size());
+  std::vector<const float*> ph(static_cast<size_t>(G));
+  for (Index b = 0; b < B; ++b)
+    for (Index i = 0; i < (tnd ? qlen[static_cast<size_t>(b)] : S); ++i) {
+      const Index row = tnd ? q_cu[static_cast<size_t>(b)] + i : b * S + i;
+      const bool live = i < qlen[static_cast<size_t>(b)];
+      const Index c = live ? cmp[static_cast<size_t>(b)] : 0;
+      const Index ns = nsa_select_block_count(c, l, d, ls);
+      if (!live) std::fill_n(out.output.data + row * N * Dv, N * Dv, T(0.0f));
+      for (Index kh = 0; kh < KVN; ++kh) {
+        for (Index g = 0; g < G; ++g)
+          ph[static_cast<size_t>(g)] =
+              probs.data() + (((tnd ? 0 : b) * N + kh * G + g) * ps + (tnd ? row : i)) * pc;
+        std::fill(gs.begin(), gs.end(), 0.0f);
+        for (Index g = 0; g < G; ++g) {
+          const Index h = kh * G + g;
+          const float* p_h = ph[static_cast<size_t>(g)];
+          nsa_head_scores(p_h, c, l, d, ls, hs.data());
+          for (Index s2 = 0; s2 < ns; ++s2)
+            gs[static_cast<size_t>(s2)] += hs[static_cast<size_t>(s2)];
+          if (!out.probs.absent()) {
+            const Index w = out.probs.shape.back();
+            float* dst = out.probs.data + (row * N + h) * w;
+            std::fill(dst, dst + w, 0.0f);
+            std::copy(p_h, p_h + c, dst);
+          }
+          if (!out.head_scores.absent()) {
+            const Index w = out.head_scores.shape.back();
+            float* dst = out.head_scores.data + (row * N + h) * w;
+            std::fill(dst, dst + w, 0.0f);
+            std::copy(hs.begin(), hs.begin() + ns, dst);
+          }
+        }
+        nsa_force_blocks(gs.data(), ns);
+        nsa_topk(gs.data(), ns, k, out.topk.data + (row * KVN + kh) * k);
+        if (!out.group_scores.absent()) {
+          const Index w = out.group_scores.shape.back();
+          float* dst = out.group_scores.data + (row * KVN + kh) * w;
+          std::fill(dst, dst + w, 0.0f);
+          std::copy(gs.begin(), gs.begin() + ns, dst);
+        }
+      }
+    }
+}
+
+}  // namespace attnref

@@ -1,0 +1,78 @@
+#pragma once
+/// NSA block selection (semantics.md §8 steps 4–6): the importance score of each select block
+/// from the compressed branch's probabilities, the forced blocks and the top-k.
+///
+/// With compress block l, stride d, select block l' (a = l'/d, c = l/d) and cmp_len compressed
+/// keys, there are n_sel = ceil(((cmp_len − 1)·d + l) / l') select blocks (0 without keys), and
+///   score[p] = Σ_{m<a} Σ_{n<c} P[a·(p + 1) − m − n]      (indices outside [0, cmp_len) dropped)
+/// — the kernel's index arithmetic, the paper's 1-based formula at j = p + 1. Computed in fp32
+/// as Σ_i w_i · P[a(p + 1) − i] over i = m + n ascending, w_i the number of (m, n) pairs with
+/// m + n = i (the kernel's multiplicity loop). The group score is the fp32 sum of its G heads'
+/// scores in head order; blocks 0, n_sel − 2 and n_sel − 1 are then forced to +inf. top-k: the
+/// k largest, descending, ties to the lower index (so 0, n_sel − 2, n_sel − 1 come first).
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "attnref/core/types.hpp"
+
+namespace attnref {
+
+/// Number of select blocks of cmp_len compressed keys (0 when cmp_len is 0).
+inline Index nsa_select_block_count(Index cmp_len, Index compress_block_size,
+                                    Index compress_block_stride, Index select_block_size) {
+  if (cmp_len <= 0) return 0;
+  const Index covered = (cmp_len - 1) * compress_block_stride + compress_block_size;
+  return (covered + select_block_size - 1) / select_block_size;
+}
+
+/// score[p], p < n_sel, of one query head from its probabilities p[0, cmp_len) (fp32).
+inline void nsa_head_scores(const float* p, Index cmp_len, Index compress_block_size,
+                            Index compress_block_stride, Index select_block_size, float* score) {
+  const Index a = select_block_size / compress_block_stride;
+  const Index c = compress_block_size / compress_block_stride;
+  const Index n_sel = nsa_select_block_count(cmp_len, compress_block_size, compress_block_stride,
+                                             select_block_size);
+  for (Index blk = 0; blk < n_sel; ++blk) {
+    float s = 0.0f;
+    for (Index i = 0; i <= a + c - 2; ++i) {
+      const Index idx = a * (blk + 1) - i;
+      if (idx < 0 || idx >= cmp_len) continue;
+      // w_i = #{(m, n): m < a, n < c, m + n = i}
+      const Index w = std::min(i, a - 1) - std::max<Index>(0, i - (c - 1)) + 1;
+      s += static_cast<float>(w) * p[idx];
+    }
+    score[blk] = s;
+  }
+}
+
+/// Forces blocks 0, n_sel − 2 and n_sel − 1 to +inf (those that exist).
+inline void nsa_force_blocks(float* score, Index n_sel) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (n_sel > 0) score[0] = inf;
+  if (n_sel > 1) score[n_sel - 1] = inf;
+  if (n_sel > 2) score[n_sel - 2] = inf;
+}
+
+/// The k largest of score[0, n) as indices, descending, ties to the lower index (NaN ranks
+/// lowest); positions past n (k > n) get -1.
+inline void nsa_topk(const float* score, Index n, Index k, std::int32_t* out) {
+  std::vector<std::int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  auto key = [&](std::int32_t i) {
+    const float s = score[i];
+    return s != s ? -std::numeric_limits<float>::infinity() : s;
+  };
+  const Index take = std::min(k, n);
+  std::partial_sort(idx.begin(), idx.begin() + take, idx.end(),
+                    [&](std::int32_t x, std::int32_t y) {
+                      const float kx = key(x), ky = key(y);
+                      return kx > ky || (kx == ky && x < y);
+                    });
+  for (Index i = 0; i < k; ++i) out[i] = i < take ? idx[static_cast<size_t>(i)] : -1;
+}
+
+}  // namespace attnref
