@@ -31,6 +31,7 @@
 #include "attnref/mla/reshape_and_cache.hpp"
 #include "attnref/mla/rmsnorm_quant.hpp"
 #include "attnref/mla/rope.hpp"
+#include "attnref/nsa/compress.hpp"
 #include "attnref/nsa/compress_attention.hpp"
 #include "attnref/nsa/importance.hpp"
 #include "attnref/version.hpp"

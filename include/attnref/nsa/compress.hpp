@@ -1,0 +1,110 @@
+#pragma once
+/// attnref::nsa_compress — CANN aclnnNsaCompress: the weighted block compression of NSA's
+/// compressed branch. Raw keys (or values) x [T, N, D] in TND with cumulative lengths; batch b's
+/// tokens [cu[b−1], cu[b]) give floor((len_b − l)/d) + 1 compressed tokens (none when len_b < l),
+/// compressed token i of head n being
+///   out[i][n][:] = Σ_{j<l} weight[j][n] · x[i·d + j][n][:]
+/// accumulated in fp32 in j order (each step acc = fp32(acc + w·x), the product exact) and rounded
+/// once to T. The outputs of the batches follow one
+/// another ([T', N, D], T' the sum of the counts). The vendor's constraints (N <= 128, D a
+/// multiple of 16 up to 256, l a multiple of 16 up to 128, d a multiple of 16, l >= d) are
+/// checked by default; strict = false keeps l >= d >= 1.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+
+namespace attnref {
+
+struct NsaCompressParams {
+  std::int64_t compress_block_size = 32;  ///< compressBlockSize l
+  std::int64_t compress_stride = 16;      ///< compressStride d
+  std::string layout = "TND";             ///< layoutOptional (TND only, as the vendor)
+  std::int64_t act_seq_len_type = 0;      ///< actSeqLenType (0: cumulative, the vendor's only)
+  bool strict = true;                     ///< the vendor's constraint list
+};
+
+/// Compressed tokens of a batch of `len` raw tokens.
+inline Index nsa_compressed_count(Index len, Index compress_block_size, Index compress_stride) {
+  return len < compress_block_size ? 0 : (len - compress_block_size) / compress_stride + 1;
+}
+
+/// input [T, N, D], weight [l, N], act_seq_len cumulative (B values, the last = T), output
+/// [T', N, D]. T: half or bfloat16 (float: attnref extension).
+template <class T>
+void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
+                  const TensorRef<const T>& weight, const std::vector<std::int64_t>& act_seq_len,
+                  const TensorRef<T>& output) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "nsa_compress: half or bfloat16 (float: attnref extension)");
+  constexpr const char* fn = "nsa_compress";
+  auto check = [&](bool ok, const std::string& arg, const std::string& what,
+                   const std::string& expected, const std::string& got) {
+    ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
+  };
+  const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+  const std::int64_t l = p.compress_block_size, d = p.compress_stride;
+  check(p.layout == "TND", "params.layout", "not supported", "TND", p.layout);
+  check(p.act_seq_len_type == 0, "params.act_seq_len_type", "not supported",
+        "0 (cumulative lengths)", std::to_string(p.act_seq_len_type));
+  check(d >= 1 && l >= d, "params.compress_block_size / compress_stride",
+        "need compress_block_size >= compress_stride >= 1", "l >= d >= 1",
+        std::to_string(l) + " / " + std::to_string(d));
+  if (p.strict)
+    check(l % 16 == 0 && l <= 128 && d % 16 == 0, "params.compress_block_size / compress_stride",
+          "not supported" + rule, "l a multiple of 16 up to 128, d a multiple of 16",
+          std::to_string(l) + " / " + std::to_string(d));
+  check(input.data != nullptr && input.rank() == 3 && input.dim(1) > 0 && input.dim(2) > 0,
+        "input.shape", "not [T, N, D]", "[T, N, D]", detail::shape_str(input));
+  const Index Tn = input.dim(0), N = input.dim(1), D = input.dim(2);
+  if (p.strict)
+    check(N <= 128 && D % 16 == 0 && D <= 256, "input.shape", "not supported" + rule,
+          "N <= 128, D a multiple of 16 up to 256", detail::shape_str(input));
+  check(weight.data != nullptr && weight.rank() == 2 && weight.dim(0) == l && weight.dim(1) == N,
+        "weight.shape", "mismatch", "[" + std::to_string(l) + ", " + std::to_string(N) + "]",
+        detail::shape_str(weight));
+  check(!act_seq_len.empty(), "act_seq_len", "required", "cumulative lengths", "none");
+  Index prev = 0, total = 0;
+  for (size_t b = 0; b < act_seq_len.size(); ++b) {
+    const std::int64_t c = act_seq_len[b];
+    check(c >= prev, "act_seq_len[" + std::to_string(b) + "]", "not cumulative",
+          ">= " + std::to_string(prev), std::to_string(c));
+    total += nsa_compressed_count(c - prev, l, d);
+    prev = c;
+  }
+  check(prev == Tn, "act_seq_len", "last value differs from input.shape[0]", std::to_string(Tn),
+        std::to_string(prev));
+  check(output.data != nullptr && output.rank() == 3 && output.dim(0) == total &&
+            output.dim(1) == N && output.dim(2) == D,
+        "output.shape", "mismatch",
+        "[" + std::to_string(total) + ", " + std::to_string(N) + ", " + std::to_string(D) + "]",
+        detail::shape_str(output));
+  // Nothing has been written yet.
+  std::vector<float> acc(static_cast<size_t>(D));
+  Index start = 0, o = 0;
+  for (const std::int64_t c : act_seq_len) {
+    const Index count = nsa_compressed_count(c - start, l, d);
+    for (Index i = 0; i < count; ++i, ++o)
+      for (Index n = 0; n < N; ++n) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (Index j = 0; j < l; ++j) {
+          const float w = static_cast<float>(weight.data[j * N + n]);
+          const T* x = input.data + ((start + i * d + j) * N + n) * D;
+          for (Index e = 0; e < D; ++e)
+            acc[static_cast<size_t>(e)] = static_cast<float>(
+                double(acc[static_cast<size_t>(e)]) + double(w) * double(static_cast<float>(x[e])));
+        }
+        T* dst = output.data + (o * N + n) * D;
+        for (Index e = 0; e < D; ++e) dst[e] = T(acc[static_cast<size_t>(e)]);
+      }
+    start = c;
+  }
+}
+
+}  // namespace attnref
