@@ -571,11 +571,9 @@ struct Engine {
     // blocks one head at a time (its scores stay in cache between the two products).
     const Index step = small(rows) ? it.head_end - it.head_begin : 1;
     const Index span = it.kv_end - it.kv_begin;
-    if constexpr (kTwoPass) {  // every position masked until its tile is scored
+    if constexpr (kTwoPass) {  // the second pass reads back exactly the tiles scored here
       const size_t n = static_cast<size_t>((it.head_end - it.head_begin) * rows * span);
       if (ws.cache_s.size() < n) ws.cache_s.resize(n), ws.cache_f.resize(n);
-      std::fill(ws.cache_s.begin(), ws.cache_s.begin() + static_cast<std::ptrdiff_t>(n), kNegInf);
-      std::fill(ws.cache_f.begin(), ws.cache_f.begin() + static_cast<std::ptrdiff_t>(n), 1);
     }
     for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
       const Index cols = std::min(g.kv_tile, it.kv_end - j0);
@@ -594,12 +592,10 @@ struct Engine {
               const size_t at =
                   static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
               const Acc* srow = hd.s + r * ld();
-              const std::uint8_t* frow = hd.f + r * ld();
-              for (Index c = 0; c < cols; ++c) {
-                const bool hidden = partial && frow[c];
-                ws.cache_s[at + static_cast<size_t>(c)] = hidden ? kNegInf : srow[c];
-                ws.cache_f[at + static_cast<size_t>(c)] = hidden ? 1 : 0;
-              }
+              std::copy_n(srow, cols, ws.cache_s.begin() + static_cast<std::ptrdiff_t>(at));
+              if (partial)  // (masked scores are already -inf; unmasked tiles need no flags)
+                std::copy_n(hd.f + r * ld(), cols,
+                            ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at));
             }
           softmax_update(hd, si, rows, cols, partial, it.q_begin, nq, j0);
         }
@@ -640,8 +636,9 @@ struct Engine {
                 static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
             std::copy_n(ws.cache_s.begin() + static_cast<std::ptrdiff_t>(at), cols,
                         hd.s + r * ld());
-            std::copy_n(ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at), cols,
-                        hd.f + r * ld());
+            if (partial)
+              std::copy_n(ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at), cols,
+                          hd.f + r * ld());
           }
           for (Index r = 0; r < rows; ++r) {
             Acc* srow = hd.s + r * ld();
@@ -658,9 +655,14 @@ struct Engine {
                 for (Index c = 0; c < cols; ++c)
                   if (frow[c]) srow[c] = Acc(0);
             }
-            if (want_probs)
-              for (Index c = 0; c < cols; ++c)
-                out.probs(s.q_batch, qh, s.q_off + qi, j0 + c) = static_cast<TS>(srow[c]);
+            if (want_probs) {
+              TS* dst = out.probs.ptr(s.q_batch, qh, s.q_off + qi, j0);
+              if (std::is_same_v<TS, Acc> && out.probs.stride(3) == 1)
+                std::copy_n(srow, cols, dst);
+              else
+                for (Index c = 0; c < cols; ++c)
+                  dst[c * out.probs.stride(3)] = static_cast<TS>(srow[c]);
+            }
             var.template round_p<Acc>(Coord{si.batch, qi, j0, qh, h}, srow, cols);
           }
         }

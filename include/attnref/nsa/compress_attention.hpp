@@ -30,6 +30,7 @@
 #include "attnref/core/error.hpp"
 #include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
+#include "attnref/detail/simd.hpp"
 #include "attnref/nsa/importance.hpp"
 
 namespace attnref {
@@ -92,8 +93,12 @@ struct NsaVariant {
   /// P·V takes the probabilities rounded to the output type (the engine's two-pass mode).
   template <class Acc>
   void round_p(const Coord&, Acc* row, Index cols) const {
-    for (Index j = 0; j < cols; ++j)
-      row[j] = static_cast<Acc>(static_cast<float>(T(static_cast<float>(row[j]))));
+    if constexpr (std::is_same_v<T, half> && std::is_same_v<Acc, float>) {
+      simd::round_to_half(row, cols);  // the same bits as the loop below, vectorised
+    } else {
+      for (Index j = 0; j < cols; ++j)
+        row[j] = static_cast<Acc>(static_cast<float>(T(static_cast<float>(row[j]))));
+    }
   }
   template <class Acc>
   Acc transform(const SeqInfo& s, const Coord& c, Acc score) const {

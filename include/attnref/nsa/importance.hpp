@@ -36,14 +36,37 @@ inline void nsa_head_scores(const float* p, Index cmp_len, Index compress_block_
   const Index c = compress_block_size / compress_block_stride;
   const Index n_sel = nsa_select_block_count(cmp_len, compress_block_size, compress_block_stride,
                                              select_block_size);
+  // w_i = #{(m, n): m < a, n < c, m + n = i}, i <= a + c - 2
+  const Index taps = a + c - 1;
+  float wbuf[64];
+  std::vector<float> wvec;
+  float* w = wbuf;
+  if (taps > 64) {
+    wvec.resize(static_cast<size_t>(taps));
+    w = wvec.data();
+  }
+  for (Index i = 0; i < taps; ++i)
+    w[i] = static_cast<float>(std::min(i, a - 1) - std::max<Index>(0, i - (c - 1)) + 1);
+  // Blocks whose indices a(blk + 1) - i all lie inside [0, cmp_len): tap by tap over the
+  // blocks (each block's sum still runs over i ascending); the others one by one, skipping the
+  // indices outside.
+  const Index lo = std::min(n_sel, std::max<Index>(0, (taps - 1 + a - 1) / a - 1));
+  const Index hi = std::max(lo, std::min(n_sel, (cmp_len - 1) / a));  // a(blk + 1) < cmp_len
+  std::fill(score + lo, score + hi, 0.0f);
+  for (Index i = 0; i < taps; ++i) {
+    const float wi = w[i];
+    const float* q = p + a - i;  // block blk reads q[a * blk]
+    for (Index blk = lo; blk < hi; ++blk) score[blk] += wi * q[a * blk];
+  }
   for (Index blk = 0; blk < n_sel; ++blk) {
+    if (blk == lo) blk = hi;
+    if (blk >= n_sel) break;
+    const Index top = a * (blk + 1);  // idx = top - i
     float s = 0.0f;
-    for (Index i = 0; i <= a + c - 2; ++i) {
-      const Index idx = a * (blk + 1) - i;
+    for (Index i = 0; i < taps; ++i) {
+      const Index idx = top - i;
       if (idx < 0 || idx >= cmp_len) continue;
-      // w_i = #{(m, n): m < a, n < c, m + n = i}
-      const Index w = std::min(i, a - 1) - std::max<Index>(0, i - (c - 1)) + 1;
-      s += static_cast<float>(w) * p[idx];
+      s += w[i] * p[idx];
     }
     score[blk] = s;
   }
