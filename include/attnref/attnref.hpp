@@ -33,5 +33,7 @@
 #include "attnref/mla/rope.hpp"
 #include "attnref/nsa/compress.hpp"
 #include "attnref/nsa/compress_attention.hpp"
+#include "attnref/nsa/decode_step.hpp"
 #include "attnref/nsa/importance.hpp"
+#include "attnref/nsa/select_attention.hpp"
 #include "attnref/version.hpp"

@@ -1,0 +1,343 @@
+#pragma once
+/// attnref::nsa_selected_attention_infer — CANN aclnnNsaSelectedAttentionInfer: the selected
+/// branch of Native Sparse Attention for decode. Each query head attends to the raw (paged) key
+/// and value tokens of the select blocks its kv group chose (the top-k of
+/// nsa_compress_attention_infer).
+///
+/// Per batch b (sel_len_b raw tokens in a paged cache, q_len_b <= 4 query tokens), query token
+/// i, kv head g and its G query heads:
+///   L_i = sel_len_b − (q_len_b − 1 − i)      (token i sees the raw positions [0, L_i): the
+///                                             multi-token causal rule, always on, as the kernel)
+///   keys(i, g) = ∪ over the entries j != −1 of topk[row(b, i)][g] of [j·l', min((j + 1)·l', L_i))
+///   out = softmax(q·K_selᵀ · scale_value) · V_sel   (fp32 scores, P and accumulation)
+/// Blocks are visited in ascending index order (the kernel visits them in top-k order; the set,
+/// and so the result up to rounding, is the same). A row with no selected key gives output 0
+/// (the kernel's all-zero output), as do padded BSND rows (i >= q_len_b).
+///
+/// Index data: a top-k entry must be −1 (an empty slot, anywhere) or a select block of the
+/// batch, [0, ceil(sel_len_b / l')), else std::out_of_range; a block may appear once per
+/// (row, kv head) (the kernel's result is undefined otherwise), else std::invalid_argument.
+/// Block table entries covering [0, sel_len_b) must lie in [0, numBlocks) (std::out_of_range).
+/// The vendor's constraints are checked by default (params.strict: Dqk 192, Dv 128, page block
+/// 64 or 128, l' in 16..128 step 16, G <= 16, KV_N <= 256, B <= 3072, caches 4-d with BSND and
+/// 3-d otherwise); strict = false keeps what the definition needs. Everything is checked before
+/// anything is written.
+///
+/// On the engine: every (query row, kv head) is one engine sequence of G query heads over one
+/// kv head, whose pages are the gcd(l', pageBlockSize)-token runs of its selected blocks,
+/// pointing straight into the cache (no copy). Split-KV, threads, tiling as everywhere.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/attention.hpp"
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+
+namespace attnref {
+
+struct NsaSelectedAttentionInferParams {
+  std::int64_t num_heads = 1;            ///< numHeads (N)
+  std::int64_t num_key_value_heads = 1;  ///< numKeyValueHeads (KV_N)
+  std::int64_t select_block_size = 64;   ///< selectBlockSize l'
+  std::int64_t select_block_count = 16;  ///< selectBlockCount k (top-k entries per kv head)
+  std::int64_t page_block_size = 128;    ///< pageBlockSize
+  double scale_value = 1.0;              ///< scaleValue
+  std::string layout = "BSND";           ///< layoutOptional: BSND (default), BSH or TND
+  std::int64_t sparse_mode = 0;          ///< sparseMode (reserved by the vendor: 0)
+  bool strict = true;                    ///< the vendor's constraint list (false: relaxed)
+};
+
+/// T: half or bfloat16 (float: attnref extension). The vendor's attenMask is reserved and
+/// unused; the multi-token causal rule needs no mask, so there is no mask input.
+template <class T>
+struct NsaSelectedAttentionInferInputs {
+  TensorRef<const T> query{};  ///< TND [T, N, Dqk], BSND [B, S, N, Dqk] or BSH [B, S, N·Dqk]
+  /// [numBlocks, pageBlockSize, KV_N·Dqk] or [numBlocks, pageBlockSize, KV_N, Dqk] (raw keys)
+  TensorRef<const T> key{};
+  TensorRef<const T> value{};                         ///< the same with Dv
+  TensorRef<const std::int32_t> topk_indices{};       ///< TND [T, KV_N, k], else [B, S, KV_N, k]
+  TensorRef<const std::int32_t> block_table{};        ///< [B, maxBlocks] (required)
+  std::vector<std::int64_t> actual_q_seq_len{};       ///< [B] (empty: 1 each for TND, else S)
+  std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (required)
+};
+
+template <class T>
+struct NsaSelectedAttentionInferOutputs {
+  TensorRef<T> output{};  ///< TND [T, N, Dv], BSND [B, S, N, Dv], BSH [B, S, N·Dv]
+};
+
+namespace detail {
+
+inline void nsa_sel_check(bool ok, const std::string& arg, const std::string& what,
+                          const std::string& expected, const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, "nsa_selected_attention_infer", arg, what, expected,
+                got);
+}
+
+template <class A, class B>
+bool nsa_overlaps(const TensorRef<A>& a, const TensorRef<B>& b) {
+  if (a.data == nullptr || b.data == nullptr || a.numel() == 0 || b.numel() == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
+  const auto a1 = a0 + static_cast<std::uintptr_t>(a.numel()) * sizeof(A);
+  const auto b1 = b0 + static_cast<std::uintptr_t>(b.numel()) * sizeof(B);
+  return a0 < b1 && b0 < a1;
+}
+
+}  // namespace detail
+
+template <class T>
+void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
+                                  const NsaSelectedAttentionInferInputs<T>& in,
+                                  const NsaSelectedAttentionInferOutputs<T>& out,
+                                  int num_threads = 0) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
+  using detail::nsa_sel_check;
+  using detail::shape_str;
+  const char* fn = "nsa_selected_attention_infer";
+  const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+  const std::int64_t ls = p.select_block_size, k = p.select_block_count;
+  nsa_sel_check(ls > 0 && k > 0, "params.select_block_size / select_block_count", "not positive",
+                "> 0", std::to_string(ls) + ", " + std::to_string(k));
+  if (p.strict)
+    nsa_sel_check(ls >= 16 && ls <= 128 && ls % 16 == 0, "params.select_block_size",
+                  "not supported" + rule, "16, 32, ..., 128", std::to_string(ls));
+  nsa_sel_check(p.layout == "TND" || p.layout == "BSND" || p.layout == "BSH", "params.layout",
+                "not supported", "TND, BSND or BSH", p.layout);
+  nsa_sel_check(p.sparse_mode == 0, "params.sparse_mode", "not supported (reserved)", "0",
+                std::to_string(p.sparse_mode));
+  nsa_sel_check(std::isfinite(p.scale_value), "params.scale_value", "not finite", "a finite value",
+                std::to_string(p.scale_value));
+  const Index N = p.num_heads, KVN = p.num_key_value_heads;
+  nsa_sel_check(N > 0 && KVN > 0 && N % KVN == 0, "params.num_heads",
+                "not a positive multiple of num_key_value_heads",
+                "a multiple of " + std::to_string(KVN), std::to_string(N));
+  const Index G = N / KVN;
+  if (p.strict) {
+    nsa_sel_check(G <= 16, "params.num_heads / num_key_value_heads",
+                  "group size not supported" + rule, "<= 16", std::to_string(G));
+    nsa_sel_check(KVN <= 256, "params.num_key_value_heads", "not supported" + rule, "<= 256",
+                  std::to_string(KVN));
+  }
+  // The query and its layout.
+  const bool tnd = p.layout == "TND", bsh = p.layout == "BSH";
+  const auto& q = in.query;
+  const Index q_rank = tnd || bsh ? 3 : 4;
+  nsa_sel_check(q.data != nullptr && q.rank() == q_rank, "query.shape", "mismatch",
+                tnd   ? "[T, N, Dqk]"
+                : bsh ? "[B, S, N * Dqk]"
+                      : "[B, S, N, Dqk]",
+                shape_str(q));
+  if (!bsh)
+    nsa_sel_check(q.dim(tnd ? 1 : 2) == N, "query.shape", "head count differs from num_heads",
+                  std::to_string(N), shape_str(q));
+  else
+    nsa_sel_check(q.dim(2) > 0 && q.dim(2) % N == 0, "query.shape[2]",
+                  "not a multiple of num_heads", "N * Dqk", shape_str(q));
+  const Index Dqk = bsh ? q.dim(2) / N : q.dim(q_rank - 1);
+  nsa_sel_check(Dqk > 0, "query.shape", "empty head dimension", "Dqk > 0", shape_str(q));
+  // Batches and lengths.
+  const auto& bt = in.block_table;
+  nsa_sel_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
+                "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
+  const Index B = bt.dim(0);
+  if (p.strict)
+    nsa_sel_check(B <= 3072, "block_table.shape[0]", "batch out of range" + rule, "[1, 3072]",
+                  std::to_string(B));
+  nsa_sel_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, "actual_sel_kv_seq_len",
+                "required, one per batch", std::to_string(B),
+                std::to_string(in.actual_sel_kv_seq_len.size()));
+  const Index S = tnd ? 0 : q.dim(1);
+  nsa_sel_check(tnd || q.dim(0) == B, "query.shape[0]", "differs from block_table's batch",
+                std::to_string(B), shape_str(q));
+  if (!tnd)
+    nsa_sel_check(S >= 1 && S <= 4, "query.shape[1]", "q_S out of range", "[1, 4]",
+                  std::to_string(S));
+  std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), sel(static_cast<size_t>(B));
+  if (!in.actual_q_seq_len.empty()) {
+    nsa_sel_check(static_cast<Index>(in.actual_q_seq_len.size()) == B, "actual_q_seq_len",
+                  "size mismatch", std::to_string(B), std::to_string(in.actual_q_seq_len.size()));
+    for (Index b = 0; b < B; ++b) {
+      const std::int64_t v = in.actual_q_seq_len[static_cast<size_t>(b)];
+      nsa_sel_check(v >= 1 && v <= 4 && (tnd || v <= S),
+                    "actual_q_seq_len[" + std::to_string(b) + "]", "out of range",
+                    tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
+      qlen[static_cast<size_t>(b)] = static_cast<Index>(v);
+    }
+  }
+  std::vector<Index> row0(static_cast<size_t>(B) + 1, 0);  // first query row of each batch
+  for (Index b = 0; b < B; ++b)
+    row0[static_cast<size_t>(b) + 1] = row0[static_cast<size_t>(b)] + (tnd ? qlen[b] : S);
+  const Index R = row0.back();
+  if (tnd)
+    nsa_sel_check(q.dim(0) == R, "query.shape[0]", "differs from the sum of actual_q_seq_len",
+                  std::to_string(R), shape_str(q));
+  // The paged caches: [numBlocks, pbs, KV_N·D] or [numBlocks, pbs, KV_N, D].
+  const auto& kt = in.key;
+  const auto& vt = in.value;
+  const Index pbs = p.page_block_size;
+  nsa_sel_check(pbs > 0, "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
+  auto cache_ok = [&](const auto& t, Index D) {
+    if (t.data == nullptr || t.dim(1) != pbs) return false;
+    return (t.rank() == 3 && t.dim(2) == KVN * D) ||
+           (t.rank() == 4 && t.dim(2) == KVN && t.dim(3) == D);
+  };
+  nsa_sel_check((kt.rank() == 3 || kt.rank() == 4) && cache_ok(kt, Dqk), "key.shape", "mismatch",
+                "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(KVN * Dqk) +
+                    "] or [numBlocks, " + std::to_string(pbs) + ", " + std::to_string(KVN) + ", " +
+                    std::to_string(Dqk) + "]",
+                shape_str(kt));
+  nsa_sel_check((vt.rank() == 3 || vt.rank() == 4) && vt.data != nullptr &&
+                    vt.dim(0) == kt.dim(0) && vt.dim(1) == pbs &&
+                    (vt.rank() == 3 ? vt.dim(2) > 0 && vt.dim(2) % KVN == 0
+                                    : vt.dim(2) == KVN && vt.dim(3) > 0),
+                "value.shape", "mismatch",
+                "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) +
+                    ", KV_N * Dv] or [.., KV_N, Dv]",
+                shape_str(vt));
+  const Index Dv = vt.rank() == 3 ? vt.dim(2) / KVN : vt.dim(3), nb = kt.dim(0);
+  if (p.strict) {
+    const Index want_rank = p.layout == "BSND" ? 4 : 3;  // the vendor ties it to the layout
+    nsa_sel_check(kt.rank() == want_rank && vt.rank() == want_rank, "key / value rank",
+                  "not the layout's cache rank" + rule,
+                  want_rank == 4 ? "[numBlocks, pbs, KV_N, D] with BSND"
+                                 : "[numBlocks, pbs, KV_N * D] with " + p.layout,
+                  shape_str(kt) + " / " + shape_str(vt));
+    nsa_sel_check(Dqk == 192 && Dv == 128, "query / value head sizes", "not supported" + rule,
+                  "Dqk 192, Dv 128", "Dqk " + std::to_string(Dqk) + ", Dv " + std::to_string(Dv));
+    nsa_sel_check(pbs == 64 || pbs == 128, "params.page_block_size", "not supported" + rule,
+                  "64 or 128", std::to_string(pbs));
+  }
+  for (Index b = 0; b < B; ++b) {
+    const std::int64_t v = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
+    nsa_sel_check(v >= 0 && v <= bt.dim(1) * pbs,
+                  "actual_sel_kv_seq_len[" + std::to_string(b) + "]", "out of range",
+                  "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
+                  std::to_string(v));
+    nsa_sel_check(v == 0 || qlen[static_cast<size_t>(b)] <= v,
+                  "actual_q_seq_len[" + std::to_string(b) + "]", "above actual_sel_kv_seq_len",
+                  "<= " + std::to_string(v), std::to_string(qlen[static_cast<size_t>(b)]));
+    sel[static_cast<size_t>(b)] = static_cast<Index>(v);
+  }
+  // (The docs also bound selectBlockCount · selectBlockSize by max(actualSelKvSeqLen); the host
+  // checks do not, and the docs' own example (sel 48, l' 64, k 1) breaks it: not checked.)
+  // The top-k indices.
+  const auto& tk = in.topk_indices;
+  const std::vector<Index> tk_shape =
+      tnd ? std::vector<Index>{R, KVN, k} : std::vector<Index>{B, S, KVN, k};
+  auto dims_str = [](const std::vector<Index>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  nsa_sel_check(tk.data != nullptr && tk.shape == tk_shape, "topk_indices.shape", "mismatch",
+                dims_str(tk_shape), shape_str(tk));
+  // The output.
+  const std::vector<Index> o_shape = tnd   ? std::vector<Index>{R, N, Dv}
+                                     : bsh ? std::vector<Index>{B, S, N * Dv}
+                                           : std::vector<Index>{B, S, N, Dv};
+  nsa_sel_check(out.output.data != nullptr && out.output.shape == o_shape, "output.shape",
+                "mismatch", dims_str(o_shape), shape_str(out.output));
+  nsa_sel_check(!detail::nsa_overlaps(out.output, q) && !detail::nsa_overlaps(out.output, kt) &&
+                    !detail::nsa_overlaps(out.output, vt) &&
+                    !detail::nsa_overlaps(out.output, tk) && !detail::nsa_overlaps(out.output, bt),
+                "output", "overlaps an input", "memory disjoint from the inputs",
+                "overlapping memory");
+  // Index data: block tables, then every live row's top-k entries.
+  for (Index b = 0; b < B; ++b)
+    for (Index j = 0; j * pbs < sel[static_cast<size_t>(b)]; ++j) {
+      const std::int32_t id = bt.data[b * bt.dim(1) + j];
+      ATTNREF_CHECK(id >= 0 && id < nb, std::out_of_range, fn,
+                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
+                    "out of range", "[0, " + std::to_string(nb) + ")", std::to_string(id));
+    }
+  std::vector<std::int32_t> seen;
+  for (Index b = 0; b < B; ++b) {
+    const Index n_sel = (sel[static_cast<size_t>(b)] + ls - 1) / ls;
+    for (Index i = 0; i < qlen[static_cast<size_t>(b)]; ++i)
+      for (Index g = 0; g < KVN; ++g) {
+        const Index row = row0[static_cast<size_t>(b)] + i;
+        const std::int32_t* t = tk.data + (row * KVN + g) * k;
+        seen.clear();
+        for (Index e = 0; e < k; ++e) {
+          const std::string arg = "topk_indices[" + std::to_string(row) + "][" + std::to_string(g) +
+                                  "][" + std::to_string(e) + "]";
+          ATTNREF_CHECK(t[e] == -1 || (t[e] >= 0 && t[e] < n_sel), std::out_of_range, fn, arg,
+                        "not a select block of batch " + std::to_string(b),
+                        "-1 or [0, ceil(sel_len / l') = " + std::to_string(n_sel) + ")",
+                        std::to_string(t[e]));
+          if (t[e] >= 0) seen.push_back(t[e]);
+        }
+        std::sort(seen.begin(), seen.end());
+        const auto dup = std::adjacent_find(seen.begin(), seen.end());
+        nsa_sel_check(dup == seen.end(),
+                      "topk_indices[" + std::to_string(row) + "][" + std::to_string(g) + "]",
+                      "repeats a block", "distinct blocks (or -1)",
+                      dup == seen.end() ? "" : "block " + std::to_string(*dup) + " twice");
+      }
+  }
+  // Nothing has been written yet.
+
+  // One engine sequence per (query row, kv head): G query heads, one kv head, pages of u
+  // tokens pointing into the cache at the kv head's slice.
+  const Index u = std::gcd(ls, pbs);
+  const Index kstride = KVN * Dqk, vstride = KVN * Dv;  // token strides in the caches
+  const Index E = R * KVN;
+  detail::KvPages<T> pages;
+  pages.page_size = u;
+  pages.first.resize(static_cast<size_t>(E));
+  std::vector<Index> kv_len(static_cast<size_t>(E), 0);
+  std::vector<std::int32_t> blocks;
+  for (Index b = 0; b < B; ++b)
+    for (Index i = 0; i < (tnd ? qlen[static_cast<size_t>(b)] : S); ++i) {
+      const Index row = row0[static_cast<size_t>(b)] + i;
+      const bool live = i < qlen[static_cast<size_t>(b)];
+      const Index L =
+          live ? sel[static_cast<size_t>(b)] - (qlen[static_cast<size_t>(b)] - 1 - i) : 0;
+      for (Index g = 0; g < KVN; ++g) {
+        const Index e = row * KVN + g;
+        pages.first[static_cast<size_t>(e)] = static_cast<Index>(pages.k.size());
+        if (!live || L <= 0) continue;
+        const std::int32_t* t = tk.data + (row * KVN + g) * k;
+        blocks.assign(t, t + k);
+        std::sort(blocks.begin(), blocks.end());
+        Index n = 0;
+        for (const std::int32_t j : blocks) {
+          if (j < 0) continue;
+          for (Index pos = j * ls; pos < std::min<Index>((j + 1) * ls, L); pos += u) {
+            const Index phys = bt.data[b * bt.dim(1) + pos / pbs] * pbs + pos % pbs;
+            pages.k.push_back(kt.data + phys * kstride + g * Dqk);
+            pages.v.push_back(vt.data + phys * vstride + g * Dv);
+          }
+          n += std::max<Index>(0, std::min<Index>((j + 1) * ls, L) - j * ls);
+        }
+        kv_len[static_cast<size_t>(e)] = n;
+      }
+    }
+  Index max_len = 1;
+  for (Index v : kv_len) max_len = std::max(max_len, v);
+  AttentionInputs<T, T> ein;
+  ein.q = StridedView<const T, 4>(q.data, {E, 1, G, Dqk});
+  ein.k = StridedView<const T, 4>(kt.data, {E, max_len, 1, Dqk}, {0, kstride, Dqk, 1});
+  ein.v = StridedView<const T, 4>(vt.data, {E, max_len, 1, Dv}, {0, vstride, Dv, 1});
+  ein.seq.kv = kv_len;
+  AttentionParams ep;
+  ep.scale = p.scale_value;
+  ep.num_threads = num_threads;
+  AttentionOutputs<T> eo;
+  eo.o = StridedView<T, 4>(out.output.data, {E, 1, G, Dv});
+  DefaultVariant var;
+  detail::attention_with_pages(var, ein, ep, eo, pages);
+}
+
+}  // namespace attnref
