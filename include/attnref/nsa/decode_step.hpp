@@ -1,0 +1,456 @@
+#pragma once
+/// attnref::nsa_decode_step — one Native Sparse Attention decode step composed of the public
+/// pieces, every intermediate inspectable:
+///
+///   raw paged K/V ──(nsa_compress, done by the caller as tokens arrive)──> compressed paged K/V
+///   q ─┬─ nsa_compress_attention_infer(q, compressed K/V) ──> o_cmp, topk [rows, KV_N, k]
+///      ├─ nsa_selected_attention_infer(q, raw K/V, topk) ───> o_sel
+///      ├─ nsa_sliding_window_attention(q, raw K/V, w) ─────> o_win
+///      └─ nsa_gated_sum(gates, o_cmp, o_sel, o_win) ───────> out
+///
+/// Per batch b the raw cache holds sel_len_b tokens, the last q_len_b of them the query tokens'
+/// own keys; the compressed cache holds cmp_len_b = nsa_compressed_count(sel_len_b, l, d)
+/// compressed tokens (block i compresses raw tokens [i·d, i·d + l)). Query token i sits at raw
+/// position sel_len_b − q_len_b + i and sees raw positions up to itself in every branch: the
+/// compressed branch masks the last compressed key for the tokens it does not yet cover (the
+/// multi-token rule, on whenever q_len_b > 1), the selected branch cuts its blocks at the
+/// token, and the window branch sees the w positions ending at it (BottomRight causal SWA).
+/// Gates: fp32 [rows, N, 3] (compressed, selected, window), typically sigmoid outputs; the
+/// gated sum is out = T(g0·o_cmp + g1·o_sel + g2·o_win) in fp32 from the T branch outputs.
+/// rows = T (TND) or B·S (BSND, padded rows give 0).
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/attention.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/tensor.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/nsa/compress.hpp"
+#include "attnref/nsa/compress_attention.hpp"
+#include "attnref/nsa/select_attention.hpp"
+
+namespace attnref {
+
+struct NsaDecodeParams {
+  std::int64_t num_heads = 1;               ///< N
+  std::int64_t num_key_value_heads = 1;     ///< KV_N
+  std::int64_t compress_block_size = 32;    ///< l
+  std::int64_t compress_block_stride = 16;  ///< d
+  std::int64_t select_block_size = 64;      ///< l'
+  std::int64_t select_block_count = 16;     ///< k
+  std::int64_t window_size = 512;           ///< w (raw positions seen by the window branch)
+  std::int64_t page_block_size = 128;       ///< raw cache page size
+  std::int64_t cmp_page_block_size = 128;   ///< compressed cache page size
+  double scale_value = 1.0;                 ///< scale of every branch's q·k
+  std::string layout = "TND";               ///< TND or BSND
+  bool strict = true;                       ///< the vendor operators' constraint lists
+};
+
+template <class T>
+struct NsaDecodeInputs {
+  TensorRef<const T> query{};                       ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
+  TensorRef<const T> key{};                         ///< raw keys [numBlocks, pbs, KV_N·Dqk]
+  TensorRef<const T> value{};                       ///< raw values [numBlocks, pbs, KV_N·Dv]
+  TensorRef<const std::int32_t> block_table{};      ///< [B, maxBlocks] (raw cache)
+  TensorRef<const T> cmp_key{};                     ///< [numCmpBlocks, cmp pbs, KV_N·Dqk]
+  TensorRef<const T> cmp_value{};                   ///< [numCmpBlocks, cmp pbs, KV_N·Dv]
+  TensorRef<const std::int32_t> cmp_block_table{};  ///< [B, maxCmpBlocks]
+  TensorRef<const float> gates{};                   ///< [rows, N, 3]: compressed, selected, window
+  std::vector<std::int64_t> actual_q_seq_len{};     ///< [B] (empty: 1 each / S)
+  std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (required)
+};
+
+/// output is required; the rest are optional views of the intermediates.
+template <class T>
+struct NsaDecodeOutputs {
+  TensorRef<T> output{};           ///< [rows, N, Dv] (BSND: [B, S, N, Dv])
+  TensorRef<std::int32_t> topk{};  ///< [rows, KV_N, k] (BSND: [B, S, KV_N, k])
+  TensorRef<T> cmp_out{};          ///< the three branch outputs, shaped like output
+  TensorRef<T> sel_out{};
+  TensorRef<T> win_out{};
+};
+
+namespace detail {
+
+inline void nsa_step_check(bool ok, const char* fn, const std::string& arg, const std::string& what,
+                           const std::string& expected, const std::string& got) {
+  ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
+}
+
+/// Rows, heads and Dv of a decode step's query / value (checked).
+struct NsaStepDims {
+  Index B = 0, S = 0, rows = 0, N = 0, KVN = 0, Dqk = 0, Dv = 0;
+  std::vector<Index> qlen, q_cu;
+};
+
+template <class T>
+NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDecodeInputs<T>& in) {
+  NsaStepDims d;
+  nsa_step_check(p.layout == "TND" || p.layout == "BSND", fn, "params.layout", "not supported",
+                 "TND or BSND", p.layout);
+  const bool tnd = p.layout == "TND";
+  d.N = p.num_heads;
+  d.KVN = p.num_key_value_heads;
+  nsa_step_check(d.N > 0 && d.KVN > 0 && d.N % d.KVN == 0, fn, "params.num_heads",
+                 "not a positive multiple of num_key_value_heads",
+                 "a multiple of " + std::to_string(d.KVN), std::to_string(d.N));
+  const auto& q = in.query;
+  nsa_step_check(q.data != nullptr && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == d.N, fn,
+                 "query.shape", "mismatch", tnd ? "[T, N, Dqk]" : "[B, S, N, Dqk]", shape_str(q));
+  d.Dqk = q.dim(q.rank() - 1);
+  const auto& bt = in.block_table;
+  nsa_step_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) > 0, fn, "block_table.shape",
+                 "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
+  d.B = bt.dim(0);
+  nsa_step_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == d.B, fn,
+                 "actual_sel_kv_seq_len", "required, one per batch", std::to_string(d.B),
+                 std::to_string(in.actual_sel_kv_seq_len.size()));
+  d.S = tnd ? 0 : q.dim(1);
+  nsa_step_check(tnd || q.dim(0) == d.B, fn, "query.shape[0]", "differs from block_table's batch",
+                 std::to_string(d.B), shape_str(q));
+  d.qlen.assign(static_cast<size_t>(d.B), tnd ? 1 : d.S);
+  if (!in.actual_q_seq_len.empty()) {
+    nsa_step_check(static_cast<Index>(in.actual_q_seq_len.size()) == d.B, fn, "actual_q_seq_len",
+                   "size mismatch", std::to_string(d.B),
+                   std::to_string(in.actual_q_seq_len.size()));
+    for (Index b = 0; b < d.B; ++b) {
+      const std::int64_t v = in.actual_q_seq_len[static_cast<size_t>(b)];
+      nsa_step_check(v >= 1 && v <= 4 && (tnd || v <= d.S), fn,
+                     "actual_q_seq_len[" + std::to_string(b) + "]", "out of range",
+                     tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
+      d.qlen[static_cast<size_t>(b)] = static_cast<Index>(v);
+    }
+  }
+  d.q_cu.assign(1, 0);
+  for (Index b = 0; b < d.B; ++b) {
+    const std::int64_t sel = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
+    nsa_step_check(sel >= d.qlen[static_cast<size_t>(b)], fn,
+                   "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
+                   "shorter than the query (the cache holds the query tokens' keys)",
+                   ">= " + std::to_string(d.qlen[static_cast<size_t>(b)]), std::to_string(sel));
+    d.q_cu.push_back(d.q_cu.back() + d.qlen[static_cast<size_t>(b)]);
+  }
+  d.rows = tnd ? d.q_cu.back() : d.B * d.S;
+  if (tnd)
+    nsa_step_check(q.dim(0) == d.rows, fn, "query.shape[0]",
+                   "differs from the sum of actual_q_seq_len", std::to_string(d.rows),
+                   shape_str(q));
+  const auto& v = in.value;
+  nsa_step_check(v.data != nullptr && v.rank() == 3 && v.dim(2) > 0 && v.dim(2) % d.KVN == 0, fn,
+                 "value.shape", "mismatch", "[numBlocks, pageBlockSize, KV_N * Dv]", shape_str(v));
+  d.Dv = v.dim(2) / d.KVN;
+  return d;
+}
+
+inline std::string nsa_dims_str(const std::vector<Index>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// The window branch as an engine problem, validated (nothing written).
+template <class T>
+struct NsaWindowProblem {
+  AttentionInputs<T, T> e;
+  AttentionParams ep;
+  AttentionOutputs<T> eo;
+  NsaStepDims d;
+};
+
+template <class T>
+NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
+                                       const NsaDecodeInputs<T>& in, const TensorRef<T>& out,
+                                       int num_threads) {
+  NsaWindowProblem<T> w;
+  const NsaStepDims& d = w.d = nsa_step_dims(fn, p, in);
+  nsa_step_check(p.window_size >= 1, fn, "params.window_size", "not positive", ">= 1",
+                 std::to_string(p.window_size));
+  const auto& kt = in.key;
+  const Index pbs = p.page_block_size;
+  nsa_step_check(pbs > 0 && kt.data != nullptr && kt.rank() == 3 && kt.dim(1) == pbs &&
+                     kt.dim(2) == d.KVN * d.Dqk,
+                 fn, "key.shape", "mismatch",
+                 "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
+                 shape_str(kt));
+  nsa_step_check(in.value.dim(0) == kt.dim(0) && in.value.dim(1) == pbs, fn, "value.shape",
+                 "mismatch with key",
+                 "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) + ", ..]",
+                 shape_str(in.value));
+  const bool tnd = p.layout == "TND";
+  const std::vector<Index> o_shape =
+      tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
+  nsa_step_check(out.data != nullptr && out.shape == o_shape, fn, "out.shape", "mismatch",
+                 nsa_dims_str(o_shape), shape_str(out));
+  auto& e = w.e;
+  if (tnd) {
+    e.q = StridedView<const T, 4>(in.query.data, {1, d.rows, d.N, d.Dqk});
+    e.seq.q_cu = d.q_cu;
+  } else {
+    e.q = StridedView<const T, 4>(in.query.data, {d.B, d.S, d.N, d.Dqk});
+    e.seq.q = d.qlen;
+  }
+  e.k = StridedView<const T, 4>(kt.data, {kt.dim(0), pbs, d.KVN, d.Dqk});
+  e.v = StridedView<const T, 4>(in.value.data, {kt.dim(0), pbs, d.KVN, d.Dv});
+  e.block_table =
+      StridedView<const std::int32_t, 2>(in.block_table.data, {d.B, in.block_table.dim(1)});
+  for (std::int64_t s : in.actual_sel_kv_seq_len) e.seq.kv.push_back(static_cast<Index>(s));
+  w.ep.scale = p.scale_value;
+  w.ep.causal = CausalMode::BottomRight;
+  w.ep.window = static_cast<Index>(p.window_size);
+  w.ep.num_threads = num_threads;
+  w.eo.o = tnd ? StridedView<T, 4>(out.data, {1, d.rows, d.N, d.Dv})
+               : StridedView<T, 4>(out.data, {d.B, d.S, d.N, d.Dv});
+  validate(e, w.ep, w.eo);  // lengths, block table entries, overlaps
+  return w;
+}
+
+template <class T>
+void nsa_window_run(const NsaWindowProblem<T>& w) {
+  const NsaStepDims& d = w.d;
+  if (d.S > 0)  // BSND padded rows: the engine leaves them alone
+    for (Index b = 0; b < d.B; ++b)
+      for (Index i = d.qlen[static_cast<size_t>(b)]; i < d.S; ++i)
+        std::fill_n(w.eo.o.data() + (b * d.S + i) * d.N * d.Dv, d.N * d.Dv, T(0.0f));
+  attention(w.e, w.ep, w.eo);
+}
+
+}  // namespace detail
+
+/// The window branch: query token i of batch b (raw position t = sel_len_b − q_len_b + i) over
+/// the raw keys (t − w, t] ∩ [0, sel_len_b) of the paged cache, fp32 softmax — the engine's
+/// BottomRight-causal sliding window. out: shaped like query with Dv. The compressed-cache
+/// inputs and the gates are not read.
+template <class T>
+void nsa_sliding_window_attention(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                                  const TensorRef<T>& out, int num_threads = 0) {
+  detail::nsa_window_run(
+      detail::nsa_window_problem("nsa_sliding_window_attention", p, in, out, num_threads));
+}
+
+/// out = T(g0·o_cmp + g1·o_sel + g2·o_win) per (row, head), fp32 — gates [rows, N, 3], the
+/// branch outputs and out [rows, N, Dv] (or [B, S, N, Dv]).
+template <class T>
+void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>& o_cmp,
+                   const TensorRef<const T>& o_sel, const TensorRef<const T>& o_win,
+                   const TensorRef<T>& out) {
+  constexpr const char* fn = "nsa_gated_sum";
+  detail::nsa_step_check(out.data != nullptr && out.rank() >= 3, fn, "out.shape",
+                         "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]",
+                         detail::shape_str(out));
+  const Index Dv = out.shape.back(), N = out.dim(out.rank() - 2);
+  const Index rows = out.numel() / std::max<Index>(1, N * Dv);
+  for (const auto* t : {&o_cmp, &o_sel, &o_win})
+    detail::nsa_step_check(t->data != nullptr && t->shape == out.shape, fn, "branch output shape",
+                           "differs from out", detail::shape_str(out), detail::shape_str(*t));
+  detail::nsa_step_check(
+      gates.data != nullptr && gates.numel() == rows * N * 3 && gates.shape.back() == 3, fn,
+      "gates.shape", "mismatch",
+      "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
+      detail::shape_str(gates));
+  for (Index r = 0; r < rows * N; ++r) {
+    const float* g = gates.data + r * 3;
+    for (Index j = 0; j < Dv; ++j) {
+      const Index at = r * Dv + j;
+      float acc = g[0] * static_cast<float>(o_cmp.data[at]);
+      acc += g[1] * static_cast<float>(o_sel.data[at]);
+      acc += g[2] * static_cast<float>(o_win.data[at]);
+      out.data[at] = T(acc);
+    }
+  }
+}
+
+/// One NSA decode step: the three branches and the gated sum (see the top of this file).
+template <class T>
+void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                     const NsaDecodeOutputs<T>& out, int num_threads = 0) {
+  constexpr const char* fn = "nsa_decode_step";
+  const detail::NsaStepDims d = detail::nsa_step_dims(fn, p, in);
+  const bool tnd = p.layout == "TND";
+  const std::vector<Index> o_shape =
+      tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
+  const std::int64_t k = p.select_block_count;
+  const std::vector<Index> t_shape =
+      tnd ? std::vector<Index>{d.rows, d.KVN, k} : std::vector<Index>{d.B, d.S, d.KVN, k};
+  detail::nsa_step_check(out.output.data != nullptr && out.output.shape == o_shape, fn,
+                         "output.shape", "mismatch", detail::nsa_dims_str(o_shape),
+                         detail::shape_str(out.output));
+  for (const auto* t : {&out.cmp_out, &out.sel_out, &out.win_out})
+    detail::nsa_step_check(t->absent() || (t->data != nullptr && t->shape == o_shape), fn,
+                           "cmp_out / sel_out / win_out shape", "mismatch",
+                           detail::nsa_dims_str(o_shape), detail::shape_str(*t));
+  detail::nsa_step_check(
+      out.topk.absent() || (out.topk.data != nullptr && out.topk.shape == t_shape), fn,
+      "topk.shape", "mismatch", detail::nsa_dims_str(t_shape), detail::shape_str(out.topk));
+  detail::nsa_step_check(
+      in.gates.data != nullptr && in.gates.shape == std::vector<Index>{d.rows, d.N, 3}, fn,
+      "gates.shape", "mismatch", detail::nsa_dims_str({d.rows, d.N, 3}),
+      detail::shape_str(in.gates));
+  detail::nsa_step_check(p.window_size >= 1, fn, "params.window_size", "not positive", ">= 1",
+                         std::to_string(p.window_size));
+  // The compressed cache, named as the step's arguments (the compressed branch checks it again).
+  const Index l = p.compress_block_size, d_ = p.compress_block_stride;
+  detail::nsa_step_check(l >= 1 && d_ >= 1 && l >= d_, fn,
+                         "params.compress_block_size / compress_block_stride",
+                         "need compress_block_size >= compress_block_stride >= 1", "l >= d >= 1",
+                         std::to_string(l) + " / " + std::to_string(d_));
+  const Index cpbs = p.cmp_page_block_size;
+  const auto& ck = in.cmp_key;
+  const auto& cv = in.cmp_value;
+  detail::nsa_step_check(
+      cpbs > 0 && ck.data != nullptr && ck.rank() == 3 && ck.dim(1) == cpbs &&
+          ck.dim(2) == d.KVN * d.Dqk,
+      fn, "cmp_key.shape", "mismatch",
+      "[numCmpBlocks, " + std::to_string(cpbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
+      detail::shape_str(ck));
+  detail::nsa_step_check(cv.data != nullptr && cv.rank() == 3 && cv.dim(0) == ck.dim(0) &&
+                             cv.dim(1) == cpbs && cv.dim(2) == d.KVN * d.Dv,
+                         fn, "cmp_value.shape", "mismatch",
+                         "[" + std::to_string(ck.dim(0)) + ", " + std::to_string(cpbs) + ", " +
+                             std::to_string(d.KVN * d.Dv) + "]",
+                         detail::shape_str(cv));
+  const auto& cbt = in.cmp_block_table;
+  detail::nsa_step_check(cbt.data != nullptr && cbt.rank() == 2 && cbt.dim(0) == d.B, fn,
+                         "cmp_block_table.shape", "mismatch",
+                         "[" + std::to_string(d.B) + ", maxCmpBlocks]", detail::shape_str(cbt));
+  std::vector<std::int64_t> cmp_len;
+  for (Index b = 0; b < d.B; ++b) {
+    const Index sel = static_cast<Index>(in.actual_sel_kv_seq_len[static_cast<size_t>(b)]);
+    const Index c = nsa_compressed_count(sel, l, d_);
+    detail::nsa_step_check(c <= cbt.dim(1) * cpbs, fn,
+                           "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
+                           "needs more compressed tokens than cmp_block_table holds",
+                           "(sel - l) / d + 1 <= " + std::to_string(cbt.dim(1) * cpbs),
+                           std::to_string(sel) + " (" + std::to_string(c) + " compressed)");
+    for (Index j = 0; j * cpbs < c; ++j) {
+      const std::int32_t id = cbt.data[b * cbt.dim(1) + j];
+      ATTNREF_CHECK(id >= 0 && id < ck.dim(0), std::out_of_range, fn,
+                    "cmp_block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
+                    "out of range", "[0, " + std::to_string(ck.dim(0)) + ")", std::to_string(id));
+    }
+    cmp_len.push_back(c);
+  }
+  // Outputs: disjoint from every input and from each other.
+  {
+    auto clash = [&](const auto& o, const char* name) {
+      if (o.absent()) return;
+      const bool bad =
+          detail::nsa_overlaps(o, in.query) || detail::nsa_overlaps(o, in.key) ||
+          detail::nsa_overlaps(o, in.value) || detail::nsa_overlaps(o, in.block_table) ||
+          detail::nsa_overlaps(o, in.cmp_key) || detail::nsa_overlaps(o, in.cmp_value) ||
+          detail::nsa_overlaps(o, in.cmp_block_table) || detail::nsa_overlaps(o, in.gates);
+      detail::nsa_step_check(!bad, fn, name, "overlaps an input", "memory disjoint from the inputs",
+                             "overlapping memory");
+    };
+    clash(out.output, "output");
+    clash(out.topk, "topk");
+    clash(out.cmp_out, "cmp_out");
+    clash(out.sel_out, "sel_out");
+    clash(out.win_out, "win_out");
+    const TensorRef<T>* outs[] = {&out.output, &out.cmp_out, &out.sel_out, &out.win_out};
+    const char* names[] = {"output", "cmp_out", "sel_out", "win_out"};
+    for (int a = 0; a < 4; ++a) {
+      detail::nsa_step_check(!detail::nsa_overlaps(*outs[a], out.topk), fn, names[a],
+                             "overlaps topk", "disjoint outputs", "overlapping memory");
+      for (int b = a + 1; b < 4; ++b)
+        detail::nsa_step_check(!detail::nsa_overlaps(*outs[a], *outs[b]), fn, names[a],
+                               std::string("overlaps ") + names[b], "disjoint outputs",
+                               "overlapping memory");
+    }
+  }
+
+  // The branches write into the caller's views or into scratch.
+  const Index n_o = d.rows * d.N * d.Dv;
+  std::vector<T> scratch;
+  scratch.resize(static_cast<size_t>(3 * n_o));
+  std::vector<std::int32_t> topk_buf;
+  auto pick = [&](const TensorRef<T>& t, Index slot) {
+    return t.absent() ? TensorRef<T>(scratch.data() + slot * n_o, o_shape) : t;
+  };
+  const TensorRef<T> o_cmp = pick(out.cmp_out, 0), o_sel = pick(out.sel_out, 1),
+                     o_win = pick(out.win_out, 2);
+  TensorRef<std::int32_t> topk = out.topk;
+  if (topk.absent()) {
+    Index n = 1;
+    for (Index e : t_shape) n *= e;
+    topk_buf.resize(static_cast<size_t>(n));
+    topk = TensorRef<std::int32_t>(topk_buf.data(), t_shape);
+  }
+
+  // The compressed branch.
+  NsaCompressAttentionInferParams cp;
+  cp.num_heads = p.num_heads;
+  cp.num_key_value_heads = p.num_key_value_heads;
+  cp.select_block_size = p.select_block_size;
+  cp.select_block_count = k;
+  cp.compress_block_size = p.compress_block_size;
+  cp.compress_block_stride = p.compress_block_stride;
+  cp.scale_value = p.scale_value;
+  cp.layout = p.layout;
+  cp.page_block_size = p.cmp_page_block_size;
+  cp.strict = p.strict;
+  NsaCompressAttentionInferInputs<T> ci;
+  ci.query = in.query;
+  ci.key = in.cmp_key;
+  ci.value = in.cmp_value;
+  ci.block_table = in.cmp_block_table;
+  ci.actual_q_seq_len = in.actual_q_seq_len;
+  ci.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
+  const std::uint8_t mask_flag = 1;  // the multi-token rule (its content is never read)
+  ci.atten_mask = TensorRef<const std::uint8_t>(&mask_flag, {1});
+  ci.actual_cmp_kv_seq_len = cmp_len;
+  NsaCompressAttentionInferOutputs<T> co{o_cmp, topk};
+
+  // The selected branch.
+  NsaSelectedAttentionInferParams sp;
+  sp.num_heads = p.num_heads;
+  sp.num_key_value_heads = p.num_key_value_heads;
+  sp.select_block_size = p.select_block_size;
+  sp.select_block_count = k;
+  sp.page_block_size = p.page_block_size;
+  sp.scale_value = p.scale_value;
+  sp.layout = p.layout;
+  sp.strict = p.strict;
+  NsaSelectedAttentionInferInputs<T> si;
+  si.query = in.query;
+  si.key = in.key;
+  si.value = in.value;
+  if (!tnd) {  // the selected operator takes 4-d caches with BSND
+    si.key.shape = {in.key.dim(0), in.key.dim(1), d.KVN, d.Dqk};
+    si.value.shape = {in.value.dim(0), in.value.dim(1), d.KVN, d.Dv};
+  }
+  si.block_table = in.block_table;
+  si.actual_q_seq_len = in.actual_q_seq_len;
+  si.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
+  si.topk_indices = topk;
+
+  // Everything the branches check, checked before the first write: the compressed branch
+  // validates fully before it writes; the others are validated on a topk of -1 (every entry
+  // valid) and run only after the compressed branch.
+  {
+    std::vector<std::int32_t> none(static_cast<size_t>(topk.numel()), -1);
+    NsaSelectedAttentionInferInputs<T> probe = si;
+    probe.topk_indices = TensorRef<const std::int32_t>(none.data(), t_shape);
+    std::vector<T> sink(static_cast<size_t>(n_o));
+    nsa_selected_attention_infer(sp, probe, {TensorRef<T>(sink.data(), o_shape)}, 1);
+  }
+  const detail::NsaWindowProblem<T> win = detail::nsa_window_problem(fn, p, in, o_win, num_threads);
+  nsa_compress_attention_infer(cp, ci, co, num_threads);
+  nsa_selected_attention_infer(sp, si, {o_sel}, num_threads);
+  detail::nsa_window_run(win);
+  nsa_gated_sum<T>(in.gates, o_cmp, o_sel, o_win, out.output);
+  if (!tnd)  // padded rows are 0 whatever their gates
+    for (Index b = 0; b < d.B; ++b)
+      for (Index i = d.qlen[static_cast<size_t>(b)]; i < d.S; ++i)
+        std::fill_n(out.output.data + (b * d.S + i) * d.N * d.Dv, d.N * d.Dv, T(0.0f));
+}
+
+}  // namespace attnref
