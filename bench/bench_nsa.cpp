@@ -1,13 +1,21 @@
-// attnref_bench, family nsa/: CANN NsaCompressAttentionInfer at the seed's example shape
+// attnref_bench, family nsa/: Native Sparse Attention decode at the seed's example shape
 // (N 64, KV_N 4, Dqk 192, Dv 128, select block 64 × 16, compress block 32 stride 16, page block
 // 128, fp16, one query token per batch):
-//   nsa/compress_attention/B:<B>/cmpKV:<len>/threads:<T>
-// GBps: compressed K and V bytes read per second (B · len · KV_N · (Dqk + Dv) · 2 bytes).
+//   nsa/compress_attention/B:<B>/cmpKV:<len>/threads:<T>   CANN NsaCompressAttentionInfer
+//     GBps: compressed K and V bytes read per second (B · len · KV_N · (Dqk + Dv) · 2 bytes)
+//   nsa/select_attention/B:<B>/selKV:<len>/threads:<T>     CANN NsaSelectedAttentionInfer
+//     over 16 random blocks of 64 raw tokens per kv head (the raw caches of the batches share
+//     one pool of 512 pages); GBps: selected K and V bytes read per second
+//   nsa/decode_step/B:<B>/selKV:<len>/threads:<T>          nsa_decode_step: the compressed
+//     branch (cmpKV = (len - 32) / 16 + 1), the selected branch on its top-k, a 512-token
+//     window and the gated sum
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <attnref/nsa/compress_attention.hpp>
+#include <attnref/nsa/decode_step.hpp>
+#include <attnref/nsa/select_attention.hpp>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -62,6 +70,113 @@ void compress_attention(benchmark::State& state, Index batch, Index cmp, int thr
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// A pool of `pages` random pages [pages, 128, KV_N·D] and a table mapping every batch's
+/// logical blocks to random pages of it.
+struct RawCache {
+  static constexpr Index N = 64, KVN = 4, Dqk = 192, Dv = 128, pbs = 128, pages = 512;
+  std::vector<half> k, v;
+  std::vector<std::int32_t> table;
+  Index per = 0;
+  RawCache(Index batch, Index len, std::mt19937& rng) {
+    std::normal_distribution<float> nd;
+    k.resize(static_cast<size_t>(pages * pbs * KVN * Dqk));
+    v.resize(static_cast<size_t>(pages * pbs * KVN * Dv));
+    for (half& x : k) x = half(nd(rng));
+    for (half& x : v) x = half(nd(rng));
+    per = (len + pbs - 1) / pbs;
+    std::uniform_int_distribution<std::int32_t> pick(0, pages - 1);
+    table.resize(static_cast<size_t>(batch * per));
+    for (std::int32_t& t : table) t = pick(rng);
+  }
+};
+
+void select_attention(benchmark::State& state, Index batch, Index len, int threads) {
+  constexpr Index N = RawCache::N, KVN = RawCache::KVN, Dqk = RawCache::Dqk, Dv = RawCache::Dv;
+  constexpr Index k = 16, ls = 64;
+  std::mt19937 rng(2);
+  RawCache c(batch, len, rng);
+  std::normal_distribution<float> nd;
+  std::vector<half> q(static_cast<size_t>(batch * N * Dqk)), o(static_cast<size_t>(batch * N * Dv));
+  for (half& x : q) x = half(nd(rng));
+  const Index n_sel = (len + ls - 1) / ls;
+  std::vector<std::int32_t> topk;
+  std::vector<std::int32_t> all(static_cast<size_t>(n_sel));
+  for (Index i = 0; i < n_sel; ++i) all[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  for (Index r = 0; r < batch * KVN; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    topk.insert(topk.end(), all.begin(), all.begin() + k);
+  }
+  attnref::NsaSelectedAttentionInferParams p;
+  p.num_heads = N;
+  p.num_key_value_heads = KVN;
+  p.select_block_size = ls;
+  p.select_block_count = k;
+  p.scale_value = 0.072;
+  p.layout = "TND";
+  attnref::NsaSelectedAttentionInferInputs<half> in;
+  in.query = TensorRef<const half>(q.data(), {batch, N, Dqk});
+  in.key = TensorRef<const half>(c.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
+  in.value = TensorRef<const half>(c.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
+  in.topk_indices = TensorRef<const std::int32_t>(topk.data(), {batch, KVN, k});
+  in.block_table = TensorRef<const std::int32_t>(c.table.data(), {batch, c.per});
+  in.actual_sel_kv_seq_len.assign(static_cast<size_t>(batch), len);
+  const attnref::NsaSelectedAttentionInferOutputs<half> out{
+      TensorRef<half>(o.data(), {batch, N, Dv})};
+  for (auto _ : state) {
+    attnref::nsa_selected_attention_infer(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GBps"] =
+      benchmark::Counter(double(batch) * k * ls * KVN * (Dqk + Dv) * sizeof(half) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void decode_step(benchmark::State& state, Index batch, Index len, int threads) {
+  constexpr Index N = RawCache::N, KVN = RawCache::KVN, Dqk = RawCache::Dqk, Dv = RawCache::Dv;
+  constexpr Index k = 16, cpbs = 128;
+  std::mt19937 rng(3);
+  RawCache c(batch, len, rng);
+  std::normal_distribution<float> nd;
+  const Index cmp = attnref::nsa_compressed_count(len, 32, 16);
+  const Index cper = (cmp + cpbs - 1) / cpbs, cnb = batch * cper;
+  std::vector<half> q(static_cast<size_t>(batch * N * Dqk)),
+      ck(static_cast<size_t>(cnb * cpbs * KVN * Dqk)),
+      cv(static_cast<size_t>(cnb * cpbs * KVN * Dv)), o(static_cast<size_t>(batch * N * Dv));
+  for (half& x : q) x = half(nd(rng));
+  for (half& x : ck) x = half(nd(rng));
+  for (half& x : cv) x = half(nd(rng));
+  std::vector<std::int32_t> ctable(static_cast<size_t>(cnb));
+  for (Index i = 0; i < cnb; ++i) ctable[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(ctable.begin(), ctable.end(), rng);
+  std::vector<float> gates(static_cast<size_t>(batch * N * 3));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (float& g : gates) g = u(rng);
+  attnref::NsaDecodeParams p;
+  p.num_heads = N;
+  p.num_key_value_heads = KVN;
+  p.select_block_count = k;
+  p.window_size = 512;
+  p.scale_value = 0.072;
+  attnref::NsaDecodeInputs<half> in;
+  in.query = TensorRef<const half>(q.data(), {batch, N, Dqk});
+  in.key = TensorRef<const half>(c.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
+  in.value = TensorRef<const half>(c.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
+  in.block_table = TensorRef<const std::int32_t>(c.table.data(), {batch, c.per});
+  in.cmp_key = TensorRef<const half>(ck.data(), {cnb, cpbs, KVN * Dqk});
+  in.cmp_value = TensorRef<const half>(cv.data(), {cnb, cpbs, KVN * Dv});
+  in.cmp_block_table = TensorRef<const std::int32_t>(ctable.data(), {batch, cper});
+  in.gates = TensorRef<const float>(gates.data(), {batch, N, 3});
+  in.actual_sel_kv_seq_len.assign(static_cast<size_t>(batch), len);
+  attnref::NsaDecodeOutputs<half> out;
+  out.output = TensorRef<half>(o.data(), {batch, N, Dv});
+  for (auto _ : state) {
+    attnref::nsa_decode_step(p, in, out, threads);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+}
+
 const bool registered = [] {
   for (int t : {1, 2})
     for (Index b : {1, 20}) {
@@ -69,6 +184,19 @@ const bool registered = [] {
                                "/cmpKV:4096/threads:" + std::to_string(t);
       benchmark::RegisterBenchmark(
           name.c_str(), [=](benchmark::State& st) { compress_attention(st, b, 4096, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  for (int t : {1, 2})
+    for (Index b : {1, 20}) {
+      const std::string tail =
+          "/B:" + std::to_string(b) + "/selKV:65552/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(("nsa/select_attention" + tail).c_str(),
+                                   [=](benchmark::State& st) { select_attention(st, b, 65552, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("nsa/decode_step" + tail).c_str(),
+                                   [=](benchmark::State& st) { decode_step(st, b, 65552, t); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }

@@ -12,6 +12,10 @@
 //      then decode steps that append one token per sequence (taking a new block at each block
 //      boundary) and run ATB's PagedAttention; its reference gathers K/V from the token arrays,
 //      not from the cache, so the check covers the slot mapping and the block table too;
+//   5. a DeepSeek-V3 MLA step (MlaPreprocess into a latent paged cache, absorbed decode);
+//   6. a Native Sparse Attention decode step: raw K/V in a paged cache, NsaCompress into a
+//      paged compressed cache, then nsa_decode_step (compressed branch with top-k block
+//      selection, selected branch, sliding window, gated sum), printing the chosen blocks;
 // every output is checked against the independent naive reference (double loops) and the
 // throughput of the engine is printed.
 
@@ -29,6 +33,8 @@
 #include "../tests/reference/mla_attention.hpp"
 #include "../tests/reference/mla_preprocess.hpp"
 #include "../tests/reference/naive_attention.hpp"
+#include "../tests/reference/nsa.hpp"
+#include "../tests/reference/nsa_compress.hpp"
 
 namespace {
 
@@ -501,6 +507,218 @@ bool mla_run(std::mt19937& rng) {
   return pre_err < 2e-3 && dec_err < 2e-3;  // false for NaN
 }
 
+/// One Native Sparse Attention decode step over two sequences (fp16, 16 q heads / 2 kv heads,
+/// Dqk 192, Dv 128, compress 32 / stride 16, select blocks of 64, top 6, window 128): raw K/V
+/// in a shuffled paged cache, nsa_compress into a paged compressed cache, nsa_decode_step; the
+/// compression, top-k, every branch and the gated output are checked against the references.
+bool nsa_run(std::mt19937& rng) {
+  using attnref::TensorRef;
+  constexpr Index N = 16, KVN = 2, Dqk = 192, Dv = 128, l = 32, d = 16, ls = 64, k = 6, w = 128;
+  constexpr Index pbs = 64, cpbs = 64;
+  const std::vector<Index> len = {700, 1043};
+  const Index B = static_cast<Index>(len.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dqk));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](Index n, float sd) {
+    std::vector<half> x(static_cast<size_t>(n));
+    for (half& e : x) e = half(sd * nd(rng));
+    return x;
+  };
+  // Raw K/V of both sequences, packed (TND), then written into the paged cache.
+  std::vector<std::int64_t> cu;
+  Index total = 0;
+  for (Index n : len) cu.push_back(total += n);
+  const auto raw_k = rnd(total * KVN * Dqk, 1.0f), raw_v = rnd(total * KVN * Dv, 1.0f);
+  const Index per = (len[1] + pbs - 1) / pbs, nb = B * per;
+  std::vector<std::int32_t> table(static_cast<size_t>(nb));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<half> kc(static_cast<size_t>(nb * pbs * KVN * Dqk), half(NAN)),
+      vc(static_cast<size_t>(nb * pbs * KVN * Dv), half(NAN));
+  for (Index b = 0, t0 = 0; b < B; t0 += len[static_cast<size_t>(b)], ++b)
+    for (Index t = 0; t < len[static_cast<size_t>(b)]; ++t) {
+      const Index slot = table[static_cast<size_t>(b * per + t / pbs)] * pbs + t % pbs;
+      std::copy_n(raw_k.begin() + (t0 + t) * KVN * Dqk, KVN * Dqk, kc.begin() + slot * KVN * Dqk);
+      std::copy_n(raw_v.begin() + (t0 + t) * KVN * Dv, KVN * Dv, vc.begin() + slot * KVN * Dv);
+    }
+  // NsaCompress with learned-looking weights (positive, summing to about 1 per head).
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  std::vector<half> wk(static_cast<size_t>(l * KVN)), wv(wk.size());
+  for (half& e : wk) e = half(u(rng) / l);
+  for (half& e : wv) e = half(u(rng) / l);
+  Index cmp_total = 0;
+  std::vector<Index> cmp;
+  for (Index n : len) cmp_total += cmp.emplace_back(attnref::nsa_compressed_count(n, l, d));
+  std::vector<half> ck_tnd(static_cast<size_t>(cmp_total * KVN * Dqk)),
+      cv_tnd(static_cast<size_t>(cmp_total * KVN * Dv));
+  attnref::NsaCompressParams cpar;
+  cpar.compress_block_size = l;
+  cpar.compress_stride = d;
+  auto t_start = Clock::now();
+  attnref::nsa_compress<half>(cpar, {raw_k.data(), {total, KVN, Dqk}}, {wk.data(), {l, KVN}}, cu,
+                              {ck_tnd.data(), {cmp_total, KVN, Dqk}});
+  attnref::nsa_compress<half>(cpar, {raw_v.data(), {total, KVN, Dv}}, {wv.data(), {l, KVN}}, cu,
+                              {cv_tnd.data(), {cmp_total, KVN, Dv}});
+  const double t_compress = seconds_since(t_start);
+  const Index cper = (cmp[1] + cpbs - 1) / cpbs, cnb = B * cper;
+  std::vector<std::int32_t> ctable(static_cast<size_t>(cnb));
+  std::iota(ctable.begin(), ctable.end(), 0);
+  std::shuffle(ctable.begin(), ctable.end(), rng);
+  std::vector<half> ckc(static_cast<size_t>(cnb * cpbs * KVN * Dqk), half(NAN)),
+      cvc(static_cast<size_t>(cnb * cpbs * KVN * Dv), half(NAN));
+  for (Index b = 0, t0 = 0; b < B; t0 += cmp[static_cast<size_t>(b)], ++b)
+    for (Index t = 0; t < cmp[static_cast<size_t>(b)]; ++t) {
+      const Index slot = ctable[static_cast<size_t>(b * cper + t / cpbs)] * cpbs + t % cpbs;
+      std::copy_n(ck_tnd.begin() + (t0 + t) * KVN * Dqk, KVN * Dqk, ckc.begin() + slot * KVN * Dqk);
+      std::copy_n(cv_tnd.begin() + (t0 + t) * KVN * Dv, KVN * Dv, cvc.begin() + slot * KVN * Dv);
+    }
+  // The step: one query token per sequence, gates from a sigmoid.
+  const auto q = rnd(B * N * Dqk, 1.0f);
+  std::vector<float> gates(static_cast<size_t>(B * N * 3));
+  for (float& g : gates) g = 1.0f / (1.0f + std::exp(-nd(rng)));
+  attnref::NsaDecodeParams p;
+  p.num_heads = N;
+  p.num_key_value_heads = KVN;
+  p.compress_block_size = l;
+  p.compress_block_stride = d;
+  p.select_block_size = ls;
+  p.select_block_count = k;
+  p.window_size = w;
+  p.page_block_size = pbs;
+  p.cmp_page_block_size = cpbs;
+  p.scale_value = scale;
+  attnref::NsaDecodeInputs<half> in;
+  in.query = {q.data(), {B, N, Dqk}};
+  in.key = {kc.data(), {nb, pbs, KVN * Dqk}};
+  in.value = {vc.data(), {nb, pbs, KVN * Dv}};
+  in.block_table = {table.data(), {B, per}};
+  in.cmp_key = {ckc.data(), {cnb, cpbs, KVN * Dqk}};
+  in.cmp_value = {cvc.data(), {cnb, cpbs, KVN * Dv}};
+  in.cmp_block_table = {ctable.data(), {B, cper}};
+  in.gates = {gates.data(), {B, N, 3}};
+  in.actual_sel_kv_seq_len.assign(len.begin(), len.end());
+  std::vector<half> o(static_cast<size_t>(B * N * Dv)), oc(o.size()), os(o.size()), ow(o.size());
+  std::vector<std::int32_t> topk(static_cast<size_t>(B * KVN * k));
+  attnref::NsaDecodeOutputs<half> out;
+  out.output = {o.data(), {B, N, Dv}};
+  out.topk = {topk.data(), {B, KVN, k}};
+  out.cmp_out = {oc.data(), {B, N, Dv}};
+  out.sel_out = {os.data(), {B, N, Dv}};
+  out.win_out = {ow.data(), {B, N, Dv}};
+  t_start = Clock::now();
+  attnref::nsa_decode_step(p, in, out);
+  const double t_step = seconds_since(t_start);
+
+  // References: compression, the compressed branch with its top-k, the selected blocks and the
+  // window through the naive attention, the gated sum.
+  auto dbl = [](const std::vector<half>& x) {
+    std::vector<double> r(x.size());
+    for (size_t i = 0; i < x.size(); ++i) r[i] = static_cast<float>(x[i]);
+    return r;
+  };
+  std::vector<double> wkd = dbl(wk), wvd = dbl(wv);
+  const auto rk = dbl(raw_k), rv = dbl(raw_v);
+  auto want_ck = ref::nsa::compress(rk, KVN, Dqk, wkd, l, d, cu);
+  auto want_cv = ref::nsa::compress(rv, KVN, Dv, wvd, l, d, cu);
+  double cmp_err = 0.0;
+  for (size_t i = 0; i < want_ck.size(); ++i)
+    cmp_err = worse_of(cmp_err, std::fabs(want_ck[i] - static_cast<float>(ck_tnd[i])) /
+                                    (1.0 + std::fabs(want_ck[i])));
+  for (size_t i = 0; i < want_cv.size(); ++i)
+    cmp_err = worse_of(cmp_err, std::fabs(want_cv[i] - static_cast<float>(cv_tnd[i])) /
+                                    (1.0 + std::fabs(want_cv[i])));
+  for (double& x : want_ck) x = ref::nsa::round_to(ref::nsa::Dt::F16, x);
+  for (double& x : want_cv) x = ref::nsa::round_to(ref::nsa::Dt::F16, x);
+  ref::nsa::Problem np;
+  np.N = N;
+  np.KVN = KVN;
+  np.Dqk = Dqk;
+  np.Dv = Dv;
+  np.scale = scale;
+  np.g = {l, d, ls};
+  np.k = k;
+  const auto qd = dbl(q);
+  double err = 0.0;
+  bool topk_ok = true;
+  std::printf(
+      "NSA decode step (fp16, %ld q heads / %ld kv heads, Dqk %ld, Dv %ld, compress %ld/%ld, "
+      "select %ld x %ld, window %ld):\n",
+      static_cast<long>(N), static_cast<long>(KVN), static_cast<long>(Dqk), static_cast<long>(Dv),
+      static_cast<long>(l), static_cast<long>(d), static_cast<long>(k), static_cast<long>(ls),
+      static_cast<long>(w));
+  for (Index b = 0, t0 = 0, c0 = 0; b < B; ++b) {
+    const Index n = len[static_cast<size_t>(b)], c = cmp[static_cast<size_t>(b)];
+    ref::nsa::Batch nb_;
+    nb_.cmp = c;
+    nb_.sel = n;
+    nb_.q.assign(qd.begin() + b * N * Dqk, qd.begin() + (b + 1) * N * Dqk);
+    nb_.k.assign(want_ck.begin() + c0 * KVN * Dqk, want_ck.begin() + (c0 + c) * KVN * Dqk);
+    nb_.v.assign(want_cv.begin() + c0 * KVN * Dv, want_cv.begin() + (c0 + c) * KVN * Dv);
+    const ref::nsa::Result cr = ref::nsa::run(np, nb_);
+    // Selected and window branches: the naive attention over the tokens each kv head sees.
+    auto branch = [&](Index kh, const std::vector<Index>& toks) {
+      ref::Problem pr;
+      pr.num_heads = static_cast<int>(N / KVN);
+      pr.num_kv_heads = 1;
+      pr.head_size = static_cast<int>(Dqk);
+      pr.v_head_size = static_cast<int>(Dv);
+      pr.scale = scale;
+      pr.q_len = {1};
+      pr.kv_len = {static_cast<int>(toks.size())};
+      ref::Seqs qs(1), ks(1), vs(1);
+      qs[0].assign(qd.begin() + (b * N + kh * (N / KVN)) * Dqk,
+                   qd.begin() + (b * N + (kh + 1) * (N / KVN)) * Dqk);
+      for (Index t : toks) {
+        ks[0].insert(ks[0].end(), rk.begin() + ((t0 + t) * KVN + kh) * Dqk,
+                     rk.begin() + ((t0 + t) * KVN + kh + 1) * Dqk);
+        vs[0].insert(vs[0].end(), rv.begin() + ((t0 + t) * KVN + kh) * Dv,
+                     rv.begin() + ((t0 + t) * KVN + kh + 1) * Dv);
+      }
+      return ref::attention(pr, qs, ks, vs).o[0];  // [G][Dv]
+    };
+    for (Index kh = 0; kh < KVN; ++kh) {
+      const std::int32_t* got = topk.data() + (b * KVN + kh) * k;
+      topk_ok = topk_ok && std::equal(got, got + k, cr.topk.begin() + kh * k);
+      std::printf(
+          "  sequence %ld (%ld raw tokens, %ld compressed, %ld select blocks), kv head %ld:"
+          " blocks",
+          static_cast<long>(b), static_cast<long>(n), static_cast<long>(c),
+          static_cast<long>(cr.n_sel), static_cast<long>(kh));
+      std::vector<Index> sel_toks, win_toks;
+      std::vector<std::int32_t> sorted(cr.topk.begin() + kh * k, cr.topk.begin() + (kh + 1) * k);
+      for (std::int32_t j : sorted) std::printf(" %d", j);
+      std::sort(sorted.begin(), sorted.end());
+      for (std::int32_t j : sorted)
+        for (Index t = j * ls; j >= 0 && t < std::min<Index>((j + 1) * ls, n); ++t)
+          sel_toks.push_back(t);
+      for (Index t = std::max<Index>(0, n - w); t < n; ++t) win_toks.push_back(t);
+      std::printf(" (%zu tokens)\n", sel_toks.size());
+      const auto want_sel = branch(kh, sel_toks), want_win = branch(kh, win_toks);
+      for (Index g = 0; g < N / KVN; ++g) {
+        const Index h = kh * (N / KVN) + g;
+        const float* gt = gates.data() + (b * N + h) * 3;
+        for (Index x = 0; x < Dv; ++x) {
+          const size_t at = static_cast<size_t>((b * N + h) * Dv + x);
+          const double wc = cr.out[static_cast<size_t>(h * Dv + x)],
+                       ws = want_sel[static_cast<size_t>(g * Dv + x)],
+                       ww = want_win[static_cast<size_t>(g * Dv + x)];
+          const double want = gt[0] * wc + gt[1] * ws + gt[2] * ww;
+          for (const auto& [a, bb] : {std::pair{wc, oc[at]}, std::pair{ws, os[at]},
+                                      std::pair{ww, ow[at]}, std::pair{want, o[at]}})
+            err = worse_of(err, std::fabs(a - static_cast<float>(bb)) / (1.0 + std::fabs(a)));
+        }
+      }
+    }
+    t0 += n;
+    c0 += c;
+  }
+  std::printf(
+      "  nsa_compress %.2f ms (max rel err %.2e), nsa_decode_step %.2f ms; top-k %s the "
+      "reference, branches and gated output max rel err %.2e\n",
+      t_compress * 1e3, cmp_err, t_step * 1e3, topk_ok ? "equals" : "DIFFERS FROM", err);
+  return topk_ok && cmp_err < 2e-3 && err < 2e-3;  // false for NaN
+}
+
 }  // namespace
 
 int main() {
@@ -634,6 +852,7 @@ int main() {
   ok = atb_self_attention_run(prompt, rng) && ok;
   ok = paged_serving_run(rng) && ok;
   ok = mla_run(rng) && ok;
+  ok = nsa_run(rng) && ok;
   std::printf("%s\n",
               ok ? "OK: every step matches the reference" : "FAILED: error above tolerance");
   return ok ? 0 : 1;
