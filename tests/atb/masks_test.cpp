@@ -17,7 +17,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace masks_test {
 
 using attnref::Index;
 using attnref::MaskForm;

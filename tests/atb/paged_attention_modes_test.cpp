@@ -26,7 +26,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace paged_attention_modes_test {
 
 using attnref::bfloat16;
 using attnref::half;

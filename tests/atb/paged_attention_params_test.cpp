@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace {
+namespace paged_attention_params_test {
 
 using P = attnref::PagedAttentionParams;
 

@@ -21,7 +21,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace qkv_quant_test {
 
 using attnref::bfloat16;
 using attnref::half;

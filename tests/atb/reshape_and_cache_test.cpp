@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace reshape_and_cache_test {
 
 using attnref::Index;
 using attnref::StridedView;

@@ -14,7 +14,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace self_attention_cache_test {
 
 using attnref::Index;
 using P = attnref::SelfAttentionParams;

@@ -18,7 +18,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace self_attention_layout_test {
 
 using attnref::Index;
 using attnref::StridedView;

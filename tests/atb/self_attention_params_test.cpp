@@ -17,7 +17,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace self_attention_params_test {
 
 using attnref::SelfAttentionFeature;
 using attnref::SelfAttentionParams;

@@ -12,7 +12,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace self_attention_test {
 
 using attnref::Index;
 using P = attnref::SelfAttentionParams;

@@ -7,7 +7,7 @@
 
 #include "support/case.hpp"
 
-namespace {
+namespace attention_test {
 
 using support::Dtype;
 using support::Lay;
@@ -174,7 +174,6 @@ TEST(Attention, LargeLogitsAreStable) {
   EXPECT_TRUE(support::check_against_reference<double>(s));
 }
 
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Both paths of the hand-vectorised code: the small-row kernels (decode) and the fp16/bf16
@@ -244,3 +243,5 @@ TEST(SimdPaths, PrefillBitsDoNotDependOnTheLevel) {
     EXPECT_TRUE(support::bitwise_equal(portable, run(simd::Level::Avx512))) << support::name(dt);
   }
 }
+
+}  // namespace attention_test

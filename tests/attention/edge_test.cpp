@@ -9,7 +9,7 @@
 
 #include "support/case.hpp"
 
-namespace {
+namespace edge_test {
 
 using attnref::Index;
 
@@ -155,7 +155,7 @@ TEST(EdgeCases, ZeroBatchIsANoOp) {
 
 }  // namespace
 
-namespace {
+namespace edge_test {
 
 // int8 storage is read as exact integer values (the quantized operators add their scales).
 TEST(Int8Storage, IntegerValuedInputsMatchReference) {

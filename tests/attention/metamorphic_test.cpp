@@ -9,7 +9,7 @@
 
 #include "support/case.hpp"
 
-namespace {
+namespace metamorphic_test {
 
 using attnref::Index;
 using support::Lay;

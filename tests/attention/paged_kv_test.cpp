@@ -14,7 +14,7 @@
 
 #include "support/errors.hpp"
 
-namespace {
+namespace paged_kv_test {
 
 using attnref::Index;
 using attnref::StridedView;

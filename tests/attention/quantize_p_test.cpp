@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-namespace {
+namespace quantize_p_test {
 
 using attnref::Coord;
 using attnref::Index;

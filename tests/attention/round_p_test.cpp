@@ -18,7 +18,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace round_p_test {
 
 using attnref::Coord;
 using attnref::Index;

@@ -12,7 +12,7 @@
 
 #include "support/case.hpp"
 
-namespace {
+namespace window_test {
 
 using attnref::Index;
 using support::Lay;

@@ -32,7 +32,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace flash_attention_test {
 
 using attnref::bfloat16;
 using attnref::half;

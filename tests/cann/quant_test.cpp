@@ -21,7 +21,7 @@
 #include "support/cast.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace quant_test {
 
 using attnref::half;
 using attnref::Index;

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-namespace {
+namespace core_test {
 
 using attnref::Index;
 
@@ -164,7 +164,7 @@ TEST(CausalHook, AlignmentDefinitions) {
 
 }  // namespace
 
-namespace {
+namespace core_test {
 
 namespace simd = attnref::detail::simd;
 

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace {
+namespace nz_test {
 
 using attnref::Index;
 using attnref::StridedView;

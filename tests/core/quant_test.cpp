@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace quant_test {
 
 using attnref::Index;
 using attnref::QuantGranularity;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace errors_test {
 
 using attnref::Index;
 
@@ -291,7 +291,7 @@ TEST(Errors, LayoutHelperRejectsBatchedTnd) {
 
 }  // namespace
 
-namespace {
+namespace errors_test {
 
 // Paged K/V: the fixture's k / v reinterpreted as pools of 2-token blocks (5 blocks per batch
 // entry -> 5 blocks of [2, Nkv, D] in each of the first 2 * 5 * 2 / 2 rows).

@@ -24,7 +24,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace mla_attention_test {
 
 using attnref::bfloat16;
 using attnref::half;

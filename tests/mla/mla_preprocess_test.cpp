@@ -43,7 +43,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace mla_preprocess_test {
 
 using attnref::bfloat16;
 using attnref::half;

@@ -15,7 +15,7 @@
 
 #include "support/cast.hpp"
 
-namespace {
+namespace simd_levels_test {
 
 using attnref::half;
 using attnref::Index;

@@ -29,7 +29,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace compress_attention_test {
 
 using attnref::bfloat16;
 using attnref::half;

@@ -18,7 +18,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace compress_test {
 
 using attnref::bfloat16;
 using attnref::half;

@@ -34,7 +34,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace decode_step_test {
 
 using attnref::bfloat16;
 using attnref::half;

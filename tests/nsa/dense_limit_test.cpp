@@ -21,7 +21,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 
-namespace {
+namespace dense_limit_test {
 
 using attnref::half;
 using attnref::Index;

@@ -30,7 +30,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
-namespace {
+namespace select_attention_test {
 
 using attnref::bfloat16;
 using attnref::half;
