@@ -205,7 +205,7 @@ TEST(MlaDecode, RejectsBadInputBeforeWriting) {
   static std::vector<std::int32_t> bad_table;
   const std::vector<std::pair<Edit, std::string>> edits = {
       {[](In& in, auto&, auto&) { in.q.shape[2] = 79; }, "q.shape"},
-      {[](In& in, auto&, auto&) { in.q.data = nullptr; }, "q.shape"},
+      {[](In& in, auto&, auto&) { in.q.data = nullptr; }, "q data is null"},
       {[](auto&, auto&, TensorRef<half>& o) { o.shape[2] = 80; }, "out.shape"},
       {[](auto&, auto&, TensorRef<half>& o) { o.shape[0] = 1; }, "out.shape"},
       {[](In& in, auto&, auto&) { in.kv_cache.shape[3] = 64; }, "kv_cache.shape"},

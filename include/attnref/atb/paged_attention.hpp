@@ -239,6 +239,20 @@ void paged_attention(const PagedAttentionParams& params,
                 "(dequant fusion); or int8 q and caches with half / bfloat16 out and mask");
   constexpr const char* fn = "paged_attention";
   validate(params);
+  detail::check_view(fn, "query", in.query);
+  detail::check_view(fn, "key_cache", in.key_cache);
+  detail::check_view(fn, "value_cache", in.value_cache);
+  detail::check_view(fn, "block_tables", in.block_tables);
+  detail::check_view(fn, "mask", in.mask);
+  detail::check_view(fn, "spec_mask", in.spec_mask);
+  detail::check_view(fn, "alibi_mask", in.alibi_mask);
+  detail::check_view(fn, "log_n", in.log_n);
+  detail::check_view(fn, "k_descale", in.k_descale);
+  detail::check_view(fn, "v_descale", in.v_descale);
+  detail::check_view(fn, "k_offset", in.k_offset);
+  detail::check_view(fn, "v_offset", in.v_offset);
+  detail::check_view(fn, "p_scale", in.p_scale);
+  detail::check_view(fn, "out", out.out);
   const std::string mt = std::to_string(static_cast<int>(params.mask_type));
   const bool spec = params.calc_type == P::CalcType::Spec;
   const bool mla = params.mla_v_head_size > 0;
@@ -298,7 +312,8 @@ void paged_attention(const PagedAttentionParams& params,
   const Index tokens = in.query.size(0);
   const Index nh = in.query.size(1), d = in.query.size(2);
   const Index nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
-  const Index dv = out.out.size(2);
+  // headSizeV: value_cache's (MLA: params.mla_v_head_size, V being the first dims of K).
+  const Index dv = mla ? static_cast<Index>(params.mla_v_head_size) : in.value_cache.size(3);
   ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "context_lens", "empty", ">= 1 sequence", 0);
   ATTNREF_CHECK(nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
                 "mismatch with params.num_heads", params.num_heads, nh);
@@ -337,10 +352,9 @@ void paged_attention(const PagedAttentionParams& params,
                 detail::shape_str(kc));
   StridedView<const TKV, 4> vc = in.value_cache;
   if (mla) {
-    ATTNREF_CHECK(dv == static_cast<Index>(params.mla_v_head_size) && dv <= d,
-                  std::invalid_argument, fn, "out.shape[2]",
-                  "mismatch with params.mla_v_head_size (<= headSize)",
-                  static_cast<Index>(params.mla_v_head_size), dv);
+    ATTNREF_CHECK(dv <= d, std::invalid_argument, fn, "params.mla_v_head_size",
+                  "larger than headSize (V is the first dims of K)",
+                  "<= " + std::to_string(d), dv);
     ATTNREF_CHECK(vc.absent(), std::invalid_argument, fn, "value_cache",
                   "given with mla_v_head_size (V is the first dims of K)", "absent", "a tensor");
     vc = StridedView<const TKV, 4>(kc.data(), {kc.size(0), kc.size(1), nkv, dv}, kc.strides());

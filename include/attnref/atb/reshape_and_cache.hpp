@@ -41,7 +41,7 @@ namespace detail {
 template <class T>
 Index rac_check(const char* fn, const ReshapeAndCacheInputs<T>& in, bool has_value_cache,
                 Index num_blocks, Index block_size) {
-  const Index tokens = in.key.size(0);
+  const Index tokens = in.key.size(0);  // key, value and slot_mapping passed check_views
   ATTNREF_CHECK(in.slot_mapping.size(0) == tokens, std::invalid_argument, fn,
                 "slot_mapping.shape[0]", "mismatch with key.shape[0] (numTokens)", tokens,
                 in.slot_mapping.size(0));
@@ -56,13 +56,24 @@ Index rac_check(const char* fn, const ReshapeAndCacheInputs<T>& in, bool has_val
         shape_str(in.value));
   ATTNREF_CHECK(block_size > 0, std::invalid_argument, fn, "cache blockSize", "not positive",
                 ">= 1", block_size);
-  const Index slots = num_blocks * block_size;
+  const Index slots = checked_mul(fn, "numBlocks * blockSize", num_blocks, block_size);
   for (Index i = 0; i < tokens; ++i) {
     const std::int32_t s = in.slot_mapping(i);
     ATTNREF_CHECK(s < slots, std::out_of_range, fn, "slot_mapping[" + std::to_string(i) + "]",
                   "out of range", "< " + std::to_string(slots) + " (numBlocks * blockSize)", s);
   }
   return slots;
+}
+
+/// The edge checks of every view argument (extents, sizes, null data).
+template <class T>
+void rac_check_views(const char* fn, const ReshapeAndCacheInputs<T>& in,
+                     const StridedView<T, 4>& key_cache, const StridedView<T, 4>& value_cache) {
+  check_view(fn, "key", in.key);
+  check_view(fn, "value", in.value);
+  check_view(fn, "slot_mapping", in.slot_mapping);
+  check_view(fn, "key_cache", key_cache);
+  check_view(fn, "value_cache", value_cache);
 }
 
 /// The caches must not overlap the inputs nor each other.
@@ -86,6 +97,7 @@ template <class T>
 void reshape_and_cache(const ReshapeAndCacheInputs<T>& in, const StridedView<T, 4>& key_cache,
                        const StridedView<T, 4>& value_cache = {}) {
   constexpr const char* fn = "reshape_and_cache";
+  detail::rac_check_views(fn, in, key_cache, value_cache);
   const Index heads = in.key.size(1);
   ATTNREF_CHECK(!key_cache.absent(), std::invalid_argument, fn, "key_cache", "missing",
                 "[numBlocks, blockSize, kvHead, headSize]", "none");
@@ -124,6 +136,7 @@ template <class T>
 void reshape_and_cache_nz(const ReshapeAndCacheInputs<T>& in, const StridedView<T, 4>& key_cache,
                           const StridedView<T, 4>& value_cache = {}) {
   constexpr const char* fn = "reshape_and_cache_nz";
+  detail::rac_check_views(fn, in, key_cache, value_cache);
   constexpr Index c0 = nz_c0<T>();
   const Index heads = in.key.size(1);
   ATTNREF_CHECK(!key_cache.absent(), std::invalid_argument, fn, "key_cache", "missing",

@@ -59,8 +59,7 @@ inline void check_cu(const char* fn, const char* name, const std::vector<Index>&
 
 template <class T, int R>
 inline void check_data(const char* fn, const char* name, const StridedView<T, R>& v) {
-  ATTNREF_CHECK(v.numel() == 0 || v.data() != nullptr, std::invalid_argument, fn, name,
-                "data is null", "a non-null pointer", "nullptr");
+  check_view(fn, name, v);
 }
 
 template <class A, int RA, class B, int RB>
@@ -106,15 +105,17 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   const auto& k = in.k;
   const auto& v = in.v;
   const auto& seq = in.seq;
-  for (int d = 0; d < 4; ++d) {
-    const std::string i = "[" + std::to_string(d) + "]";
-    ATTNREF_CHECK(q.size(d) >= 0, std::invalid_argument, fn, "q.shape" + i, "negative", ">= 0",
-                  q.size(d));
-    ATTNREF_CHECK(k.size(d) >= 0, std::invalid_argument, fn, "k.shape" + i, "negative", ">= 0",
-                  k.size(d));
-    ATTNREF_CHECK(v.size(d) >= 0, std::invalid_argument, fn, "v.shape" + i, "negative", ">= 0",
-                  v.size(d));
-  }
+  // Every view first: extents >= 0, sizes and spans within 64 bits, data where there are
+  // elements (so no size computed below can overflow).
+  check_view(fn, "q", q);
+  check_view(fn, "k", k);
+  check_view(fn, "v", v);
+  check_view(fn, "o", out.o);
+  check_view(fn, "lse", out.lse);
+  check_view(fn, "probs", out.probs);
+  check_view(fn, "mask_add", in.mask_add);
+  check_view(fn, "mask_bool", in.mask_bool);
+  check_view(fn, "block_table", in.block_table);
   Geometry g;
   g.num_heads = q.size(2);
   g.num_kv_heads = k.size(2);
@@ -181,8 +182,8 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
                   "missing with a block table", "the kv length of every sequence", "empty");
     ATTNREF_CHECK(k.size(1) > 0, std::invalid_argument, fn, "k.shape[1] (block_size)",
                   "not positive", ">= 1", k.size(1));
-    check_data(fn, "block_table", bt);
-    check_lengths(fn, "seq.kv", seq.kv, g.batch, bt.size(1) * k.size(1),
+    check_lengths(fn, "seq.kv", seq.kv, g.batch,
+                  checked_mul(fn, "block_table.shape[1] * block_size", bt.size(1), k.size(1)),
                   "block_table.shape[1] * block_size");
     for (Index b = 0; b < g.batch; ++b) {
       const Index blocks = (seq.kv[static_cast<size_t>(b)] + k.size(1) - 1) / k.size(1);
@@ -234,10 +235,6 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   const std::array<Index, 4> o_shape{q.size(0), q.size(1), g.num_heads, g.v_head_size};
   ATTNREF_CHECK(out.o.shape() == o_shape, std::invalid_argument, fn, "o.shape", "mismatch",
                 shape_str<4>(o_shape), shape_str(out.o));
-  check_data(fn, "q", q);
-  check_data(fn, "k", k);
-  check_data(fn, "v", v);
-  check_data(fn, "o", out.o);
   if (!out.lse.absent()) {
     const std::array<Index, 3> want{q.size(0), g.num_heads, q.size(1)};
     ATTNREF_CHECK(out.lse.shape() == want, std::invalid_argument, fn, "lse.shape", "mismatch",

@@ -63,6 +63,9 @@ struct PagedKvCache {
 
   /// Shapes, lengths and every used block-table entry; `fn` names the caller in messages.
   void validate(const char* fn = "PagedKvCache::validate") const {
+    detail::check_view(fn, "k", k);
+    detail::check_view(fn, "v", v);
+    detail::check_view(fn, "block_table", block_table);
     ATTNREF_CHECK(k.size(1) > 0, std::invalid_argument, fn, "k.shape[1] (blockSize)",
                   "not positive", ">= 1", k.size(1));
     ATTNREF_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
@@ -72,12 +75,14 @@ struct PagedKvCache {
                   detail::shape_str(v));
     ATTNREF_CHECK(block_table.size(0) == batch(), std::invalid_argument, fn, "block_table.shape[0]",
                   "mismatch with context_lens", batch(), block_table.size(0));
+    const Index capacity =
+        detail::checked_mul(fn, "maxBlocksPerSeq * blockSize", block_table.size(1), block_size());
     for (Index b = 0; b < batch(); ++b) {
       const std::string arg = "context_lens[" + std::to_string(b) + "]";
       ATTNREF_CHECK(length(b) >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", length(b));
-      ATTNREF_CHECK(length(b) <= block_table.size(1) * block_size(), std::invalid_argument, fn, arg,
-                    "longer than maxBlocksPerSeq * blockSize",
-                    "<= " + std::to_string(block_table.size(1) * block_size()), length(b));
+      ATTNREF_CHECK(length(b) <= capacity, std::invalid_argument, fn, arg,
+                    "longer than maxBlocksPerSeq * blockSize", "<= " + std::to_string(capacity),
+                    length(b));
       for (Index j = 0; j < blocks_used(b); ++j) {
         const Index id = block_table(b, j);
         ATTNREF_CHECK(id >= 0 && id < num_blocks(), std::out_of_range, fn,
@@ -105,14 +110,16 @@ inline CsrBlockTable to_csr(const StridedView<const std::int32_t, 2>& block_tabl
                 block_size);
   ATTNREF_CHECK(block_table.size(0) == batch, std::invalid_argument, fn, "block_table.shape[0]",
                 "mismatch with context_lens", batch, block_table.size(0));
+  detail::check_view(fn, "block_table", block_table);
+  const Index capacity =
+      detail::checked_mul(fn, "maxBlocks * block_size", block_table.size(1), block_size);
   CsrBlockTable c;
   c.indptr.push_back(0);
   for (Index b = 0; b < batch; ++b) {
     const Index len = context_lens[static_cast<size_t>(b)];
     const std::string arg = "context_lens[" + std::to_string(b) + "]";
-    ATTNREF_CHECK(len >= 0 && len <= block_table.size(1) * block_size, std::invalid_argument, fn,
-                  arg, "out of range",
-                  "[0, " + std::to_string(block_table.size(1) * block_size) + "]", len);
+    ATTNREF_CHECK(len >= 0 && len <= capacity, std::invalid_argument, fn, arg, "out of range",
+                  "[0, " + std::to_string(capacity) + "]", len);
     const Index pages = (len + block_size - 1) / block_size;
     for (Index j = 0; j < pages; ++j) c.indices.push_back(block_table(b, j));
     c.indptr.push_back(static_cast<std::int32_t>(c.indices.size()));

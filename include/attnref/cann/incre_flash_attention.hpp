@@ -108,6 +108,17 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   using detail::shape_str;
   using L = detail::PfaLayout;
   constexpr const char* fn = "incre_flash_attention";
+  detail::check_tensors(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask",
+                        in.atten_mask, "antiquant_scale", in.antiquant_scale, "antiquant_offset",
+                        in.antiquant_offset, "antiquant_scale_per_token",
+                        in.antiquant_scale_per_token, "antiquant_offset_per_token",
+                        in.antiquant_offset_per_token, "kv_padding_size", in.kv_padding_size,
+                        "block_table", in.block_table, "quant_scale2", in.quant_scale2,
+                        "quant_offset2", in.quant_offset2, "attention_out", out.attention_out);
+  for (size_t i = 0; i < in.key.size(); ++i)
+    detail::check_tensor(fn, "key[" + std::to_string(i) + "]", in.key[i]);
+  for (size_t i = 0; i < in.value.size(); ++i)
+    detail::check_tensor(fn, "value[" + std::to_string(i) + "]", in.value[i]);
   const auto [layout, n, kvn, qd] = detail::cann_front(
       fn, params.input_layout, true, params.num_heads, params.num_key_value_heads, in.query);
   cann_check(qd[1] == 1, fn, "query.shape", "query sequence length must be 1", "S = 1",
@@ -162,9 +173,8 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", shape_str(bt));
     cann_check(!in.actual_seq_lengths.empty(), fn, "actual_seq_lengths", "required when paged",
                "kv lengths", "none");
-    kv_len =
-        detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, bt.dim(1) * bs);
-    mask_cols = bt.dim(1) * bs;
+    mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.dim(1), bs);
+    kv_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, mask_cols);
     if (kc.rank() == 3) {
       e.k = StridedView<const TKV, 4>(kc.data, {nb, bs, kvn, D}, {bs * width, width, D, 1});
       e.v = StridedView<const TKV, 4>(vc.data, {nb, bs, kvn, D}, {bs * width, width, D, 1});

@@ -227,6 +227,11 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   using detail::shape_str;
   using L = detail::PfaLayout;
   constexpr const char* fn = "prompt_flash_attention";
+  detail::check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
+                        in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
+                        "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2,
+                        "quant_scale2", in.quant_scale2, "quant_offset2", in.quant_offset2,
+                        "attention_out", out.attention_out);
   const auto [layout, n, kvn, qd] = detail::cann_front(
       fn, params.input_layout, false, params.num_heads, params.num_key_value_heads, in.query);
   const auto kd = detail::pfa_dims(fn, "key", in.key, layout, kvn);

@@ -8,6 +8,7 @@
 /// The message always reads
 ///   "attnref::<function>: <argument> <what>: expected <x>, got <y>".
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,34 @@ template <class Exception, class Expected, class Got>
   os << ", got ";
   append(os, got);
   throw Exception(os.str());
+}
+
+/// a * b, or std::invalid_argument naming `function` / `argument` when the product of these two
+/// sizes does not fit in a signed 64-bit integer (every size product goes through here or
+/// checked_add, so a huge shape is a rejection, never signed overflow).
+inline std::int64_t checked_mul(std::string_view function, std::string_view argument,
+                                std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    std::ostringstream got;
+    got << a << " * " << b;
+    raise<std::invalid_argument>(function, argument, "size overflows", "a product below 2^63",
+                                 got.str());
+  }
+  return r;
+}
+
+/// a + b, or std::invalid_argument naming `function` / `argument` on signed 64-bit overflow.
+inline std::int64_t checked_add(std::string_view function, std::string_view argument,
+                                std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) {
+    std::ostringstream got;
+    got << a << " + " << b;
+    raise<std::invalid_argument>(function, argument, "size overflows", "a sum below 2^63",
+                                 got.str());
+  }
+  return r;
 }
 
 }  // namespace attnref::detail

@@ -38,22 +38,22 @@ inline const char* to_string(Layout layout) {
 /// View over BSND data [B, S, N, D].
 template <class T>
 StridedView<T, 4> bsnd_view(T* data, Index batch, Index seq, Index heads, Index head_size) {
-  return StridedView<T, 4>(data, {batch, seq, heads, head_size},
-                           {seq * heads * head_size, heads * head_size, head_size, 1});
+  const auto st = detail::dense_strides<4>("bsnd_view", {batch, seq, heads, head_size});
+  return StridedView<T, 4>(data, {batch, seq, heads, head_size}, st);
 }
 
 /// View over BNSD data [B, N, S, D] (indexed as (b, s, n, d)).
 template <class T>
 StridedView<T, 4> bnsd_view(T* data, Index batch, Index heads, Index seq, Index head_size) {
-  return StridedView<T, 4>(data, {batch, seq, heads, head_size},
-                           {heads * seq * head_size, head_size, seq * head_size, 1});
+  const auto st = detail::dense_strides<4>("bnsd_view", {batch, heads, seq, head_size});
+  return StridedView<T, 4>(data, {batch, seq, heads, head_size}, {st[0], st[2], st[1], st[3]});
 }
 
 /// View over packed TND data [T, N, D] (batch extent 1).
 template <class T>
 StridedView<T, 4> tnd_view(T* data, Index tokens, Index heads, Index head_size) {
-  return StridedView<T, 4>(data, {1, tokens, heads, head_size},
-                           {tokens * heads * head_size, heads * head_size, head_size, 1});
+  const auto st = detail::dense_strides<4>("tnd_view", {1, tokens, heads, head_size});
+  return StridedView<T, 4>(data, {1, tokens, heads, head_size}, st);
 }
 
 /// View over logical (B, S, N, D) data stored in `layout`. For TND, `batch` must be 1 and `seq`

@@ -8,7 +8,11 @@
 /// log (use lse_to_base2 for FlashInfer-style base-2 values).
 ///
 /// Conventions: a state with no visible key has m = -inf, l = 0, o = 0; its LSE is -inf and its
-/// normalised output is 0 (never NaN).
+/// normalised output is 0 (never NaN). A state is undefined, its LSE and output NaN, when a
+/// visible raw score was not finite (`overflow`: scale·q·k overflowed the compute type, or an
+/// unmasked input holds inf / NaN), or when it saw visible keys (`visible`) but every one scored
+/// -inf after the hooks (l = 0): the softmax of those scores cannot be computed, and the zero row
+/// of a masked query would be a silent wrong answer.
 
 #include <cmath>
 #include <limits>
@@ -29,20 +33,33 @@ template <class Acc>
 struct SoftmaxState {
   Acc m = -std::numeric_limits<Acc>::infinity();
   Acc l = Acc(0);
+  bool visible = false;   ///< a visible key was seen
+  bool overflow = false;  ///< a visible raw score was not finite
 
-  /// Natural-log LSE of the keys seen so far; -inf when none was visible.
-  Acc lse() const { return l > Acc(0) ? m + std::log(l) : -std::numeric_limits<Acc>::infinity(); }
-  /// 1 / l, or 0 when no key was visible (so the normalised output is 0).
-  Acc inv_l() const { return l > Acc(0) ? Acc(1) / l : Acc(0); }
+  /// True when the result is undefined (see the conventions above).
+  bool undefined() const { return overflow || (visible && l == Acc(0)); }
+  /// Natural-log LSE of the keys seen so far; -inf when none was visible, NaN when undefined.
+  Acc lse() const {
+    if (undefined()) return std::numeric_limits<Acc>::quiet_NaN();
+    return l == Acc(0) ? -std::numeric_limits<Acc>::infinity() : m + std::log(l);
+  }
+  /// 1 / l, or 0 when no key was visible (so the normalised output is 0), NaN when undefined.
+  Acc inv_l() const {
+    if (undefined()) return std::numeric_limits<Acc>::quiet_NaN();
+    return l == Acc(0) ? Acc(0) : Acc(1) / l;
+  }
 };
 
 /// Merges the partial (m2, l2, o2) into (state, o): both outputs unnormalised, d elements each.
 template <class Acc>
 inline void merge_partial(SoftmaxState<Acc>& state, Acc* o, const SoftmaxState<Acc>& other,
                           const Acc* o2, Index d) {
+  state.visible = state.visible || other.visible;
+  state.overflow = state.overflow || other.overflow;
   if (other.l == Acc(0)) return;
   if (state.l == Acc(0)) {
-    state = other;
+    state.m = other.m;
+    state.l = other.l;
     for (Index i = 0; i < d; ++i) o[i] = o2[i];
     return;
   }

@@ -7,13 +7,33 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "attnref/core/error.hpp"
 #include "attnref/core/types.hpp"
 
 namespace attnref {
+
+namespace detail {
+/// Row-major strides of a dense `shape` (last dimension contiguous); a negative extent or an
+/// element count past 64 bits throws std::invalid_argument naming `fn`.
+template <int Rank>
+std::array<Index, Rank> dense_strides(const char* fn, const std::array<Index, Rank>& shape) {
+  std::array<Index, Rank> st{};
+  Index s = 1;
+  for (int i = Rank - 1; i >= 0; --i) {
+    ATTNREF_CHECK(shape[i] >= 0, std::invalid_argument, fn, "shape[" + std::to_string(i) + "]",
+                  "negative", ">= 0", shape[i]);
+    st[i] = s;
+    s = checked_mul(fn, "shape", s, shape[i]);
+  }
+  return st;
+}
+}  // namespace detail
 
 template <class T, int Rank>
 class StridedView {
@@ -31,14 +51,10 @@ class StridedView {
   StridedView(T* data, const Shape& shape, const Shape& strides)
       : data_(data), shape_(shape), strides_(strides) {}
 
-  /// Densely packed row-major view (last dimension contiguous).
-  StridedView(T* data, const Shape& shape) : data_(data), shape_(shape) {
-    Index s = 1;
-    for (int i = Rank - 1; i >= 0; --i) {
-      strides_[i] = s;
-      s *= shape[i];
-    }
-  }
+  /// Densely packed row-major view (last dimension contiguous). A negative extent, or a shape
+  /// whose element count overflows 64 bits, throws std::invalid_argument.
+  StridedView(T* data, const Shape& shape)
+      : data_(data), shape_(shape), strides_(detail::dense_strides<Rank>("StridedView", shape)) {}
 
   /// A mutable view converts to a const one.
   template <class U, class = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
@@ -51,10 +67,14 @@ class StridedView {
   Index size(int dim) const { return shape_[dim]; }
   Index stride(int dim) const { return strides_[dim]; }
 
-  /// Number of elements (product of extents).
+  /// Number of elements (product of extents; 0 when any extent is 0). Throws
+  /// std::invalid_argument when the product overflows 64 bits: operators run detail::check_view
+  /// on their arguments first, so the error names the operator and the argument.
   Index numel() const {
+    for (Index e : shape_)
+      if (e == 0) return 0;
     Index n = 1;
-    for (Index e : shape_) n *= e;
+    for (Index e : shape_) n = detail::checked_mul("StridedView::numel", "shape", n, e);
     return n;
   }
   /// True when the view holds no data pointer (an absent optional input).
@@ -122,6 +142,34 @@ std::array<std::uintptr_t, 2> byte_range(const StridedView<T, Rank>& v) {
   const auto esz = static_cast<Index>(sizeof(T));
   return {base + static_cast<std::uintptr_t>(lo * esz),
           base + static_cast<std::uintptr_t>((hi + 1) * esz)};
+}
+
+/// The edge check every operator runs on each view argument before using it: every extent
+/// >= 0; the product of the nonzero extents (so any size an operator derives from them) and the
+/// memory span in bytes representable in 64 bits; a non-null pointer when the view has
+/// elements. Messages name `fn` and `name`.
+template <class T, int Rank>
+void check_view(const char* fn, const std::string& name, const StridedView<T, Rank>& v) {
+  for (int d = 0; d < Rank; ++d)
+    ATTNREF_CHECK(v.size(d) >= 0, std::invalid_argument, fn,
+                  name + ".shape[" + std::to_string(d) + "]", "negative", ">= 0", v.size(d));
+  Index n = 1, span = 0;
+  bool empty = false;
+  for (int d = 0; d < Rank; ++d) {
+    const Index e = v.size(d), st = v.stride(d);
+    empty = empty || e == 0;
+    n = checked_mul(fn, name + ".shape", n, e == 0 ? 1 : e);
+    ATTNREF_CHECK(st != std::numeric_limits<Index>::min(), std::invalid_argument, fn,
+                  name + ".strides[" + std::to_string(d) + "]", "out of range", "|stride| < 2^63",
+                  st);
+    if (e > 1)
+      span = checked_add(fn, name + " memory span", span,
+                         checked_mul(fn, name + " memory span", e - 1, st < 0 ? -st : st));
+  }
+  checked_mul(fn, name + " memory span", checked_add(fn, name + " memory span", span, 1),
+              static_cast<Index>(sizeof(T)));
+  ATTNREF_CHECK(empty || v.data() != nullptr, std::invalid_argument, fn, name, "data is null",
+                "a non-null pointer for " + std::to_string(n) + " elements", "nullptr");
 }
 
 /// True when two views touch overlapping memory (conservative: compares byte ranges).

@@ -345,7 +345,10 @@ struct Engine {
     const Index rows = g.group * nq;
     const bool partial = tm == TileMask::Partial;
     const bool transform = var.has_transform();
-    if (!partial && !transform) return;
+    if (!partial && !transform) {  // every position visible, raw scores used as they are
+      for (Index r = 0; r < rows; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
+      return;
+    }
     for (Index r = 0; r < rows; ++r) {
       const Index gi = r / nq;
       const Index i = q0 + r % nq;
@@ -368,11 +371,18 @@ struct Engine {
         std::fill(frow, frow + lo, std::uint8_t{1});
         std::fill(frow + lo, frow + hi, std::uint8_t{0});
         std::fill(frow + hi, frow + cols, std::uint8_t{1});
+        flag_overflow(hd, r, srow + lo, hi - lo);
         if (transform) transform_span(si, c0, srow, lo, hi);
         std::fill(srow, srow + lo, kNegInf);
         std::fill(srow + hi, srow + cols, kNegInf);
         continue;
       }
+      bool bad = false;  // a visible raw score that is not finite
+      for (Index c = 0; c < cols; ++c) {
+        frow[c] = var.masked(si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head}) ? 1 : 0;
+        bad = bad || (frow[c] == 0 && !std::isfinite(srow[c]));
+      }
+      if (bad) hd.st[r].overflow = true;
       bool done = false;  // transform_row may see masked positions: they are overwritten below
       if constexpr (has_transform_row<Variant, Acc>::value) {
         if (transform) {
@@ -381,16 +391,20 @@ struct Engine {
         }
       }
       for (Index c = 0; c < cols; ++c) {
-        const Coord co{si.batch, i, j0 + c, c0.q_head, c0.kv_head};
-        if (var.masked(si, co)) {
+        if (frow[c])
           srow[c] = kNegInf;
-          frow[c] = 1;
-        } else {
-          frow[c] = 0;
-          if (transform && !done) srow[c] = var.template transform<Acc>(si, co, srow[c]);
-        }
+        else if (transform && !done)
+          srow[c] = var.template transform<Acc>(
+              si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head}, srow[c]);
       }
     }
+  }
+
+  /// Marks row r when one of its n visible raw scores is not finite: scale·q·k overflowed the
+  /// compute type (or an unmasked input holds inf / NaN), so the row's softmax is undefined and
+  /// its result NaN (SoftmaxState::overflow) — whatever the other scores of the row.
+  void flag_overflow(const Head& hd, Index r, const Acc* raw, Index n) const {
+    if (n > 0 && !ArrayMap<Acc>(const_cast<Acc*>(raw), n).isFinite().all()) hd.st[r].overflow = true;
   }
 
   /// The transform hook on the visible columns [lo, hi) of one row (c0: its first column).
@@ -417,6 +431,15 @@ struct Engine {
     }
   }
 
+  /// True when row r of the tile has a visible position (SoftmaxState::visible: a row that saw
+  /// visible keys but ends with l = 0, every visible score -inf after the hooks, is NaN, never
+  /// the zero row of a masked one).
+  bool tile_has_visible(const Head& hd, Index r, Index cols, bool partial) const {
+    if (!partial) return cols > 0;
+    const std::uint8_t* frow = hd.f + r * ld();
+    return std::find(frow, frow + cols, std::uint8_t{0}) != frow + cols;
+  }
+
   /// Online-softmax update of one head with the scores of one tile; leaves P in hd.s (with the
   /// quantize_p hook: the quantized P, and the tile's factor per row in hd.fac).
   void softmax_update(const Head& hd, const SeqInfo& si, Index rows, Index cols, bool partial,
@@ -428,11 +451,13 @@ struct Engine {
       SoftmaxState<Acc>& st = hd.st[r];
       const Acc mx = row.maxCoeff();
       const Acc m_new = std::max(st.m, mx);
-      if (m_new == kNegInf) {  // nothing visible to this row yet
+      if (m_new == kNegInf) {  // nothing visible to this row yet, or only overflowed scores
+        st.visible = st.visible || tile_has_visible(hd, r, cols, partial);
         row.setZero();
         if constexpr (kQuantP) hd.fac[r] = Acc(0);
         continue;
       }
+      st.visible = true;  // a finite maximum is a visible score (masked ones are -inf)
       const Acc alpha = exp_diff(st.m, m_new);
       row = (row - m_new).exp();
       if (partial) {
@@ -647,7 +672,7 @@ struct Engine {
             const Acc inv = st.inv_l();
             const Index qh = h * g.group + r / nq, qi = it.q_begin + r % nq;
             ArrayMap<Acc> row(srow, cols);
-            if (st.l == Acc(0)) {
+            if (st.l == Acc(0) && !st.undefined()) {
               row.setZero();
             } else {
               row = (row - st.m).exp() * inv;
@@ -681,7 +706,9 @@ struct Engine {
         const Index h = hkv * g.group + gi;
         for (Index t = 0; t < nq; ++t, ++r) {
           const Index i = it.q_begin + t;
-          store_row<TO>(o + r * g.v_head_size, kTwoPass ? Acc(1) : st[r].inv_l(), g.v_head_size,
+          // (two-pass rows leave normalised; an undefined row still gets its NaN)
+          const Acc mul = kTwoPass && !st[r].undefined() ? Acc(1) : st[r].inv_l();
+          store_row<TO>(o + r * g.v_head_size, mul, g.v_head_size,
                         out.o.ptr(s.q_batch, s.q_off + i, h, 0), out.o.stride(3));
           if (!out.lse.absent()) out.lse(s.q_batch, h, s.q_off + i) = static_cast<TS>(st[r].lse());
         }
@@ -710,7 +737,7 @@ struct Engine {
         apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
         for (Index r = 0; r < rows; ++r) {
           const SoftmaxState<Acc>& st = hd.st[r];
-          if (st.l == Acc(0)) continue;
+          if (st.l == Acc(0) && !st.undefined()) continue;
           const Index h = hkv * g.group + r / nq;
           const Index i = it.q_begin + r % nq;
           const Acc* srow = hd.s + r * ld();

@@ -183,6 +183,9 @@ void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_th
                 "int8_matmul: half, bfloat16 or float output");
   using namespace detail::mla;
   constexpr const char* fn = "int8_matmul";
+  detail::check_tensors(fn, "a", in.a, "w", in.w.tensor, "bias", in.bias, "de_scale", in.de_scale,
+                        "de_scale_bits", in.de_scale_bits, "token_scale", in.token_scale,
+                        "zero_point", in.zero_point, "out", out);
   check(in.a.data != nullptr && in.a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
         detail::shape_str(in.a));
   const Index M = in.a.dim(0), K = in.a.dim(1), N = in.w.out;
@@ -282,6 +285,7 @@ void float_matmul(const TensorRef<const T>& a, const WeightRef<T>& w, const Tens
                 "float_matmul: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "float_matmul";
+  detail::check_tensors(fn, "a", a, "w", w.tensor, "out", out);
   check(a.data != nullptr && a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
         detail::shape_str(a));
   const Index M = a.dim(0), K = a.dim(1), N = w.out;

@@ -73,10 +73,12 @@ void check_cache_table(const char* fn, const TensorRef<const T>& cache,
   check(static_cast<Index>(lens.size()) == B, fn, "context_lens", "size mismatch",
         std::to_string(B), std::to_string(lens.size()));
   const Index bs = cache.dim(1);
+  const Index capacity =
+      detail::checked_mul(fn, "block_table.shape[1] * blockSize", table.dim(1), bs);
   for (Index b = 0; b < B; ++b) {
     const Index l = lens[static_cast<size_t>(b)];
-    check(l >= 0 && l <= table.dim(1) * bs, fn, "context_lens[" + std::to_string(b) + "]",
-          "out of range", "[0, " + std::to_string(table.dim(1) * bs) + "]", std::to_string(l));
+    check(l >= 0 && l <= capacity, fn, "context_lens[" + std::to_string(b) + "]", "out of range",
+          "[0, " + std::to_string(capacity) + "]", std::to_string(l));
     for (Index j = 0; j * bs < l; ++j) {
       const std::int32_t id = table.data[b * table.dim(1) + j];
       ATTNREF_CHECK(id >= 0 && id < cache.dim(0), std::out_of_range, fn,
@@ -97,9 +99,11 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
                 "mla_decode: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode";
-  const Index C = params.kv_lora_rank, R = params.rope_dim, W = C + R;
+  detail::check_tensors(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table, "out", out);
+  const Index C = params.kv_lora_rank, R = params.rope_dim;
   check(C > 0 && R >= 0, fn, "params.kv_lora_rank / rope_dim", "out of range", "C > 0, R >= 0",
         std::to_string(C) + " / " + std::to_string(R));
+  const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
   check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
         std::to_string(params.scale));
   check(in.q.data != nullptr && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W, fn,
@@ -133,9 +137,12 @@ void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInp
                 "mla_decode_unabsorbed: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode_unabsorbed";
-  const Index C = params.kv_lora_rank, R = params.rope_dim, W = C + R;
+  detail::check_tensors(fn, "q_nope", in.q_nope, "q_rope", in.q_rope, "wuk", in.wuk, "kv_cache",
+                        in.kv_cache, "block_table", in.block_table, "out", out);
+  const Index C = params.kv_lora_rank, R = params.rope_dim;
   check(C > 0 && R >= 0, fn, "params.kv_lora_rank / rope_dim", "out of range", "C > 0, R >= 0",
         std::to_string(C) + " / " + std::to_string(R));
+  const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
   check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
         std::to_string(params.scale));
   check(in.q_nope.data != nullptr && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 &&

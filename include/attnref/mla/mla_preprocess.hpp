@@ -80,13 +80,31 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
                 "mla_preprocess: half or bfloat16 (the model dtype)");
   using namespace detail::mla;
   constexpr const char* fn = "mla_preprocess";
+  detail::check_tensors(
+      fn, "input", in.input, "gamma0", in.gamma0, "beta0", in.beta0, "quant_scale0",
+      in.quant_scale0, "quant_offset0", in.quant_offset0, "wdqkv", in.wdqkv.tensor, "wdqkv_float",
+      in.wdqkv_float.tensor, "de_scale0", in.de_scale0, "de_scale0_bits", in.de_scale0_bits,
+      "bias0", in.bias0, "gamma1", in.gamma1, "beta1", in.beta1, "quant_scale1", in.quant_scale1,
+      "quant_offset1", in.quant_offset1, "wuq", in.wuq.tensor, "wuq_float", in.wuq_float.tensor,
+      "de_scale1", in.de_scale1, "de_scale1_bits", in.de_scale1_bits, "bias1", in.bias1, "gamma2",
+      in.gamma2, "cos", in.cos, "sin", in.sin, "wuk", in.wuk.tensor, "slot_mapping",
+      in.slot_mapping, "ctkv_scale", in.ctkv_scale, "q_nope_scale", in.q_nope_scale, "q_out",
+      out.q_out, "q_out_i8", out.q_out_i8, "q_rope_out", out.q_rope_out, "kv_cache",
+      out.caches.kv_cache, "ctkv", out.caches.ctkv, "ctkv_i8", out.caches.ctkv_i8, "krope",
+      out.caches.krope);
   const MlaDims& d = params.dims;
   const Index H0 = d.hidden_size, C = d.kv_lora_rank, R = d.rope_dim, Q = d.q_lora_rank,
-              P = d.nope_dim, W1 = C + R + Q;
+              P = d.nope_dim;
   check(H0 > 0 && C > 0 && R > 0 && R % 2 == 0 && Q > 0 && P > 0, fn, "params.dims",
         "not positive (rope_dim even)", "positive sizes",
         "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " + std::to_string(R) +
             ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
+  constexpr Index kDimLimit = Index(1) << 31;  // ATB's dims are int32: sums and products of two fit
+  check(H0 < kDimLimit && C < kDimLimit && R < kDimLimit && Q < kDimLimit && P < kDimLimit, fn,
+        "params.dims", "too large", "each below 2^31",
+        "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " + std::to_string(R) +
+            ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
+  const Index W1 = C + R + Q;
   check(params.wdq_dim == 0 || Index(params.wdq_dim) == Q, fn, "params.wdq_dim",
         "differs from dims.q_lora_rank", "0 or " + std::to_string(Q),
         std::to_string(params.wdq_dim));

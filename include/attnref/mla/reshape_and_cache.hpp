@@ -151,6 +151,9 @@ void mla_reshape_and_cache(MlaCacheMode mode, const TensorRef<const T>& k_nope,
                 "mla_reshape_and_cache: half or bfloat16");
   using namespace detail::mla;
   constexpr const char* fn = "mla_reshape_and_cache";
+  detail::check_tensors(fn, "k_nope", k_nope, "k_rope", k_rope, "slot_mapping", slot_mapping,
+                        "quant_scale3", quant_scale3, "kv_cache", caches.kv_cache, "ctkv",
+                        caches.ctkv, "ctkv_i8", caches.ctkv_i8, "krope", caches.krope);
   check(k_nope.data != nullptr && k_nope.rank() == 2, fn, "k_nope.shape", "not 2-D", "[N, C]",
         detail::shape_str(k_nope));
   const Index N = k_nope.dim(0), C = k_nope.dim(1);

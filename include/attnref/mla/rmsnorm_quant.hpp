@@ -111,6 +111,7 @@ void rms_norm(const TensorRef<const T>& x, const TensorRef<const T>& gamma, floa
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "rms_norm: half, bfloat16 or float");
   constexpr const char* fn = "rms_norm";
+  detail::check_tensors(fn, "x", x, "gamma", gamma, "out", out);
   detail::mla::check(x.data != nullptr && x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
                      detail::shape_str(x));
   const Index rows = x.dim(0), n = x.dim(1);
@@ -152,6 +153,9 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
                 "rms_norm_quant: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "rms_norm_quant";
+  detail::check_tensors(fn, "x", in.x, "gamma", in.gamma, "beta", in.beta, "quant_scale",
+                        in.quant_scale, "quant_offset", in.quant_offset, "q", out.q, "descale",
+                        out.descale, "zero_point", out.zero_point, "unquant", out.unquant);
   const int m = static_cast<int>(mode);
   check(m >= 0 && m <= 3, fn, "mode", "out of range", "0 to 3", std::to_string(m));
   check(in.x.data != nullptr && in.x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",

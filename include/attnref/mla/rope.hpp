@@ -58,6 +58,7 @@ void rope_rotate_half(const TensorRef<const T>& x, const TensorRef<const T>& sin
                 "rope_rotate_half: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "rope_rotate_half";
+  detail::check_tensors(fn, "x", x, "sin", sin, "cos", cos, "out", out);
   check(rotary_coeff == 2, fn, "rotary_coeff", "not supported", "2 (rotate half)",
         std::to_string(rotary_coeff));
   check(sin.data != nullptr && sin.rank() == 2, fn, "sin.shape", "not 2-D", "[N, R]",
@@ -108,6 +109,7 @@ void q_nope_absorb(const TensorRef<const T>& q, const WukRef<T>& wuk, const Tens
                 "q_nope_absorb: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "q_nope_absorb";
+  detail::check_tensors(fn, "q", q, "wuk", wuk.tensor, "out", out);
   check(q.data != nullptr && q.rank() == 3, fn, "q.shape", "not 3-D", "[N, heads, P]",
         detail::shape_str(q));
   const Index N = q.dim(0), H = q.dim(1), P = q.dim(2);

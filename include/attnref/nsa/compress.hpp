@@ -44,6 +44,7 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_compress: half or bfloat16 (float: attnref extension)");
   constexpr const char* fn = "nsa_compress";
+  detail::check_tensors(fn, "input", input, "weight", weight, "output", output);
   auto check = [&](bool ok, const std::string& arg, const std::string& what,
                    const std::string& expected, const std::string& got) {
     ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);

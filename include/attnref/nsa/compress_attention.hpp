@@ -129,6 +129,10 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                 "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
   using detail::nsa_check;
   using detail::shape_str;
+  detail::check_tensors("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
+                        in.value, "atten_mask", in.atten_mask, "block_table", in.block_table,
+                        "output", out.output, "topk", out.topk, "probs", out.probs,
+                        "head_scores", out.head_scores, "group_scores", out.group_scores);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   // Block sizes.
   const std::int64_t l = p.compress_block_size, d = p.compress_block_stride,

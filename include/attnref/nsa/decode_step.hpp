@@ -90,6 +90,9 @@ struct NsaStepDims {
 
 template <class T>
 NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDecodeInputs<T>& in) {
+  check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "block_table",
+                in.block_table, "cmp_key", in.cmp_key, "cmp_value", in.cmp_value, "cmp_block_table",
+                in.cmp_block_table, "gates", in.gates);
   NsaStepDims d;
   nsa_step_check(p.layout == "TND" || p.layout == "BSND", fn, "params.layout", "not supported",
                  "TND or BSND", p.layout);
@@ -170,6 +173,7 @@ template <class T>
 NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
                                        const NsaDecodeInputs<T>& in, const TensorRef<T>& out,
                                        int num_threads) {
+  check_tensor(fn, "out", out);
   NsaWindowProblem<T> w;
   const NsaStepDims& d = w.d = nsa_step_dims(fn, p, in);
   nsa_step_check(p.window_size >= 1, fn, "params.window_size", "not positive", ">= 1",
@@ -243,6 +247,8 @@ void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>
                    const TensorRef<const T>& o_sel, const TensorRef<const T>& o_win,
                    const TensorRef<T>& out) {
   constexpr const char* fn = "nsa_gated_sum";
+  detail::check_tensors(fn, "gates", gates, "o_cmp", o_cmp, "o_sel", o_sel, "o_win", o_win, "out",
+                        out);
   detail::nsa_step_check(out.data != nullptr && out.rank() >= 3, fn, "out.shape",
                          "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]",
                          detail::shape_str(out));
@@ -252,7 +258,7 @@ void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>
     detail::nsa_step_check(t->data != nullptr && t->shape == out.shape, fn, "branch output shape",
                            "differs from out", detail::shape_str(out), detail::shape_str(*t));
   detail::nsa_step_check(
-      gates.data != nullptr && gates.numel() == rows * N * 3 && gates.shape.back() == 3, fn,
+      gates.data != nullptr && gates.shape.back() == 3 && gates.numel() / 3 == rows * N, fn,
       "gates.shape", "mismatch",
       "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
       detail::shape_str(gates));
@@ -273,6 +279,8 @@ template <class T>
 void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
                      const NsaDecodeOutputs<T>& out, int num_threads = 0) {
   constexpr const char* fn = "nsa_decode_step";
+  detail::check_tensors(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out,
+                        "sel_out", out.sel_out, "win_out", out.win_out);
   const detail::NsaStepDims d = detail::nsa_step_dims(fn, p, in);
   const bool tnd = p.layout == "TND";
   const std::vector<Index> o_shape =

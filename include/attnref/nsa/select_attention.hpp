@@ -105,6 +105,8 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   using detail::nsa_sel_check;
   using detail::shape_str;
   const char* fn = "nsa_selected_attention_infer";
+  detail::check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "topk_indices",
+                        in.topk_indices, "block_table", in.block_table, "output", out.output);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   const std::int64_t ls = p.select_block_size, k = p.select_block_count;
   nsa_sel_check(ls > 0 && k > 0, "params.select_block_size / select_block_count", "not positive",
