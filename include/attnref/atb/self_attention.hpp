@@ -768,6 +768,14 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   using P = SelfAttentionParams;
   detail::sa_check_type<T>();
   constexpr const char* fn = "self_attention";
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "mask", in.mask,
+                      "log_n", in.log_n, "head_mask", in.head_mask, "slopes", in.slopes,
+                      "block_tables", in.block_tables, "out", out.out, "key_cache", out.key_cache,
+                      "value_cache", out.value_cache);
+  for (size_t i = 0; i < in.key_cache_list.size(); ++i)
+    detail::check_view(fn, "key_cache_list[" + std::to_string(i) + "]", in.key_cache_list[i]);
+  for (size_t i = 0; i < in.value_cache_list.size(); ++i)
+    detail::check_view(fn, "value_cache_list[" + std::to_string(i) + "]", in.value_cache_list[i]);
   const bool kv_list = !in.key_cache_list.empty() || !in.value_cache_list.empty();
   validate(params, kv_list);
   ATTNREF_CHECK(params.input_layout == P::InputLayout::BSND, std::invalid_argument, fn,
@@ -1007,6 +1015,11 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
   static_assert(std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>,
                 "qkv-quantized self_attention output: half or bfloat16");
   constexpr const char* fn = "self_attention";
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "mask", in.mask,
+                      "head_mask", in.head_mask, "slopes", in.slopes, "qk_descale", in.qk_descale,
+                      "vpv_descale", in.vpv_descale, "p_scale", in.p_scale, "qk_offset",
+                      in.qk_offset, "vpv_offset", in.vpv_offset, "out", out.out, "key_cache",
+                      out.key_cache, "value_cache", out.value_cache);
   validate(params);
   const bool online = params.quant_type == P::QuantType::QkvOnline;
   ATTNREF_CHECK(online || params.quant_type == P::QuantType::QkvOffline, std::invalid_argument, fn,
@@ -1098,6 +1111,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdIn
   using P = SelfAttentionParams;
   detail::sa_check_type<T>();
   constexpr const char* fn = "self_attention";
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "mask", in.mask,
+                      "out", out.out, "key_cache", out.key_cache, "value_cache", out.value_cache);
   validate(params);
   ATTNREF_CHECK(params.input_layout == P::InputLayout::BNSD, std::invalid_argument, fn,
                 "params.input_layout", "BSND with the BNSD inputs",

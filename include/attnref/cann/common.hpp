@@ -163,10 +163,10 @@ inline CannPostQuant cann_post_quant(const char* fn, const TensorRef<const float
                "given without int8 output", "none", shape_str(qs2));
     return {};
   }
-  cann_check(!qs2.absent() && qs2.data != nullptr && (qs2.numel() == 1 || qs2.numel() == channels),
+  cann_check(!qs2.absent() && (qs2.numel() == 1 || qs2.numel() == channels),
              fn, "quant_scale2", "required for int8 output: per tensor or per channel",
              "1 or " + std::to_string(channels) + " values", shape_str(qs2));
-  cann_check(qo2.absent() || (qo2.data != nullptr && qo2.shape == qs2.shape), fn,
+  cann_check(qo2.absent() || (qo2.shape == qs2.shape), fn,
              "quant_offset2.shape", "differs from quant_scale2's", shape_str(qs2), shape_str(qo2));
   return {qs2.data, qo2.absent() ? nullptr : qo2.data, qs2.numel() != 1};
 }

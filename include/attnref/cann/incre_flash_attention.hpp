@@ -129,7 +129,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
              std::to_string(params.inner_precise));
   cann_check(std::isfinite(params.scale_value), fn, "params.scale_value", "not finite",
              "a finite value", std::to_string(params.scale_value));
-  cann_check(out.attention_out.data != nullptr && out.attention_out.shape == in.query.shape, fn,
+  cann_check(!out.attention_out.absent() && out.attention_out.shape == in.query.shape, fn,
              "attention_out.shape", "mismatch (the query's shape)", shape_str(in.query),
              shape_str(out.attention_out));
   const bool paged = !in.block_table.absent();
@@ -151,7 +151,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                std::to_string(in.key.size()));
     const auto& kc = in.key[0];
     const auto& vc = in.value[0];
-    cann_check(kc.data != nullptr && vc.data != nullptr && kc.shape == vc.shape &&
+    cann_check(!kc.absent() && !vc.absent() && kc.shape == vc.shape &&
                    (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
                fn, "key[0].shape", "paged cache shape",
                "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
@@ -169,7 +169,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     cann_check(bs > 0 && bs <= 512 && bs % align == 0, fn, "params.block_size", "not supported",
                "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
     const auto& bt = in.block_table;
-    cann_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) == B, fn, "block_table.shape",
+    cann_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) == B, fn, "block_table.shape",
                "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", shape_str(bt));
     cann_check(!in.actual_seq_lengths.empty(), fn, "actual_seq_lengths", "required when paged",
                "kv lengths", "none");
@@ -198,7 +198,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       const std::string ki = "key[" + std::to_string(i) + "]",
                         vi = "value[" + std::to_string(i) + "]";
       const auto kd = detail::pfa_dims(fn, ki.c_str(), in.key[i], layout, kvn);
-      cann_check(in.value[i].shape == in.key[i].shape && in.value[i].data != nullptr, fn,
+      cann_check(in.value[i].shape == in.key[i].shape && !in.value[i].absent(), fn,
                  vi + ".shape", "differs from the key's", shape_str(in.key[i]),
                  shape_str(in.value[i]));
       cann_check(kd[3] == D && kd[0] == (list ? 1 : B), fn, ki + ".shape", "mismatch",
@@ -226,7 +226,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     }
     const auto& kp = in.kv_padding_size;
     if (!kp.absent()) {
-      cann_check(kp.data != nullptr && kp.numel() == 1, fn, "kv_padding_size.shape",
+      cann_check(!kp.absent() && kp.numel() == 1, fn, "kv_padding_size.shape",
                  "not one value", "[] or [1]", shape_str(kp));
       cann_check(in.key.size() == 1, fn, "kv_padding_size", "needs one key / value tensor",
                  "a list of 1", std::to_string(in.key.size()));
@@ -309,7 +309,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   const auto& m = in.atten_mask;
   if (!m.absent()) {
     const Index r = m.rank();
-    const bool ok = m.data != nullptr && r >= 2 && r <= 4 && m.dim(0) == B &&
+    const bool ok = !m.absent() && r >= 2 && r <= 4 && m.dim(0) == B &&
                     (r < 3 || m.dim(1) == 1) && (r < 4 || m.dim(2) == 1) &&
                     m.dim(r - 1) >= mask_cols;
     cann_check(ok, fn, "atten_mask.shape", "mismatch",
@@ -320,7 +320,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   }
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
-    cann_check(ps.data != nullptr && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
+    cann_check(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
                    ps.dim(1) == n && ps.dim(2) == 1 && ps.dim(3) >= mask_cols,
                fn, "pse_shift.shape", "mismatch",
                "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
@@ -344,12 +344,12 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     cann_check(as.absent() && ao.absent(), fn, "antiquant_scale / antiquant_offset",
                "given with antiquant_mode 1 (per token)",
                "none (antiquant_scale_per_token instead)", shape_str(as));
-    cann_check(!ts.absent() && ts.data != nullptr && ts.rank() == 3 && ts.dim(0) == 2 &&
+    cann_check(!ts.absent() && ts.rank() == 3 && ts.dim(0) == 2 &&
                    ts.dim(1) == B && ts.dim(2) >= mask_cols,
                fn, "antiquant_scale_per_token.shape", "mismatch (antiquant_mode 1)",
                "(2, " + std::to_string(B) + ", >= " + std::to_string(mask_cols) + ")",
                shape_str(ts));
-    cann_check(to.absent() || (to.data != nullptr && to.shape == ts.shape), fn,
+    cann_check(to.absent() || (to.shape == ts.shape), fn,
                "antiquant_offset_per_token.shape", "differs from antiquant_scale_per_token's",
                shape_str(ts), shape_str(to));
   } else {
@@ -361,12 +361,12 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     if constexpr (kQuant) {
       const std::vector<std::vector<Index>> shapes{
           {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kvn * D}, {2}};
-      const bool ok = !as.absent() && as.data != nullptr &&
+      const bool ok = !as.absent() &&
                       std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
       cann_check(ok, fn, "antiquant_scale.shape", "not an accepted shape (int8 key / value)",
                  "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)",
                  shape_str(as));
-      cann_check(ao.absent() || (ao.data != nullptr && ao.shape == as.shape), fn,
+      cann_check(ao.absent() || (ao.shape == as.shape), fn,
                  "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
                  shape_str(ao));
       per = as.numel() / 2;

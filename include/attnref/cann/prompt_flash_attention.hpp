@@ -125,7 +125,7 @@ template <class T>
 std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const TensorRef<T>& t,
                               PfaLayout layout, Index n) {
   const bool r3 = layout == PfaLayout::BSH || layout == PfaLayout::TND;
-  cann_check(!t.absent() && t.data != nullptr, fn, arg, "missing", "a tensor", "none");
+  cann_check(!t.absent(), fn, arg, "missing", "a tensor", "none");
   cann_check(t.rank() == (r3 ? 3 : 4), fn, std::string(arg) + ".shape",
              "rank mismatch for the layout", r3 ? "rank 3" : "rank 4", shape_str(t));
   std::array<Index, 4> d{};
@@ -300,7 +300,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   }
   const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
   const std::vector<Index> oshape = detail::pfa_shape(layout, od);
-  cann_check(out.attention_out.data != nullptr && out.attention_out.shape == oshape, fn,
+  cann_check(!out.attention_out.absent() && out.attention_out.shape == oshape, fn,
              "attention_out.shape", "mismatch", detail::dims_str(oshape),
              shape_str(out.attention_out));
 
@@ -310,7 +310,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   cann_check(sm == 0 || !m.absent(), fn, "atten_mask",
              "required by sparse_mode " + std::to_string(sm), "a mask", "none");
   if (!m.absent()) {
-    cann_check(m.data != nullptr && m.rank() >= 2 && m.rank() <= 4, fn, "atten_mask.shape",
+    cann_check(!m.absent() && m.rank() >= 2 && m.rank() <= 4, fn, "atten_mask.shape",
                "rank out of range", "rank 2–4", shape_str(m));
     const Index r = m.rank();
     const Index ms1 = m.dim(r - 2), ms2 = m.dim(r - 1);
@@ -370,7 +370,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   // pseShift.
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
-    cann_check(ps.data != nullptr && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
+    cann_check(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
                    ps.dim(1) == n && ps.dim(2) >= S1 && ps.dim(3) >= S2,
                fn, "pse_shift.shape", "mismatch",
                "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
@@ -393,7 +393,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
                  "none", shape_str(t));
       return 1.0f;
     }
-    cann_check(!t.absent() && t.data != nullptr && t.numel() == 1, fn, arg,
+    cann_check(!t.absent() && t.numel() == 1, fn, arg,
                "per-tensor scale required", "[1]", shape_str(t));
     cann_check(std::isfinite(t.data[0]), fn, arg, "not finite", "a finite value",
                std::to_string(t.data[0]));

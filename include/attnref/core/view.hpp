@@ -77,8 +77,15 @@ class StridedView {
     for (Index e : shape_) n = detail::checked_mul("StridedView::numel", "shape", n, e);
     return n;
   }
-  /// True when the view holds no data pointer (an absent optional input).
-  bool absent() const { return data_ == nullptr; }
+  /// True for a default-constructed view (null data, every extent 0): an absent optional input.
+  /// A view with null data and some nonzero extent is present (and empty when another extent is
+  /// 0; rejected by check_view when it has elements).
+  bool absent() const {
+    if (data_ != nullptr) return false;
+    for (Index e : shape_)
+      if (e != 0) return false;
+    return true;
+  }
 
   template <class... I>
   T& operator()(I... idx) const {
@@ -170,6 +177,15 @@ void check_view(const char* fn, const std::string& name, const StridedView<T, Ra
               static_cast<Index>(sizeof(T)));
   ATTNREF_CHECK(empty || v.data() != nullptr, std::invalid_argument, fn, name, "data is null",
                 "a non-null pointer for " + std::to_string(n) + " elements", "nullptr");
+}
+
+/// check_view on each (name, view) pair: check_views(fn, "query", q, "key", k, ...).
+inline void check_views(const char*) {}
+template <class T, int Rank, class... Rest>
+void check_views(const char* fn, const char* name, const StridedView<T, Rank>& v,
+                 const Rest&... rest) {
+  check_view(fn, name, v);
+  check_views(fn, rest...);
 }
 
 /// True when two views touch overlapping memory (conservative: compares byte ranges).

@@ -72,7 +72,7 @@ void check_weight(const char* fn, const char* arg, const WeightRef<T>& w, Index 
             std::to_string(static_cast<int>(w.format)));
   }
   check(
-      t.data != nullptr && t.shape == want, fn, std::string(arg) + ".shape",
+      !t.absent() && t.shape == want, fn, std::string(arg) + ".shape",
       w.format == WeightFormat::Nz ? "mismatch (NZ of [out, in])" : "mismatch",
       [&] {
         std::string s = "[";
@@ -186,7 +186,7 @@ void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_th
   detail::check_tensors(fn, "a", in.a, "w", in.w.tensor, "bias", in.bias, "de_scale", in.de_scale,
                         "de_scale_bits", in.de_scale_bits, "token_scale", in.token_scale,
                         "zero_point", in.zero_point, "out", out);
-  check(in.a.data != nullptr && in.a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
+  check(!in.a.absent() && in.a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
         detail::shape_str(in.a));
   const Index M = in.a.dim(0), K = in.a.dim(1), N = in.w.out;
   check(K > 0 && K <= (Index{1} << 16), fn, "a.shape[1]", "out of range", "(0, 65536]",
@@ -286,7 +286,7 @@ void float_matmul(const TensorRef<const T>& a, const WeightRef<T>& w, const Tens
   using namespace detail::mla;
   constexpr const char* fn = "float_matmul";
   detail::check_tensors(fn, "a", a, "w", w.tensor, "out", out);
-  check(a.data != nullptr && a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
+  check(!a.absent() && a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
         detail::shape_str(a));
   const Index M = a.dim(0), K = a.dim(1), N = w.out;
   check_weight(fn, "w", w, N, K);

@@ -64,11 +64,11 @@ template <class T>
 void check_cache_table(const char* fn, const TensorRef<const T>& cache,
                        const TensorRef<const std::int32_t>& table, const std::vector<Index>& lens,
                        Index B, Index width) {
-  check(cache.data != nullptr && cache.rank() == 4 && cache.dim(1) > 0 && cache.dim(2) == 1 &&
+  check(!cache.absent() && cache.rank() == 4 && cache.dim(1) > 0 && cache.dim(2) == 1 &&
             cache.dim(3) == width,
         fn, "kv_cache.shape", "mismatch", "[blocks, blockSize, 1, " + std::to_string(width) + "]",
         detail::shape_str(cache));
-  check(table.data != nullptr && table.rank() == 2 && table.dim(0) == B, fn, "block_table.shape",
+  check(!table.absent() && table.rank() == 2 && table.dim(0) == B, fn, "block_table.shape",
         "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", detail::shape_str(table));
   check(static_cast<Index>(lens.size()) == B, fn, "context_lens", "size mismatch",
         std::to_string(B), std::to_string(lens.size()));
@@ -106,10 +106,10 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
   const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
   check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
         std::to_string(params.scale));
-  check(in.q.data != nullptr && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W, fn,
+  check(!in.q.absent() && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W, fn,
         "q.shape", "mismatch", "[B, heads, " + std::to_string(W) + "]", detail::shape_str(in.q));
   const Index B = in.q.dim(0), H = in.q.dim(1);
-  check(out.data != nullptr && out.rank() == 3 && out.dim(0) == B && out.dim(1) == H &&
+  check(!out.absent() && out.rank() == 3 && out.dim(0) == B && out.dim(1) == H &&
             out.dim(2) == C,
         fn, "out.shape", "mismatch",
         "[" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
@@ -145,18 +145,18 @@ void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInp
   const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
   check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
         std::to_string(params.scale));
-  check(in.q_nope.data != nullptr && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 &&
+  check(!in.q_nope.absent() && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 &&
             in.q_nope.dim(2) > 0,
         fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]", detail::shape_str(in.q_nope));
   const Index B = in.q_nope.dim(0), H = in.q_nope.dim(1), P = in.q_nope.dim(2);
   const std::string bh = "[" + std::to_string(B) + ", " + std::to_string(H) + ", ";
-  check(in.q_rope.data != nullptr && in.q_rope.shape == std::vector<Index>{B, H, R}, fn,
+  check(!in.q_rope.absent() && in.q_rope.shape == std::vector<Index>{B, H, R}, fn,
         "q_rope.shape", "mismatch", bh + std::to_string(R) + "]", detail::shape_str(in.q_rope));
-  check(in.wuk.data != nullptr && in.wuk.shape == std::vector<Index>{H, P, C}, fn, "wuk.shape",
+  check(!in.wuk.absent() && in.wuk.shape == std::vector<Index>{H, P, C}, fn, "wuk.shape",
         "mismatch",
         "[" + std::to_string(H) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
         detail::shape_str(in.wuk));
-  check(out.data != nullptr && out.shape == std::vector<Index>{B, H, C}, fn, "out.shape",
+  check(!out.absent() && out.shape == std::vector<Index>{B, H, C}, fn, "out.shape",
         "mismatch", bh + std::to_string(C) + "]", detail::shape_str(out));
   check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
   const Index bs = in.kv_cache.dim(1);

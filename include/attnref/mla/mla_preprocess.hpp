@@ -127,12 +127,12 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
   const bool unquant = mode == MlaQuantMode::Unquant;
   const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
 
-  check(in.input.data != nullptr && in.input.rank() == 2 && in.input.dim(1) == H0, fn,
+  check(!in.input.absent() && in.input.rank() == 2 && in.input.dim(1) == H0, fn,
         "input.shape", "mismatch", "[N, " + std::to_string(H0) + "]", detail::shape_str(in.input));
   const Index N = in.input.dim(0);
   check(N > 0, fn, "input.shape[0]", "no tokens", ">= 1", std::to_string(N));
   const auto& wk = in.wuk.tensor;
-  check(wk.data != nullptr && (wk.rank() == 3 || wk.rank() == 4) && wk.dim(0) > 0, fn, "wuk.shape",
+  check(!wk.absent() && (wk.rank() == 3 || wk.rank() == 4) && wk.dim(0) > 0, fn, "wuk.shape",
         "not [heads, P, C] or NZ", "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]",
         detail::shape_str(wk));
   const Index NH = wk.dim(0), W2 = NH * (P + R);
@@ -206,7 +206,7 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
     return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
   };
   auto out3 = [&](const auto& t, const char* name, Index w) {
-    check(t.data != nullptr && t.rank() == 3 && t.dim(0) == N && t.dim(1) == NH && t.dim(2) == w,
+    check(!t.absent() && t.rank() == 3 && t.dim(0) == N && t.dim(1) == NH && t.dim(2) == w,
           fn, std::string(name) + ".shape", "mismatch", shape3(N, NH, w), detail::shape_str(t));
   };
   const int cmi = static_cast<int>(cm);

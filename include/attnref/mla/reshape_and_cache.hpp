@@ -46,7 +46,7 @@ std::pair<Index, Index> check_caches(const char* fn, MlaCacheMode mode, const Ml
            std::to_string(d) + "]";
   };
   auto nd = [&](const auto& t, const char* arg, Index width, Index blocks, Index bs) {
-    check(t.data != nullptr && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
+    check(!t.absent() && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
               (bs < 0 || t.dim(1) == bs) && t.dim(2) == 1 && t.dim(3) == width && t.dim(1) > 0,
           fn, std::string(arg) + ".shape", "mismatch", shape4(blocks, bs, 1, width) + " (-1: any)",
           shape_str(t));
@@ -54,7 +54,7 @@ std::pair<Index, Index> check_caches(const char* fn, MlaCacheMode mode, const Ml
   auto nz = [&](const auto& t, const char* arg, Index width, Index c0, Index blocks, Index bs) {
     check(width % c0 == 0, fn, std::string(arg), "width not a multiple of C0",
           "a multiple of " + std::to_string(c0), std::to_string(width));
-    check(t.data != nullptr && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
+    check(!t.absent() && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
               t.dim(1) == width / c0 && (bs < 0 || t.dim(2) == bs) && t.dim(3) == c0 &&
               t.dim(2) > 0 && t.dim(2) % 16 == 0,
           fn, std::string(arg) + ".shape", "mismatch (NZ; block size a multiple of 16)",
@@ -154,10 +154,10 @@ void mla_reshape_and_cache(MlaCacheMode mode, const TensorRef<const T>& k_nope,
   detail::check_tensors(fn, "k_nope", k_nope, "k_rope", k_rope, "slot_mapping", slot_mapping,
                         "quant_scale3", quant_scale3, "kv_cache", caches.kv_cache, "ctkv",
                         caches.ctkv, "ctkv_i8", caches.ctkv_i8, "krope", caches.krope);
-  check(k_nope.data != nullptr && k_nope.rank() == 2, fn, "k_nope.shape", "not 2-D", "[N, C]",
+  check(!k_nope.absent() && k_nope.rank() == 2, fn, "k_nope.shape", "not 2-D", "[N, C]",
         detail::shape_str(k_nope));
   const Index N = k_nope.dim(0), C = k_nope.dim(1);
-  check(k_rope.data != nullptr && k_rope.rank() == 2 && k_rope.dim(0) == N, fn, "k_rope.shape",
+  check(!k_rope.absent() && k_rope.rank() == 2 && k_rope.dim(0) == N, fn, "k_rope.shape",
         "mismatch", "[" + std::to_string(N) + ", R]", detail::shape_str(k_rope));
   const Index R = k_rope.dim(1);
   const auto [blocks, bs] = check_caches(fn, mode, caches, C, R);

@@ -79,12 +79,12 @@ inline std::string dims(Index a, Index b) {
 /// A 2-D tensor [rows, cols] (any rank-2 shape) or a vector of `n` values.
 template <class T>
 void check_matrix(const char* fn, const char* arg, const TensorRef<T>& t, Index rows, Index cols) {
-  check(t.data != nullptr && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols, fn,
+  check(!t.absent() && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols, fn,
         std::string(arg) + ".shape", "mismatch", dims(rows, cols), shape_str(t));
 }
 template <class T>
 void check_vector(const char* fn, const char* arg, const TensorRef<T>& t, Index n) {
-  check(t.data != nullptr && t.numel() == n && t.rank() >= 1, fn, std::string(arg) + ".shape",
+  check(!t.absent() && t.numel() == n && t.rank() >= 1, fn, std::string(arg) + ".shape",
         "mismatch", std::to_string(n) + " values", shape_str(t));
 }
 
@@ -112,7 +112,7 @@ void rms_norm(const TensorRef<const T>& x, const TensorRef<const T>& gamma, floa
                 "rms_norm: half, bfloat16 or float");
   constexpr const char* fn = "rms_norm";
   detail::check_tensors(fn, "x", x, "gamma", gamma, "out", out);
-  detail::mla::check(x.data != nullptr && x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
+  detail::mla::check(!x.absent() && x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
                      detail::shape_str(x));
   const Index rows = x.dim(0), n = x.dim(1);
   detail::mla::check_vector(fn, "gamma", gamma, n);
@@ -158,7 +158,7 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
                         out.descale, "zero_point", out.zero_point, "unquant", out.unquant);
   const int m = static_cast<int>(mode);
   check(m >= 0 && m <= 3, fn, "mode", "out of range", "0 to 3", std::to_string(m));
-  check(in.x.data != nullptr && in.x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
+  check(!in.x.absent() && in.x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
         detail::shape_str(in.x));
   check(epsilon >= 0.0f && std::isfinite(epsilon), fn, "epsilon", "out of range", ">= 0 and finite",
         std::to_string(epsilon));

@@ -61,16 +61,16 @@ void rope_rotate_half(const TensorRef<const T>& x, const TensorRef<const T>& sin
   detail::check_tensors(fn, "x", x, "sin", sin, "cos", cos, "out", out);
   check(rotary_coeff == 2, fn, "rotary_coeff", "not supported", "2 (rotate half)",
         std::to_string(rotary_coeff));
-  check(sin.data != nullptr && sin.rank() == 2, fn, "sin.shape", "not 2-D", "[N, R]",
+  check(!sin.absent() && sin.rank() == 2, fn, "sin.shape", "not 2-D", "[N, R]",
         detail::shape_str(sin));
   const Index N = sin.dim(0), R = sin.dim(1);
   check(R > 0 && R % 2 == 0, fn, "sin.shape[1]", "not a positive even rope width", "even R",
         std::to_string(R));
-  check(cos.data != nullptr && cos.shape == sin.shape, fn, "cos.shape", "differs from sin's",
+  check(!cos.absent() && cos.shape == sin.shape, fn, "cos.shape", "differs from sin's",
         detail::shape_str(sin), detail::shape_str(cos));
   check(heads > 0, fn, "heads", "not positive", ">= 1", std::to_string(heads));
   auto ok = [&](const auto& t) {
-    return t.data != nullptr &&
+    return !t.absent() &&
            ((t.rank() == 2 && t.dim(0) == N && t.dim(1) == heads * R) ||
             (t.rank() == 3 && t.dim(0) == N && t.dim(1) == heads && t.dim(2) == R));
   };
@@ -110,19 +110,19 @@ void q_nope_absorb(const TensorRef<const T>& q, const WukRef<T>& wuk, const Tens
   using namespace detail::mla;
   constexpr const char* fn = "q_nope_absorb";
   detail::check_tensors(fn, "q", q, "wuk", wuk.tensor, "out", out);
-  check(q.data != nullptr && q.rank() == 3, fn, "q.shape", "not 3-D", "[N, heads, P]",
+  check(!q.absent() && q.rank() == 3, fn, "q.shape", "not 3-D", "[N, heads, P]",
         detail::shape_str(q));
   const Index N = q.dim(0), H = q.dim(1), P = q.dim(2);
   const auto& w = wuk.tensor;
   Index C = 0;
   if (!wuk.nz) {
-    check(w.data != nullptr && w.rank() == 3 && w.dim(0) == H && w.dim(1) == P, fn, "wuk.shape",
+    check(!w.absent() && w.rank() == 3 && w.dim(0) == H && w.dim(1) == P, fn, "wuk.shape",
           "mismatch", "[" + std::to_string(H) + ", " + std::to_string(P) + ", C]",
           detail::shape_str(w));
     C = w.dim(2);
   } else {
     constexpr Index c0 = nz_c0<T>();
-    check(w.data != nullptr && w.rank() == 4 && w.dim(0) == H && w.dim(2) == (P + 15) / 16 * 16 &&
+    check(!w.absent() && w.rank() == 4 && w.dim(0) == H && w.dim(2) == (P + 15) / 16 * 16 &&
               w.dim(3) == c0,
           fn, "wuk.shape", "mismatch (NZ)",
           "[" + std::to_string(H) + ", C / " + std::to_string(c0) + ", " +
@@ -130,7 +130,7 @@ void q_nope_absorb(const TensorRef<const T>& q, const WukRef<T>& wuk, const Tens
           detail::shape_str(w));
     C = w.dim(1) * c0;
   }
-  check(out.data != nullptr && out.rank() == 3 && out.dim(0) == N && out.dim(1) == H &&
+  check(!out.absent() && out.rank() == 3 && out.dim(0) == N && out.dim(1) == H &&
             out.dim(2) == C,
         fn, "out.shape", "mismatch",
         "[" + std::to_string(N) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",

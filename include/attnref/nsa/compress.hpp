@@ -61,13 +61,13 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
     check(l % 16 == 0 && l <= 128 && d % 16 == 0, "params.compress_block_size / compress_stride",
           "not supported" + rule, "l a multiple of 16 up to 128, d a multiple of 16",
           std::to_string(l) + " / " + std::to_string(d));
-  check(input.data != nullptr && input.rank() == 3 && input.dim(1) > 0 && input.dim(2) > 0,
+  check(!input.absent() && input.rank() == 3 && input.dim(1) > 0 && input.dim(2) > 0,
         "input.shape", "not [T, N, D]", "[T, N, D]", detail::shape_str(input));
   const Index Tn = input.dim(0), N = input.dim(1), D = input.dim(2);
   if (p.strict)
     check(N <= 128 && D % 16 == 0 && D <= 256, "input.shape", "not supported" + rule,
           "N <= 128, D a multiple of 16 up to 256", detail::shape_str(input));
-  check(weight.data != nullptr && weight.rank() == 2 && weight.dim(0) == l && weight.dim(1) == N,
+  check(!weight.absent() && weight.rank() == 2 && weight.dim(0) == l && weight.dim(1) == N,
         "weight.shape", "mismatch", "[" + std::to_string(l) + ", " + std::to_string(N) + "]",
         detail::shape_str(weight));
   check(!act_seq_len.empty(), "act_seq_len", "required", "cumulative lengths", "none");
@@ -81,7 +81,7 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
   }
   check(prev == Tn, "act_seq_len", "last value differs from input.shape[0]", std::to_string(Tn),
         std::to_string(prev));
-  check(output.data != nullptr && output.rank() == 3 && output.dim(0) == total &&
+  check(!output.absent() && output.rank() == 3 && output.dim(0) == total &&
             output.dim(1) == N && output.dim(2) == D,
         "output.shape", "mismatch",
         "[" + std::to_string(total) + ", " + std::to_string(N) + ", " + std::to_string(D) + "]",

@@ -173,14 +173,14 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
               "group size not supported" + rule, "a divisor of 128", std::to_string(G));
   const bool tnd = p.layout == "TND";
   const auto& q = in.query;
-  nsa_check(q.data != nullptr && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == N,
+  nsa_check(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == N,
             "query.shape", "mismatch",
             tnd ? "[T, " + std::to_string(N) + ", Dqk]" : "[B, S, " + std::to_string(N) + ", Dqk]",
             shape_str(q));
   const Index Dqk = q.dim(q.rank() - 1);
   // Batches and lengths.
   const auto& bt = in.block_table;
-  nsa_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
+  nsa_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
             "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
   const Index B = bt.dim(0);
   if (p.strict)
@@ -214,12 +214,12 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   const auto& kt = in.key;
   const auto& vt = in.value;
   nsa_check(
-      kt.data != nullptr && kt.rank() == 3 && kt.dim(1) == p.page_block_size &&
+      !kt.absent() && kt.rank() == 3 && kt.dim(1) == p.page_block_size &&
           kt.dim(2) == KVN * Dqk,
       "key.shape", "mismatch",
       "[numBlocks, " + std::to_string(p.page_block_size) + ", " + std::to_string(KVN * Dqk) + "]",
       shape_str(kt));
-  nsa_check(vt.data != nullptr && vt.rank() == 3 && vt.dim(0) == kt.dim(0) &&
+  nsa_check(!vt.absent() && vt.rank() == 3 && vt.dim(0) == kt.dim(0) &&
                 vt.dim(1) == kt.dim(1) && vt.dim(2) > 0 && vt.dim(2) % KVN == 0,
             "value.shape", "mismatch",
             "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(kt.dim(1)) + ", KV_N * Dv]",
@@ -295,14 +295,14 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  nsa_check(out.output.data != nullptr && out.output.shape == out_shape(Dv, N), "output.shape",
+  nsa_check(!out.output.absent() && out.output.shape == out_shape(Dv, N), "output.shape",
             "mismatch", dims_str(out_shape(Dv, N)), shape_str(out.output));
-  nsa_check(out.topk.data != nullptr && out.topk.shape == out_shape(k, KVN), "topk.shape",
+  nsa_check(!out.topk.absent() && out.topk.shape == out_shape(k, KVN), "topk.shape",
             "mismatch", dims_str(out_shape(k, KVN)), shape_str(out.topk));
   auto debug = [&](const TensorRef<float>& t, const char* name, Index heads, Index need) {
     if (t.absent()) return;
     const auto want = out_shape(need, heads);
-    nsa_check(t.data != nullptr && t.rank() == static_cast<Index>(want.size()) &&
+    nsa_check(!t.absent() && t.rank() == static_cast<Index>(want.size()) &&
                   std::equal(want.begin(), want.end() - 1, t.shape.begin()) &&
                   t.shape.back() >= need,
               std::string(name) + ".shape", "mismatch",

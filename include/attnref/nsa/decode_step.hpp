@@ -103,11 +103,11 @@ NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDec
                  "not a positive multiple of num_key_value_heads",
                  "a multiple of " + std::to_string(d.KVN), std::to_string(d.N));
   const auto& q = in.query;
-  nsa_step_check(q.data != nullptr && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == d.N, fn,
+  nsa_step_check(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == d.N, fn,
                  "query.shape", "mismatch", tnd ? "[T, N, Dqk]" : "[B, S, N, Dqk]", shape_str(q));
   d.Dqk = q.dim(q.rank() - 1);
   const auto& bt = in.block_table;
-  nsa_step_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) > 0, fn, "block_table.shape",
+  nsa_step_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, fn, "block_table.shape",
                  "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
   d.B = bt.dim(0);
   nsa_step_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == d.B, fn,
@@ -144,7 +144,7 @@ NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDec
                    "differs from the sum of actual_q_seq_len", std::to_string(d.rows),
                    shape_str(q));
   const auto& v = in.value;
-  nsa_step_check(v.data != nullptr && v.rank() == 3 && v.dim(2) > 0 && v.dim(2) % d.KVN == 0, fn,
+  nsa_step_check(!v.absent() && v.rank() == 3 && v.dim(2) > 0 && v.dim(2) % d.KVN == 0, fn,
                  "value.shape", "mismatch", "[numBlocks, pageBlockSize, KV_N * Dv]", shape_str(v));
   d.Dv = v.dim(2) / d.KVN;
   return d;
@@ -180,7 +180,7 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
                  std::to_string(p.window_size));
   const auto& kt = in.key;
   const Index pbs = p.page_block_size;
-  nsa_step_check(pbs > 0 && kt.data != nullptr && kt.rank() == 3 && kt.dim(1) == pbs &&
+  nsa_step_check(pbs > 0 && !kt.absent() && kt.rank() == 3 && kt.dim(1) == pbs &&
                      kt.dim(2) == d.KVN * d.Dqk,
                  fn, "key.shape", "mismatch",
                  "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
@@ -192,7 +192,7 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
   const bool tnd = p.layout == "TND";
   const std::vector<Index> o_shape =
       tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
-  nsa_step_check(out.data != nullptr && out.shape == o_shape, fn, "out.shape", "mismatch",
+  nsa_step_check(!out.absent() && out.shape == o_shape, fn, "out.shape", "mismatch",
                  nsa_dims_str(o_shape), shape_str(out));
   auto& e = w.e;
   if (tnd) {
@@ -249,16 +249,16 @@ void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>
   constexpr const char* fn = "nsa_gated_sum";
   detail::check_tensors(fn, "gates", gates, "o_cmp", o_cmp, "o_sel", o_sel, "o_win", o_win, "out",
                         out);
-  detail::nsa_step_check(out.data != nullptr && out.rank() >= 3, fn, "out.shape",
+  detail::nsa_step_check(!out.absent() && out.rank() >= 3, fn, "out.shape",
                          "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]",
                          detail::shape_str(out));
   const Index Dv = out.shape.back(), N = out.dim(out.rank() - 2);
   const Index rows = out.numel() / std::max<Index>(1, N * Dv);
   for (const auto* t : {&o_cmp, &o_sel, &o_win})
-    detail::nsa_step_check(t->data != nullptr && t->shape == out.shape, fn, "branch output shape",
+    detail::nsa_step_check(!t->absent() && t->shape == out.shape, fn, "branch output shape",
                            "differs from out", detail::shape_str(out), detail::shape_str(*t));
   detail::nsa_step_check(
-      gates.data != nullptr && gates.shape.back() == 3 && gates.numel() / 3 == rows * N, fn,
+      !gates.absent() && gates.shape.back() == 3 && gates.numel() / 3 == rows * N, fn,
       "gates.shape", "mismatch",
       "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
       detail::shape_str(gates));
@@ -288,18 +288,18 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   const std::int64_t k = p.select_block_count;
   const std::vector<Index> t_shape =
       tnd ? std::vector<Index>{d.rows, d.KVN, k} : std::vector<Index>{d.B, d.S, d.KVN, k};
-  detail::nsa_step_check(out.output.data != nullptr && out.output.shape == o_shape, fn,
+  detail::nsa_step_check(!out.output.absent() && out.output.shape == o_shape, fn,
                          "output.shape", "mismatch", detail::nsa_dims_str(o_shape),
                          detail::shape_str(out.output));
   for (const auto* t : {&out.cmp_out, &out.sel_out, &out.win_out})
-    detail::nsa_step_check(t->absent() || (t->data != nullptr && t->shape == o_shape), fn,
+    detail::nsa_step_check(t->absent() || (!t->absent() && t->shape == o_shape), fn,
                            "cmp_out / sel_out / win_out shape", "mismatch",
                            detail::nsa_dims_str(o_shape), detail::shape_str(*t));
   detail::nsa_step_check(
-      out.topk.absent() || (out.topk.data != nullptr && out.topk.shape == t_shape), fn,
+      out.topk.absent() || (out.topk.shape == t_shape), fn,
       "topk.shape", "mismatch", detail::nsa_dims_str(t_shape), detail::shape_str(out.topk));
   detail::nsa_step_check(
-      in.gates.data != nullptr && in.gates.shape == std::vector<Index>{d.rows, d.N, 3}, fn,
+      !in.gates.absent() && in.gates.shape == std::vector<Index>{d.rows, d.N, 3}, fn,
       "gates.shape", "mismatch", detail::nsa_dims_str({d.rows, d.N, 3}),
       detail::shape_str(in.gates));
   detail::nsa_step_check(p.window_size >= 1, fn, "params.window_size", "not positive", ">= 1",
@@ -314,19 +314,19 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   const auto& ck = in.cmp_key;
   const auto& cv = in.cmp_value;
   detail::nsa_step_check(
-      cpbs > 0 && ck.data != nullptr && ck.rank() == 3 && ck.dim(1) == cpbs &&
+      cpbs > 0 && !ck.absent() && ck.rank() == 3 && ck.dim(1) == cpbs &&
           ck.dim(2) == d.KVN * d.Dqk,
       fn, "cmp_key.shape", "mismatch",
       "[numCmpBlocks, " + std::to_string(cpbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
       detail::shape_str(ck));
-  detail::nsa_step_check(cv.data != nullptr && cv.rank() == 3 && cv.dim(0) == ck.dim(0) &&
+  detail::nsa_step_check(!cv.absent() && cv.rank() == 3 && cv.dim(0) == ck.dim(0) &&
                              cv.dim(1) == cpbs && cv.dim(2) == d.KVN * d.Dv,
                          fn, "cmp_value.shape", "mismatch",
                          "[" + std::to_string(ck.dim(0)) + ", " + std::to_string(cpbs) + ", " +
                              std::to_string(d.KVN * d.Dv) + "]",
                          detail::shape_str(cv));
   const auto& cbt = in.cmp_block_table;
-  detail::nsa_step_check(cbt.data != nullptr && cbt.rank() == 2 && cbt.dim(0) == d.B, fn,
+  detail::nsa_step_check(!cbt.absent() && cbt.rank() == 2 && cbt.dim(0) == d.B, fn,
                          "cmp_block_table.shape", "mismatch",
                          "[" + std::to_string(d.B) + ", maxCmpBlocks]", detail::shape_str(cbt));
   std::vector<std::int64_t> cmp_len;

@@ -135,7 +135,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   const bool tnd = p.layout == "TND", bsh = p.layout == "BSH";
   const auto& q = in.query;
   const Index q_rank = tnd || bsh ? 3 : 4;
-  nsa_sel_check(q.data != nullptr && q.rank() == q_rank, "query.shape", "mismatch",
+  nsa_sel_check(!q.absent() && q.rank() == q_rank, "query.shape", "mismatch",
                 tnd   ? "[T, N, Dqk]"
                 : bsh ? "[B, S, N * Dqk]"
                       : "[B, S, N, Dqk]",
@@ -150,7 +150,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   nsa_sel_check(Dqk > 0, "query.shape", "empty head dimension", "Dqk > 0", shape_str(q));
   // Batches and lengths.
   const auto& bt = in.block_table;
-  nsa_sel_check(bt.data != nullptr && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
+  nsa_sel_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
                 "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
   const Index B = bt.dim(0);
   if (p.strict)
@@ -190,7 +190,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   const Index pbs = p.page_block_size;
   nsa_sel_check(pbs > 0, "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
   auto cache_ok = [&](const auto& t, Index D) {
-    if (t.data == nullptr || t.dim(1) != pbs) return false;
+    if (t.absent() || t.dim(1) != pbs) return false;
     return (t.rank() == 3 && t.dim(2) == KVN * D) ||
            (t.rank() == 4 && t.dim(2) == KVN && t.dim(3) == D);
   };
@@ -199,7 +199,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                     "] or [numBlocks, " + std::to_string(pbs) + ", " + std::to_string(KVN) + ", " +
                     std::to_string(Dqk) + "]",
                 shape_str(kt));
-  nsa_sel_check((vt.rank() == 3 || vt.rank() == 4) && vt.data != nullptr &&
+  nsa_sel_check((vt.rank() == 3 || vt.rank() == 4) && !vt.absent() &&
                     vt.dim(0) == kt.dim(0) && vt.dim(1) == pbs &&
                     (vt.rank() == 3 ? vt.dim(2) > 0 && vt.dim(2) % KVN == 0
                                     : vt.dim(2) == KVN && vt.dim(3) > 0),
@@ -242,13 +242,13 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  nsa_sel_check(tk.data != nullptr && tk.shape == tk_shape, "topk_indices.shape", "mismatch",
+  nsa_sel_check(!tk.absent() && tk.shape == tk_shape, "topk_indices.shape", "mismatch",
                 dims_str(tk_shape), shape_str(tk));
   // The output.
   const std::vector<Index> o_shape = tnd   ? std::vector<Index>{R, N, Dv}
                                      : bsh ? std::vector<Index>{B, S, N * Dv}
                                            : std::vector<Index>{B, S, N, Dv};
-  nsa_sel_check(out.output.data != nullptr && out.output.shape == o_shape, "output.shape",
+  nsa_sel_check(!out.output.absent() && out.output.shape == o_shape, "output.shape",
                 "mismatch", dims_str(o_shape), shape_str(out.output));
   nsa_sel_check(!detail::nsa_overlaps(out.output, q) && !detail::nsa_overlaps(out.output, kt) &&
                     !detail::nsa_overlaps(out.output, vt) &&

@@ -1,0 +1,374 @@
+// Fuzz entries "reshape_and_cache" (ND and NZ caches) and "paged_attention" (ATB decode over a
+// shuffled block pool), each against a plain-loop expectation written here.
+
+#include <attnref/attnref.hpp>
+#include <limits>
+
+#include "fuzz/fuzz.hpp"
+#include "reference/naive_attention.hpp"
+
+namespace fuzz_paged {
+
+using attnref::StridedView;
+using fuzz::Index;
+using fuzz::kHuge;
+
+// ---- ReshapeAndCache ----------------------------------------------------------------------
+
+struct Rac {
+  bool nz = false;
+  Index tokens = 0, heads = 1, dk = 1, dv = 1, blocks = 1, bs = 1;
+  std::vector<float> key, value, kc, vc;
+  std::vector<std::int32_t> slots;
+  attnref::ReshapeAndCacheInputs<float> in;
+  StridedView<float, 4> kview, vview;
+};
+
+void build(Rac& c, fuzz::Rng& r) {
+  c.nz = r.chance(0.4);
+  c.tokens = r.range(0, 10);
+  c.heads = r.range(1, 3);
+  c.blocks = r.range(1, 5);
+  if (c.nz) {  // C0 = 8 floats: kvHead * headSize a multiple of 8, blockSize a multiple of 16
+    c.dk = 8 * r.range(1, 2);
+    c.dv = 8 * r.range(1, 2);
+    c.bs = 16 * r.range(1, 2);
+  } else {
+    c.dk = r.range(1, 16);
+    c.dv = r.range(1, 16);
+    c.bs = r.range(1, 8);
+  }
+  c.key = r.normals<float>(c.tokens * c.heads * c.dk);
+  c.value = r.normals<float>(c.tokens * c.heads * c.dv);
+  c.kc = r.normals<float>(c.blocks * c.bs * c.heads * c.dk);
+  c.vc = r.normals<float>(c.blocks * c.bs * c.heads * c.dv);
+  for (Index i = 0; i < c.tokens; ++i)
+    c.slots.push_back(static_cast<std::int32_t>(r.chance(0.15) ? -1 : r.range(0, c.blocks * c.bs - 1)));
+  c.in.key = StridedView<const float, 3>(c.key.data(), {c.tokens, c.heads, c.dk});
+  c.in.value = StridedView<const float, 3>(c.value.data(), {c.tokens, c.heads, c.dv});
+  c.in.slot_mapping = StridedView<const std::int32_t, 1>(c.slots.data(), {c.tokens});
+  if (c.nz) {
+    c.kview = StridedView<float, 4>(c.kc.data(), {c.blocks, c.heads * c.dk / 8, c.bs, 8});
+    c.vview = StridedView<float, 4>(c.vc.data(), {c.blocks, c.heads * c.dv / 8, c.bs, 8});
+  } else {
+    c.kview = StridedView<float, 4>(c.kc.data(), {c.blocks, c.bs, c.heads, c.dk});
+    c.vview = StridedView<float, 4>(c.vc.data(), {c.blocks, c.bs, c.heads, c.dv});
+  }
+}
+
+// Where element e of head h of a token in `slot` lives in a cache of width d.
+Index cache_at(const Rac& c, Index slot, Index h, Index e, Index d) {
+  const Index blk = slot / c.bs, row = slot % c.bs;
+  if (!c.nz) return ((blk * c.bs + row) * c.heads + h) * d + e;
+  const Index x = h * d + e;  // FRACTAL_NZ: chunk x / 8 of the block, row, lane x % 8
+  return ((blk * (c.heads * d / 8) + x / 8) * c.bs + row) * 8 + x % 8;
+}
+
+using PR = fuzz::Perturbation<Rac>;
+
+const std::vector<PR>& rac_perturbations() {
+  static const std::vector<PR> list{
+      {"slot out of range", true,
+       [](Rac& c, fuzz::Rng& r) {
+         if (c.tokens == 0) return false;
+         c.slots[static_cast<size_t>(r.range(0, c.tokens - 1))] =
+             static_cast<std::int32_t>(c.blocks * c.bs + r.range(0, 5));
+         return true;
+       }},
+      {"slot_mapping null", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (c.tokens == 0) return false;
+         c.in.slot_mapping = StridedView<const std::int32_t, 1>(nullptr, {c.tokens});
+         return true;
+       }},
+      {"key null", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (c.tokens == 0) return false;
+         c.in.key = StridedView<const float, 3>(nullptr, c.in.key.shape());
+         return true;
+       }},
+      {"numTokens negative", true,
+       [](Rac& c, fuzz::Rng&) {
+         c.in.key = StridedView<const float, 3>(c.key.data(), {-2, c.heads, c.dk},
+                                                {c.heads * c.dk, c.dk, 1});
+         c.in.slot_mapping = StridedView<const std::int32_t, 1>(c.slots.data(), {-2}, {1});
+         return true;
+       }},
+      {"slot_mapping length mismatch", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (c.tokens == 0) return false;
+         c.in.slot_mapping = StridedView<const std::int32_t, 1>(c.slots.data(), {c.tokens - 1});
+         return true;
+       }},
+      {"value heads mismatch", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (c.heads < 2) return false;
+         c.in.value = StridedView<const float, 3>(c.value.data(), {c.tokens, c.heads - 1, c.dv});
+         return true;
+       }},
+      {"value without value cache", true,
+       [](Rac& c, fuzz::Rng&) {
+         c.vview = {};
+         return true;
+       }},
+      {"cache size overflows", true,
+       [](Rac& c, fuzz::Rng&) {
+         auto s = c.kview.shape();
+         s[0] = kHuge;
+         s[c.nz ? 2 : 1] = kHuge;
+         c.kview = StridedView<float, 4>(c.kc.data(), s, {0, 0, 0, 1});
+         return true;
+       }},
+      {"caches overlap", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (c.kc.size() < c.vc.size() || c.vc.empty()) return false;
+         c.vview = StridedView<float, 4>(c.kc.data(), c.vview.shape(), c.vview.strides());
+         return true;
+       }},
+      {"cache overlaps the key", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (c.key.size() < c.kc.size() || c.in.key.numel() == 0) return false;
+         c.kview = StridedView<float, 4>(const_cast<float*>(c.key.data()), c.kview.shape(),
+                                         c.kview.strides());
+         return true;
+       }},
+      {"NZ block size not a multiple of 16", true,
+       [](Rac& c, fuzz::Rng&) {
+         if (!c.nz) return false;
+         auto s = c.kview.shape();
+         s[2] = 8;
+         c.kview = StridedView<float, 4>(c.kc.data(), s);
+         return true;
+       }},
+  };
+  return list;
+}
+
+void run_rac(fuzz::Run& run, std::uint64_t seed) {
+  fuzz::Rng r(seed);
+  Rac c;
+  build(c, r);
+  const int pi = fuzz::perturb(c, r, rac_perturbations());
+  const PR* pert = pi < 0 ? nullptr : &rac_perturbations()[static_cast<size_t>(pi)];
+  const auto key0 = c.key, value0 = c.value, kc0 = c.kc, vc0 = c.vc;
+  const auto slots0 = c.slots;
+  fuzz::classify(
+      run, c.nz ? "reshape_and_cache_nz" : "reshape_and_cache", seed, pert ? pert->name : nullptr,
+      pert && pert->reject,
+      [&] {
+        if (c.nz)
+          attnref::reshape_and_cache_nz(c.in, c.kview, c.vview);
+        else
+          attnref::reshape_and_cache(c.in, c.kview, c.vview);
+      },
+      [&] {
+        return fuzz::same_bits(c.key, key0) && fuzz::same_bits(c.value, value0) &&
+               fuzz::same_bits(c.kc, kc0) && fuzz::same_bits(c.vc, vc0);
+      },
+      [&] {
+        auto kw = kc0, vw = vc0;  // token order: a later token naming the same slot wins
+        for (Index i = 0; i < c.tokens; ++i) {
+          const Index s = slots0[static_cast<size_t>(i)];
+          if (s < 0) continue;
+          for (Index h = 0; h < c.heads; ++h) {
+            for (Index e = 0; e < c.dk; ++e)
+              kw[static_cast<size_t>(cache_at(c, s, h, e, c.dk))] =
+                  key0[static_cast<size_t>((i * c.heads + h) * c.dk + e)];
+            for (Index e = 0; e < c.dv; ++e)
+              vw[static_cast<size_t>(cache_at(c, s, h, e, c.dv))] =
+                  value0[static_cast<size_t>((i * c.heads + h) * c.dv + e)];
+          }
+        }
+        return fuzz::same_bits(c.kc, kw) && fuzz::same_bits(c.vc, vw)
+                   ? std::string()
+                   : std::string("cache contents differ from the token-order copy");
+      });
+}
+
+const fuzz::Register reg_rac("reshape_and_cache", run_rac);
+
+// ---- PagedAttention -----------------------------------------------------------------------
+
+struct Pa {
+  Index batch = 1, nh = 1, nkv = 1, d = 1, dv = 1, bs = 1, blocks = 1, maxb = 1;
+  std::vector<float> q, kc, vc, o;
+  std::vector<std::int32_t> table;
+  attnref::PagedAttentionParams p;
+  attnref::PagedAttentionInputs<float> in;
+  StridedView<float, 3> out;
+};
+
+void build(Pa& c, fuzz::Rng& r) {
+  c.batch = r.range(1, 4);
+  c.nkv = r.range(1, 3);
+  c.nh = c.nkv * r.range(1, 3);
+  c.d = r.range(1, 24);
+  c.dv = r.range(1, 24);
+  c.bs = r.range(1, 8);
+  for (Index b = 0; b < c.batch; ++b) c.in.context_lens.push_back(r.range(0, 40));
+  for (Index l : c.in.context_lens) c.maxb = std::max(c.maxb, (l + c.bs - 1) / c.bs);
+  c.blocks = c.batch * c.maxb + 2;
+  c.q = r.normals<float>(c.batch * c.nh * c.d);
+  c.kc = r.normals<float>(c.blocks * c.bs * c.nkv * c.d);
+  c.vc = r.normals<float>(c.blocks * c.bs * c.nkv * c.dv);
+  c.o.assign(static_cast<size_t>(c.batch * c.nh * c.dv), 777.0f);
+  std::vector<std::int32_t> ids(static_cast<size_t>(c.blocks));
+  for (Index i = 0; i < c.blocks; ++i) ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), r.g);
+  c.table.assign(static_cast<size_t>(c.batch * c.maxb), -1);
+  Index next = 0;
+  for (Index b = 0; b < c.batch; ++b)
+    for (Index j = 0; j * c.bs < c.in.context_lens[static_cast<size_t>(b)]; ++j)
+      c.table[static_cast<size_t>(b * c.maxb + j)] = ids[static_cast<size_t>(next++)];
+  c.p.num_heads = static_cast<std::int32_t>(c.nh);
+  c.p.num_kv_heads = static_cast<std::int32_t>(c.nkv);
+  c.p.qk_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
+  c.in.query = StridedView<const float, 3>(c.q.data(), {c.batch, c.nh, c.d});
+  c.in.key_cache = StridedView<const float, 4>(c.kc.data(), {c.blocks, c.bs, c.nkv, c.d});
+  c.in.value_cache = StridedView<const float, 4>(c.vc.data(), {c.blocks, c.bs, c.nkv, c.dv});
+  c.in.block_tables = StridedView<const std::int32_t, 2>(c.table.data(), {c.batch, c.maxb});
+  c.out = StridedView<float, 3>(c.o.data(), {c.batch, c.nh, c.dv});
+}
+
+std::string verify(const Pa& c) {
+  // Decode: the one query token of each sequence sees all of its keys.
+  ref::Problem pr;
+  pr.num_heads = static_cast<int>(c.nh);
+  pr.num_kv_heads = static_cast<int>(c.nkv);
+  pr.head_size = static_cast<int>(c.d);
+  pr.v_head_size = static_cast<int>(c.dv);
+  pr.scale = c.p.qk_scale;
+  ref::Seqs q, k, v;
+  for (Index b = 0; b < c.batch; ++b) {
+    const Index len = c.in.context_lens[static_cast<size_t>(b)];
+    pr.q_len.push_back(1);
+    pr.kv_len.push_back(static_cast<int>(len));
+    q.emplace_back(c.q.begin() + b * c.nh * c.d, c.q.begin() + (b + 1) * c.nh * c.d);
+    k.emplace_back();
+    v.emplace_back();
+    for (Index t = 0; t < len; ++t) {
+      const Index blk = c.table[static_cast<size_t>(b * c.maxb + t / c.bs)], row = t % c.bs;
+      const auto kb = c.kc.begin() + (blk * c.bs + row) * c.nkv * c.d;
+      const auto vb = c.vc.begin() + (blk * c.bs + row) * c.nkv * c.dv;
+      k.back().insert(k.back().end(), kb, kb + c.nkv * c.d);
+      v.back().insert(v.back().end(), vb, vb + c.nkv * c.dv);
+    }
+  }
+  const ref::Result want = ref::attention(pr, q, k, v);
+  std::vector<double> w, got(c.o.begin(), c.o.end());
+  for (const auto& s : want.o) w.insert(w.end(), s.begin(), s.end());
+  return fuzz::compare(got, w, 2e-4);
+}
+
+using PP = fuzz::Perturbation<Pa>;
+
+const std::vector<PP>& pa_perturbations() {
+  static const std::vector<PP> list{
+      {"block table entry out of range", true,
+       [](Pa& c, fuzz::Rng& r) {
+         const Index b = r.range(0, c.batch - 1);
+         if (c.in.context_lens[static_cast<size_t>(b)] == 0) return false;
+         c.table[static_cast<size_t>(b * c.maxb)] =
+             r.chance(0.5) ? -1 : static_cast<std::int32_t>(c.blocks + r.range(0, 4));
+         return true;
+       }},
+      {"block_tables null", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.in.block_tables = StridedView<const std::int32_t, 2>(nullptr, {c.batch, c.maxb});
+         return true;
+       }},
+      {"block_tables span overflows", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.in.block_tables =
+             StridedView<const std::int32_t, 2>(c.table.data(), {c.batch, kHuge}, {0, kHuge});
+         return true;
+       }},
+      {"context_lens negative", true,
+       [](Pa& c, fuzz::Rng& r) {
+         c.in.context_lens[static_cast<size_t>(r.range(0, c.batch - 1))] = -1;
+         return true;
+       }},
+      {"context_lens past the table", true,
+       [](Pa& c, fuzz::Rng& r) {
+         c.in.context_lens[static_cast<size_t>(r.range(0, c.batch - 1))] = c.maxb * c.bs + 1;
+         return true;
+       }},
+      {"context_lens missing", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.in.context_lens.clear();
+         return true;
+       }},
+      {"num_heads mismatch", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.p.num_heads += static_cast<std::int32_t>(c.nkv);
+         return true;
+       }},
+      {"num_kv_heads not dividing", true,
+       [](Pa& c, fuzz::Rng&) {
+         if (c.nh < 2 || c.nh % (c.nh - 1) == 0) return false;
+         c.p.num_kv_heads = static_cast<std::int32_t>(c.nh - 1);
+         return true;
+       }},
+      {"out shape mismatch", true,
+       [](Pa& c, fuzz::Rng&) {
+         if (c.dv < 2) return false;
+         c.out = StridedView<float, 3>(c.o.data(), {c.batch, c.nh, c.dv - 1});
+         return true;
+       }},
+      {"query null", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.in.query = StridedView<const float, 3>(nullptr, {c.batch, c.nh, c.d});
+         return true;
+       }},
+      {"key cache head size mismatch", true,
+       [](Pa& c, fuzz::Rng&) {
+         if (c.d < 2) return false;
+         c.in.key_cache =
+             StridedView<const float, 4>(c.kc.data(), {c.blocks, c.bs, c.nkv, c.d - 1});
+         return true;
+       }},
+      {"Norm mask missing", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.p.mask_type = attnref::PagedAttentionParams::MaskType::Norm;
+         return true;
+       }},
+      {"qk_scale NaN", true,
+       [](Pa& c, fuzz::Rng&) {
+         c.p.qk_scale = std::numeric_limits<float>::quiet_NaN();
+         return true;
+       }},
+      {"out overlaps the query", true,
+       [](Pa& c, fuzz::Rng&) {
+         if (c.q.size() < c.o.size()) return false;
+         c.out = StridedView<float, 3>(c.q.data(), {c.batch, c.nh, c.dv});
+         return true;
+       }},
+  };
+  return list;
+}
+
+void run_pa(fuzz::Run& run, std::uint64_t seed) {
+  fuzz::Rng r(seed);
+  Pa c;
+  build(c, r);
+  const int pi = fuzz::perturb(c, r, pa_perturbations());
+  const PP* pert = pi < 0 ? nullptr : &pa_perturbations()[static_cast<size_t>(pi)];
+  const auto q0 = c.q, kc0 = c.kc, vc0 = c.vc, o0 = c.o;
+  const auto t0 = c.table;
+  fuzz::classify(
+      run, "paged_attention", seed, pert ? pert->name : nullptr, pert && pert->reject,
+      [&] {
+        attnref::paged_attention(c.p, c.in, attnref::PagedAttentionOutputs<float>{c.out},
+                                 static_cast<int>(seed % 2 + 1));
+      },
+      [&] {
+        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.kc, kc0) &&
+               fuzz::same_bits(c.vc, vc0) && fuzz::same_bits(c.o, o0) &&
+               fuzz::same_bits(c.table, t0);
+      },
+      [&] { return verify(c); });
+}
+
+const fuzz::Register reg_pa("paged_attention", run_pa);
+
+}  // namespace fuzz_paged

@@ -1,0 +1,150 @@
+#pragma once
+// The adversarial input harness: per public entry point, a seeded generator of small random
+// configurations, each either valid or carrying exactly one perturbation. Every call is
+// classified:
+//   accepted  - no exception; the result must equal the entry's reference (or obey its rule);
+//   rejected  - std::invalid_argument / std::out_of_range whose message starts with
+//               "attnref::", with every output and cache still holding its sentinel and every
+//               input unchanged;
+//   defect    - anything else: a valid case rejected, a must-reject case accepted, a wrong
+//               result, a touched output, another exception type. (A crash or a sanitizer
+//               report ends the run, which fails it as well.)
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fuzz {
+
+using Index = std::ptrdiff_t;
+
+/// An extent whose products with any other overflow 64 bits (2^40 · 2^40 > 2^63).
+constexpr Index kHuge = Index(1) << 40;
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(std::uint64_t seed) : g(seed) {}
+  Index range(Index lo, Index hi) {  // inclusive
+    return std::uniform_int_distribution<Index>(lo, hi)(g);
+  }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(g) < p; }
+  float normal() { return std::normal_distribution<float>(0.0f, 1.0f)(g); }
+  template <class T>
+  std::vector<T> normals(Index n) {
+    std::vector<T> x(static_cast<size_t>(n));
+    for (T& e : x) e = T(normal());
+    return x;
+  }
+};
+
+/// One named perturbation of a valid configuration; `reject` says whether attnref must refuse
+/// it (false: the input is unusual but defined, and the result is checked).
+template <class Config>
+struct Perturbation {
+  const char* name;
+  bool reject;
+  std::function<bool(Config&, Rng&)> apply;  // false: not applicable to this configuration
+};
+
+struct Tally {
+  long valid = 0, accepted = 0, rejected = 0, defects = 0;
+};
+
+struct Run {
+  std::map<std::string, Tally> tally;
+  std::vector<std::string> defects;  // the first ones, for the report
+  bool verbose = false;
+};
+
+/// Picks a perturbation (none with probability `p_valid`) and applies it; returns its index or
+/// -1 for a valid case.
+template <class Config>
+int perturb(Config& c, Rng& rng, const std::vector<Perturbation<Config>>& list,
+            double p_valid = 0.3) {
+  if (list.empty() || rng.chance(p_valid)) return -1;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const int i = static_cast<int>(rng.range(0, static_cast<Index>(list.size()) - 1));
+    if (list[static_cast<size_t>(i)].apply(c, rng)) return i;
+  }
+  return -1;
+}
+
+/// Runs `call` and classifies the outcome (see the top of the file). `untouched` tells whether
+/// every output / cache / input still holds what it held before; `verify` returns "" when an
+/// accepted result is right, else what is wrong.
+template <class Call, class Untouched, class Verify>
+void classify(Run& run, const std::string& entry, std::uint64_t seed, const char* perturbation,
+              bool must_reject, Call&& call, Untouched&& untouched, Verify&& verify) {
+  Tally& t = run.tally[entry];
+  const bool valid = perturbation == nullptr;
+  if (valid) ++t.valid;
+  std::string defect;
+  const std::string label = valid ? "valid" : perturbation;
+  try {
+    call();
+    if (must_reject) {
+      defect = "accepted a must-reject input";
+    } else {
+      defect = verify();
+      if (defect.empty()) ++t.accepted;
+    }
+  } catch (const std::invalid_argument& e) {
+    defect = valid ? std::string("valid input rejected: ") + e.what() : "";
+    if (std::string(e.what()).rfind("attnref::", 0) != 0)
+      defect = std::string("message without the operator: ") + e.what();
+    if (defect.empty() && !untouched()) defect = std::string("touched output on reject: ") + e.what();
+    if (defect.empty()) ++t.rejected;
+  } catch (const std::out_of_range& e) {
+    defect = valid ? std::string("valid input rejected: ") + e.what() : "";
+    if (std::string(e.what()).rfind("attnref::", 0) != 0)
+      defect = std::string("message without the operator: ") + e.what();
+    if (defect.empty() && !untouched()) defect = std::string("touched output on reject: ") + e.what();
+    if (defect.empty()) ++t.rejected;
+  } catch (const std::exception& e) {
+    defect = std::string("wrong exception type: ") + e.what();
+  }
+  if (!defect.empty()) {
+    ++t.defects;
+    if (run.defects.size() < 50)
+      run.defects.push_back(entry + " seed " + std::to_string(seed) + " [" + label + "]: " + defect);
+  }
+  if (run.verbose)
+    std::printf("%s seed %llu [%s]: %s\n", entry.c_str(), static_cast<unsigned long long>(seed),
+                label.c_str(), defect.empty() ? "ok" : defect.c_str());
+}
+
+/// Bitwise equality of two buffers (NaN == NaN when the bits agree).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+/// "" when |got - want| <= tol · (1 + |want|) everywhere (NaN only where want is NaN).
+inline std::string compare(const std::vector<double>& got, const std::vector<double>& want,
+                           double tol) {
+  if (got.size() != want.size()) return "size mismatch";
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool gn = std::isnan(got[i]), wn = std::isnan(want[i]);
+    if (gn != wn || (!gn && std::fabs(got[i] - want[i]) > tol * (1.0 + std::fabs(want[i]))))
+      return "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " +
+             std::to_string(want[i]);
+  }
+  return "";
+}
+
+using Entry = std::function<void(Run&, std::uint64_t seed)>;
+
+/// The entry points, registered by the entries_*.cpp files.
+std::map<std::string, Entry>& registry();
+
+struct Register {
+  Register(const char* name, Entry e) { registry()[name] = std::move(e); }
+};
+
+}  // namespace fuzz
