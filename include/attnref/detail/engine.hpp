@@ -404,7 +404,9 @@ struct Engine {
   /// compute type (or an unmasked input holds inf / NaN), so the row's softmax is undefined and
   /// its result NaN (SoftmaxState::overflow) — whatever the other scores of the row.
   void flag_overflow(const Head& hd, Index r, const Acc* raw, Index n) const {
-    if (n > 0 && !ArrayMap<Acc>(const_cast<Acc*>(raw), n).isFinite().all()) hd.st[r].overflow = true;
+    // x · 0 is 0 for a finite x and NaN for ±inf / NaN: one vectorised pass, no branch.
+    if (n > 0 && !((ArrayMap<Acc>(const_cast<Acc*>(raw), n) * Acc(0)).sum() == Acc(0)))
+      hd.st[r].overflow = true;
   }
 
   /// The transform hook on the visible columns [lo, hi) of one row (c0: its first column).
