@@ -342,6 +342,32 @@ TEST(InputModel, PagedAttentionNullTableAndNamedShapes) {
   }
 }
 
+TEST(InputModel, OutputOverlapsNameTheOperator) {
+  // Found by the fuzz harness: the overlap surfaced from the engine as attnref::attention's 'o'.
+  Paged s;
+  expect_reject<std::invalid_argument>(
+      [&] {
+        attnref::paged_attention(s.p, s.in,
+                                 attnref::PagedAttentionOutputs<float>{
+                                     StridedView<float, 3>(s.kc.data(), {2, 2, 16})});
+      },
+      "paged_attention", {"out overlaps an input", "key_cache"});
+  // ... and nsa_compress wrote its output over its input without a word.
+  std::vector<float> x(40 * 16, 1.0f), w(8, 0.5f);
+  attnref::NsaCompressParams p;
+  p.strict = false;
+  p.compress_block_size = 8;
+  p.compress_stride = 8;
+  expect_reject<std::invalid_argument>(
+      [&] {
+        attnref::nsa_compress<float>(p, TensorRef<const float>(x.data(), {40, 1, 16}),
+                                     TensorRef<const float>(w.data(), {8, 1}), {40},
+                                     TensorRef<float>(x.data() + 16, {5, 1, 16}));
+      },
+      "nsa_compress", {"output", "overlaps an input"});
+  EXPECT_TRUE(all_equal(x, 1.0f));
+}
+
 // ---- CANN, MLA, NSA (TensorRef inputs) ------------------------------------------------------
 
 TEST(InputModel, PromptFlashAttentionNegativeBatchAndHugeMask) {

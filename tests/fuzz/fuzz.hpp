@@ -75,6 +75,17 @@ int perturb(Config& c, Rng& rng, const std::vector<Perturbation<Config>>& list,
   return -1;
 }
 
+/// What is wrong with a rejection ("" when nothing): a valid case rejected, a message that does
+/// not start with "attnref::<op>: " (the operator called, not an inner function), or an output
+/// written before the check.
+inline std::string rejection_defect(const std::string& op, bool valid, const std::string& what,
+                                    bool untouched) {
+  if (valid) return "valid input rejected: " + what;
+  if (what.rfind("attnref::" + op + ": ", 0) != 0) return "message names another function: " + what;
+  if (!untouched) return "touched output on reject: " + what;
+  return "";
+}
+
 /// Runs `call` and classifies the outcome (see the top of the file). `untouched` tells whether
 /// every output / cache / input still holds what it held before; `verify` returns "" when an
 /// accepted result is right, else what is wrong.
@@ -95,16 +106,10 @@ void classify(Run& run, const std::string& entry, std::uint64_t seed, const char
       if (defect.empty()) ++t.accepted;
     }
   } catch (const std::invalid_argument& e) {
-    defect = valid ? std::string("valid input rejected: ") + e.what() : "";
-    if (std::string(e.what()).rfind("attnref::", 0) != 0)
-      defect = std::string("message without the operator: ") + e.what();
-    if (defect.empty() && !untouched()) defect = std::string("touched output on reject: ") + e.what();
+    defect = rejection_defect(entry, valid, e.what(), untouched());
     if (defect.empty()) ++t.rejected;
   } catch (const std::out_of_range& e) {
-    defect = valid ? std::string("valid input rejected: ") + e.what() : "";
-    if (std::string(e.what()).rfind("attnref::", 0) != 0)
-      defect = std::string("message without the operator: ") + e.what();
-    if (defect.empty() && !untouched()) defect = std::string("touched output on reject: ") + e.what();
+    defect = rejection_defect(entry, valid, e.what(), untouched());
     if (defect.empty()) ++t.rejected;
   } catch (const std::exception& e) {
     defect = std::string("wrong exception type: ") + e.what();
@@ -122,7 +127,8 @@ void classify(Run& run, const std::string& entry, std::uint64_t seed, const char
 /// Bitwise equality of two buffers (NaN == NaN when the bits agree).
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 /// "" when |got - want| <= tol · (1 + |want|) everywhere (NaN only where want is NaN).

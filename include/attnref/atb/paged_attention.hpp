@@ -366,6 +366,13 @@ void paged_attention(const PagedAttentionParams& params,
   const std::array<Index, 3> os{tokens, nh, dv};
   ATTNREF_CHECK(out.out.shape() == os, std::invalid_argument, fn, "out.shape", "mismatch",
                 detail::shape_str<3>(os), detail::shape_str(out.out));
+  // The output against every input, under PagedAttention's names.
+  detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key_cache", in.key_cache,
+                             "value_cache", in.value_cache, "block_tables", in.block_tables,
+                             "mask", in.mask, "spec_mask", in.spec_mask, "alibi_mask",
+                             in.alibi_mask, "log_n", in.log_n, "k_descale", in.k_descale,
+                             "v_descale", in.v_descale, "k_offset", in.k_offset, "v_offset",
+                             in.v_offset, "p_scale", in.p_scale);
   // The paged cache: shapes, lengths, every used block-table entry (std::out_of_range).
   PagedKvCache<const TKV> cache{kc, vc, in.block_tables, in.context_lens};
   cache.validate(fn);

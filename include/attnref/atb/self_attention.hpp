@@ -776,6 +776,10 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     detail::check_view(fn, "key_cache_list[" + std::to_string(i) + "]", in.key_cache_list[i]);
   for (size_t i = 0; i < in.value_cache_list.size(); ++i)
     detail::check_view(fn, "value_cache_list[" + std::to_string(i) + "]", in.value_cache_list[i]);
+  detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key", in.key, "value",
+                             in.value, "mask", in.mask, "log_n", in.log_n, "head_mask",
+                             in.head_mask, "slopes", in.slopes, "block_tables", in.block_tables,
+                             "key_cache", out.key_cache, "value_cache", out.value_cache);
   const bool kv_list = !in.key_cache_list.empty() || !in.value_cache_list.empty();
   validate(params, kv_list);
   ATTNREF_CHECK(params.input_layout == P::InputLayout::BSND, std::invalid_argument, fn,
@@ -1020,6 +1024,12 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
                       "vpv_descale", in.vpv_descale, "p_scale", in.p_scale, "qk_offset",
                       in.qk_offset, "vpv_offset", in.vpv_offset, "out", out.out, "key_cache",
                       out.key_cache, "value_cache", out.value_cache);
+  detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key", in.key, "value",
+                             in.value, "mask", in.mask, "head_mask", in.head_mask, "slopes",
+                             in.slopes, "qk_descale", in.qk_descale, "vpv_descale",
+                             in.vpv_descale, "p_scale", in.p_scale, "qk_offset", in.qk_offset,
+                             "vpv_offset", in.vpv_offset, "key_cache", out.key_cache,
+                             "value_cache", out.value_cache);
   validate(params);
   const bool online = params.quant_type == P::QuantType::QkvOnline;
   ATTNREF_CHECK(online || params.quant_type == P::QuantType::QkvOffline, std::invalid_argument, fn,
@@ -1113,6 +1123,9 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdIn
   constexpr const char* fn = "self_attention";
   detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "mask", in.mask,
                       "out", out.out, "key_cache", out.key_cache, "value_cache", out.value_cache);
+  detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key", in.key, "value",
+                             in.value, "mask", in.mask, "key_cache", out.key_cache, "value_cache",
+                             out.value_cache);
   validate(params);
   ATTNREF_CHECK(params.input_layout == P::InputLayout::BNSD, std::invalid_argument, fn,
                 "params.input_layout", "BSND with the BNSD inputs",

@@ -69,6 +69,17 @@ inline void check_no_overlap(const char* fn, const char* out_name, const Strided
                 std::string("memory disjoint from ") + in_name, "overlapping memory");
 }
 
+/// check_no_overlap of `out` against each (name, input view) pair.
+template <class A, int RA>
+inline void check_out_overlaps(const char*, const char*, const StridedView<A, RA>&) {}
+template <class A, int RA, class B, int RB, class... Rest>
+inline void check_out_overlaps(const char* fn, const char* out_name, const StridedView<A, RA>& out,
+                               const char* in_name, const StridedView<B, RB>& in,
+                               const Rest&... rest) {
+  check_no_overlap(fn, out_name, out, in_name, in);
+  check_out_overlaps(fn, out_name, out, rest...);
+}
+
 template <class M>
 inline void check_mask(const char* fn, const char* name, const M& m, Index batch, Index num_heads,
                        Index max_q, Index max_kv) {

@@ -4,6 +4,7 @@
 /// this way because their layout string, not the type, decides what each dimension means.
 /// Non-owning; a default-constructed TensorRef is absent.
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -59,6 +60,17 @@ void check_tensor(const char* fn, const std::string& name, const TensorRef<T>& t
   checked_mul(fn, name + " byte size", n, static_cast<Index>(sizeof(T)));
   ATTNREF_CHECK(empty || t.data != nullptr, std::invalid_argument, fn, name, "data is null",
                 "a non-null pointer for " + std::to_string(n) + " elements", "nullptr");
+}
+
+/// True when two tensors' memory overlaps (contiguous tensors: [data, data + numel)).
+template <class A, class B>
+bool overlaps(const TensorRef<A>& a, const TensorRef<B>& b) {
+  if (a.data == nullptr || b.data == nullptr || a.numel() == 0 || b.numel() == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
+  const auto a1 = a0 + static_cast<std::uintptr_t>(a.numel()) * sizeof(A);
+  const auto b1 = b0 + static_cast<std::uintptr_t>(b.numel()) * sizeof(B);
+  return a0 < b1 && b0 < a1;
 }
 
 /// check_tensor on each (name, tensor) pair: check_tensors(fn, "query", q, "key", k, ...).

@@ -86,6 +86,8 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
         "output.shape", "mismatch",
         "[" + std::to_string(total) + ", " + std::to_string(N) + ", " + std::to_string(D) + "]",
         detail::shape_str(output));
+  check(!detail::overlaps(output, input) && !detail::overlaps(output, weight), "output",
+        "overlaps an input", "memory disjoint from input and weight", "overlapping memory");
   // Nothing has been written yet.
   std::vector<float> acc(static_cast<size_t>(D));
   Index start = 0, o = 0;

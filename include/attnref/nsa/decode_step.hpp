@@ -351,10 +351,10 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
     auto clash = [&](const auto& o, const char* name) {
       if (o.absent()) return;
       const bool bad =
-          detail::nsa_overlaps(o, in.query) || detail::nsa_overlaps(o, in.key) ||
-          detail::nsa_overlaps(o, in.value) || detail::nsa_overlaps(o, in.block_table) ||
-          detail::nsa_overlaps(o, in.cmp_key) || detail::nsa_overlaps(o, in.cmp_value) ||
-          detail::nsa_overlaps(o, in.cmp_block_table) || detail::nsa_overlaps(o, in.gates);
+          detail::overlaps(o, in.query) || detail::overlaps(o, in.key) ||
+          detail::overlaps(o, in.value) || detail::overlaps(o, in.block_table) ||
+          detail::overlaps(o, in.cmp_key) || detail::overlaps(o, in.cmp_value) ||
+          detail::overlaps(o, in.cmp_block_table) || detail::overlaps(o, in.gates);
       detail::nsa_step_check(!bad, fn, name, "overlaps an input", "memory disjoint from the inputs",
                              "overlapping memory");
     };
@@ -366,10 +366,10 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
     const TensorRef<T>* outs[] = {&out.output, &out.cmp_out, &out.sel_out, &out.win_out};
     const char* names[] = {"output", "cmp_out", "sel_out", "win_out"};
     for (int a = 0; a < 4; ++a) {
-      detail::nsa_step_check(!detail::nsa_overlaps(*outs[a], out.topk), fn, names[a],
+      detail::nsa_step_check(!detail::overlaps(*outs[a], out.topk), fn, names[a],
                              "overlaps topk", "disjoint outputs", "overlapping memory");
       for (int b = a + 1; b < 4; ++b)
-        detail::nsa_step_check(!detail::nsa_overlaps(*outs[a], *outs[b]), fn, names[a],
+        detail::nsa_step_check(!detail::overlaps(*outs[a], *outs[b]), fn, names[a],
                                std::string("overlaps ") + names[b], "disjoint outputs",
                                "overlapping memory");
     }

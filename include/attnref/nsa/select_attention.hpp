@@ -83,16 +83,6 @@ inline void nsa_sel_check(bool ok, const std::string& arg, const std::string& wh
                 got);
 }
 
-template <class A, class B>
-bool nsa_overlaps(const TensorRef<A>& a, const TensorRef<B>& b) {
-  if (a.data == nullptr || b.data == nullptr || a.numel() == 0 || b.numel() == 0) return false;
-  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
-  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
-  const auto a1 = a0 + static_cast<std::uintptr_t>(a.numel()) * sizeof(A);
-  const auto b1 = b0 + static_cast<std::uintptr_t>(b.numel()) * sizeof(B);
-  return a0 < b1 && b0 < a1;
-}
-
 }  // namespace detail
 
 template <class T>
@@ -250,9 +240,9 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                                            : std::vector<Index>{B, S, N, Dv};
   nsa_sel_check(!out.output.absent() && out.output.shape == o_shape, "output.shape",
                 "mismatch", dims_str(o_shape), shape_str(out.output));
-  nsa_sel_check(!detail::nsa_overlaps(out.output, q) && !detail::nsa_overlaps(out.output, kt) &&
-                    !detail::nsa_overlaps(out.output, vt) &&
-                    !detail::nsa_overlaps(out.output, tk) && !detail::nsa_overlaps(out.output, bt),
+  nsa_sel_check(!detail::overlaps(out.output, q) && !detail::overlaps(out.output, kt) &&
+                    !detail::overlaps(out.output, vt) &&
+                    !detail::overlaps(out.output, tk) && !detail::overlaps(out.output, bt),
                 "output", "overlaps an input", "memory disjoint from the inputs",
                 "overlapping memory");
   // Index data: block tables, then every live row's top-k entries.
