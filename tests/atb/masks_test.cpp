@@ -685,4 +685,4 @@ TEST(SelfAttentionAlibi, BadInput) {
       ph, ih, attnref::SelfAttentionOutputs<H>{StridedView<H, 3>(oh.data(), {tokens, nh, d})}));
 }
 
-}  // namespace
+}  // namespace masks_test

@@ -659,4 +659,4 @@ TEST(PagedAttentionModes, QkvRejections) {
            "params.scale_type"}});
 }
 
-}  // namespace
+}  // namespace paged_attention_modes_test

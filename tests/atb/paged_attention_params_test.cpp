@@ -74,4 +74,4 @@ TEST(PagedAttentionParams, ChecksNameTheField) {
   EXPECT_NO_THROW(attnref::validate(ok));
 }
 
-}  // namespace
+}  // namespace paged_attention_params_test

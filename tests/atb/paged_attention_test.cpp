@@ -395,4 +395,4 @@ TEST(PagedAttention, UnsupportedFeaturesAreRejected) {
   }
 }
 
-}  // namespace
+}  // namespace paged_attention_test

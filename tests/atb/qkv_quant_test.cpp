@@ -651,4 +651,4 @@ TEST(QkvQuantErrors, ClearMessagesAndNothingWritten) {
   for (const half& x : out) ASSERT_EQ(static_cast<float>(x), 7.0f);
 }
 
-}  // namespace
+}  // namespace qkv_quant_test

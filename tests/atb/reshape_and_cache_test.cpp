@@ -177,4 +177,4 @@ TEST(ReshapeAndCache, BadInputThrowsBeforeWriting) {
       "slot_mapping[1] out of range");
 }
 
-}  // namespace
+}  // namespace reshape_and_cache_test

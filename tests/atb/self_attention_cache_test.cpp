@@ -346,4 +346,4 @@ TEST(SelfAttentionCache, BadInputIsRejectedBeforeAnyWrite) {
       "log_n.shape[0]");
 }
 
-}  // namespace
+}  // namespace self_attention_cache_test

@@ -703,4 +703,4 @@ TEST(SelfAttentionLayouts, BadInputIsRejectedBeforeWriting) {
   expect(std::invalid_argument(""), "out.shape[2] mismatch with params.mla_v_head_size");
 }
 
-}  // namespace
+}  // namespace self_attention_layout_test

@@ -766,4 +766,4 @@ TEST(SelfAttentionCoexistence, EveryYPairRunsAndEveryNPairThrows) {
               quant, conflicts);
 }
 
-}  // namespace
+}  // namespace self_attention_params_test

@@ -318,4 +318,4 @@ TEST(SelfAttentionPaEncoder, BadInputIsRejectedBeforeWriting) {
   expect("query/key/value not int8 with qkv full quantization: expected int8");
 }
 
-}  // namespace
+}  // namespace self_attention_test

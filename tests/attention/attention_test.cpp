@@ -174,7 +174,6 @@ TEST(Attention, LargeLogitsAreStable) {
   EXPECT_TRUE(support::check_against_reference<double>(s));
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Both paths of the hand-vectorised code: the small-row kernels (decode) and the fp16/bf16
 // conversions, enabled and disabled at run time, against the reference.

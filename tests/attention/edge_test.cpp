@@ -153,7 +153,7 @@ TEST(EdgeCases, ZeroBatchIsANoOp) {
   EXPECT_NO_THROW(attnref::attention(b.inputs(), attnref::AttentionParams{}, b.outputs()));
 }
 
-}  // namespace
+}  // namespace edge_test
 
 namespace edge_test {
 
@@ -214,4 +214,4 @@ TEST(Int8Storage, IntegerValuedInputsMatchReference) {
   }
 }
 
-}  // namespace
+}  // namespace edge_test

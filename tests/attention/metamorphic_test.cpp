@@ -214,4 +214,4 @@ TEST(Metamorphic, NoMaskEqualsAllZeroBooleanMask) {
       support::all_close(plain, support::flat(support::run_lib<float>(s, d).o), {1e-6, 1e-6}));
 }
 
-}  // namespace
+}  // namespace metamorphic_test

@@ -91,4 +91,4 @@ TEST(PagedKv, ChecksNameTheEntry) {
          "last_page_len[0] out of range: expected [1, 4], got 5", false);
 }
 
-}  // namespace
+}  // namespace paged_kv_test

@@ -190,4 +190,4 @@ TEST(EngineInt8, VnniKernelsAreCompiledWhereTheMachineHasThem) {
             ATTNREF_HAVE_VNNI && simd::level() == simd::Level::Avx512);
 }
 
-}  // namespace
+}  // namespace quantize_p_test

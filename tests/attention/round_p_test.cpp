@@ -199,4 +199,4 @@ TEST(EngineRoundP, RoundingHookMatchesANaiveLoopAndThreadsAndPagingDoNotChangeBi
   EXPECT_EQ(std::memcmp(o1.data(), op.data(), o1.size() * sizeof(float)), 0);
 }
 
-}  // namespace
+}  // namespace round_p_test

@@ -149,4 +149,4 @@ TEST(SlidingWindowHook, RangeAndClassificationAgreeWithThePredicate) {
   }
 }
 
-}  // namespace
+}  // namespace window_test

@@ -1248,4 +1248,4 @@ TEST(IncreFlashAttention, Rejections) {
                            "kv_padding_size"}});
 }
 
-}  // namespace
+}  // namespace flash_attention_test

@@ -364,4 +364,4 @@ TEST(IncreFlashAttentionQuant, BadInputThrowsBeforeWriting) {
   for (const half& x : o) EXPECT_EQ(static_cast<float>(x), 7.0f);
 }
 
-}  // namespace
+}  // namespace quant_test

@@ -162,7 +162,7 @@ TEST(CausalHook, AlignmentDefinitions) {
   EXPECT_FALSE(br.masked(s, 1, 4));  // the last query sees every key
 }
 
-}  // namespace
+}  // namespace core_test
 
 namespace core_test {
 
@@ -241,4 +241,4 @@ TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
   EXPECT_EQ(simd::level(), previous);
 }
 
-}  // namespace
+}  // namespace core_test

@@ -72,4 +72,4 @@ TEST(Nz, BadShapesThrowBeforeWriting) {
   for (const auto& x : nz) ASSERT_EQ(static_cast<float>(x), 5.0f);
 }
 
-}  // namespace
+}  // namespace nz_test

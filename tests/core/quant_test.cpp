@@ -217,4 +217,4 @@ TEST(Quant, Int8ProductsAreExactAtEveryLevel) {
                std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace quant_test

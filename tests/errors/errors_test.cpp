@@ -291,7 +291,7 @@ TEST(Errors, LayoutHelperRejectsBatchedTnd) {
                std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace errors_test
 
 namespace errors_test {
 
@@ -351,4 +351,4 @@ TEST(Errors, BlockTableTooShortOrMisshaped) {
       "block_table.shape[0] mismatch with the batch");
 }
 
-}  // namespace
+}  // namespace errors_test

@@ -50,14 +50,19 @@ bool all_equal(const std::vector<float>& x, float v) {
 TEST(InputModel, DenseViewOfNegativeOrOverflowingShapeIsRejected) {
   float x = 0;
   expect_reject<std::invalid_argument>(
-      [&] { (void)StridedView<float, 2>(&x, {-1, 4}); }, "StridedView", {"shape[0]", "negative"});
+      [&] {
+        (void)StridedView<float, 2>(&x, {-1, 4});
+      },
+      "StridedView", {"shape[0]", "negative"});
   expect_reject<std::invalid_argument>(
-      [&] { (void)StridedView<float, 3>(&x, {kHuge, kHuge, kHuge}); }, "StridedView",
-      {"size overflows"});
-  expect_reject<std::invalid_argument>(
-      [&] { (void)attnref::bsnd_view(&x, kHuge, kHuge, 4, 8); }, "bsnd_view", {"size overflows"});
-  expect_reject<std::invalid_argument>(
-      [&] { (void)attnref::tnd_view(&x, 3, -2, 8); }, "tnd_view", {"shape[2]", "negative"});
+      [&] {
+        (void)StridedView<float, 3>(&x, {kHuge, kHuge, kHuge});
+      },
+      "StridedView", {"size overflows"});
+  expect_reject<std::invalid_argument>([&] { (void)attnref::bsnd_view(&x, kHuge, kHuge, 4, 8); },
+                                       "bsnd_view", {"size overflows"});
+  expect_reject<std::invalid_argument>([&] { (void)attnref::tnd_view(&x, 3, -2, 8); }, "tnd_view",
+                                       {"shape[2]", "negative"});
   // numel of a view built with explicit strides is checked too.
   const StridedView<float, 3> big(&x, {kHuge, kHuge, kHuge}, {0, 0, 0});
   EXPECT_THROW((void)big.numel(), std::invalid_argument);
@@ -66,8 +71,7 @@ TEST(InputModel, DenseViewOfNegativeOrOverflowingShapeIsRejected) {
 
 TEST(InputModel, CheckedArithmetic) {
   const Index max = std::numeric_limits<Index>::max();
-  EXPECT_EQ(attnref::detail::checked_mul("f", "a", Index(1) << 31, Index(1) << 31),
-            Index(1) << 62);
+  EXPECT_EQ(attnref::detail::checked_mul("f", "a", Index(1) << 31, Index(1) << 31), Index(1) << 62);
   EXPECT_THROW(attnref::detail::checked_mul("f", "a", Index(1) << 32, Index(1) << 31),
                std::invalid_argument);
   EXPECT_THROW(attnref::detail::checked_add("f", "a", max, 1), std::invalid_argument);
@@ -94,44 +98,44 @@ TEST(InputModel, AttentionRejectsHugeAndNullViews) {
   {
     Small s;  // a q view claiming 2^99 elements through explicit strides
     s.in.q = StridedView<const float, 4>(s.q.data(), {kHuge, kHuge, kHuge, 8}, {0, 0, 0, 1});
-    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); },
-                                         "attention", {"q.shape", "size overflows"});
+    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
+                                         {"q.shape", "size overflows"});
     EXPECT_TRUE(all_equal(s.o, 7));
   }
   {
     Small s;  // strides whose span overflows
     s.in.k = StridedView<const float, 4>(s.k.data(), {2, 5, 1, 8}, {Index(1) << 62, 8, 8, 1});
-    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); },
-                                         "attention", {"k memory span", "size overflows"});
+    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
+                                         {"k memory span", "size overflows"});
   }
   {
     Small s;  // a block table of {B, 2^62}: more entries than 64 bits count
     const std::int32_t ids[2] = {0, 1};
     s.in.block_table = StridedView<const std::int32_t, 2>(ids, {2, Index(1) << 62}, {0, 0});
     s.in.seq.kv = {1, 1};
-    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); },
-                                         "attention", {"block_table.shape", "size overflows"});
+    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
+                                         {"block_table.shape", "size overflows"});
   }
   {
     Small s;  // {B, 2^61} entries fit, but times the block size they do not
     const std::int32_t ids[2] = {0, 1};
     s.in.block_table = StridedView<const std::int32_t, 2>(ids, {2, Index(1) << 61}, {0, 0});
     s.in.seq.kv = {1, 1};
-    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); },
-                                         "attention", {"block_table.shape[1] * block_size"});
+    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
+                                         {"block_table.shape[1] * block_size"});
     EXPECT_TRUE(all_equal(s.o, 7));
   }
   {
     Small s;
     s.in.mask_bool = StridedView<const std::uint8_t, 4>(nullptr, {1, 1, 4, 5});
-    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); },
-                                         "attention", {"mask_bool", "data is null"});
+    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
+                                         {"mask_bool", "data is null"});
   }
   {
     Small s;
     s.in.q = StridedView<const float, 4>(s.q.data(), {2, -4, 1, 8}, {32, 8, 8, 1});
-    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); },
-                                         "attention", {"q.shape[1]", "negative"});
+    expect_reject<std::invalid_argument>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
+                                         {"q.shape[1]", "negative"});
   }
 }
 
@@ -152,7 +156,8 @@ void check_huge_scale(double scale, Index q_len, Index kv_tile, bool must_be_fin
   for (float& x : q) x = nd(rng);
   for (float& x : k) x = nd(rng);
   for (float& x : v) x = nd(rng);
-  std::vector<float> o(static_cast<size_t>(q_len * N * Dv), 7.0f), lse(static_cast<size_t>(N * q_len));
+  std::vector<float> o(static_cast<size_t>(q_len * N * Dv), 7.0f),
+      lse(static_cast<size_t>(N * q_len));
   attnref::AttentionInputs<float> in;
   in.q = attnref::bsnd_view<const float>(q.data(), 1, q_len, N, D);
   in.k = attnref::bsnd_view<const float>(k.data(), 1, L, 1, D);
@@ -201,7 +206,7 @@ void check_huge_scale(double scale, Index q_len, Index kv_tile, bool must_be_fin
 }
 
 TEST(InputModel, HugeScalesGiveTheLimitOrNaN) {
-  for (Index q_len : {1, 5})        // the small-row decode path and the GEMM path
+  for (Index q_len : {1, 5})         // the small-row decode path and the GEMM path
     for (Index kv_tile : {8, 64}) {  // the overflow confined to some tiles, or one tile
       for (double s : {1e30, -1e30, 1e33}) check_huge_scale<float>(s, q_len, kv_tile, true);
       for (double s : {1e38, -1e38, 3e38, 1e300, -1e300})
@@ -321,9 +326,9 @@ TEST(InputModel, PagedAttentionNullTableAndNamedShapes) {
     std::vector<float> o2(2 * 2 * 12);
     expect_reject<std::invalid_argument>(
         [&] {
-          attnref::paged_attention(s.p, s.in,
-                                   attnref::PagedAttentionOutputs<float>{
-                                       StridedView<float, 3>(o2.data(), {2, 2, 12})});
+          attnref::paged_attention(
+              s.p, s.in,
+              attnref::PagedAttentionOutputs<float>{StridedView<float, 3>(o2.data(), {2, 2, 12})});
         },
         "paged_attention", {"out.shape", "[2, 2, 16]", "[2, 2, 12]"});
   }
@@ -334,9 +339,9 @@ TEST(InputModel, PagedAttentionNullTableAndNamedShapes) {
     std::vector<float> o2(2 * 2 * 17);
     expect_reject<std::invalid_argument>(
         [&] {
-          attnref::paged_attention(s.p, s.in,
-                                   attnref::PagedAttentionOutputs<float>{
-                                       StridedView<float, 3>(o2.data(), {2, 2, 17})});
+          attnref::paged_attention(
+              s.p, s.in,
+              attnref::PagedAttentionOutputs<float>{StridedView<float, 3>(o2.data(), {2, 2, 17})});
         },
         "paged_attention", {"params.mla_v_head_size", "<= 16", "got 17"});
   }
@@ -347,9 +352,9 @@ TEST(InputModel, OutputOverlapsNameTheOperator) {
   Paged s;
   expect_reject<std::invalid_argument>(
       [&] {
-        attnref::paged_attention(s.p, s.in,
-                                 attnref::PagedAttentionOutputs<float>{
-                                     StridedView<float, 3>(s.kc.data(), {2, 2, 16})});
+        attnref::paged_attention(
+            s.p, s.in,
+            attnref::PagedAttentionOutputs<float>{StridedView<float, 3>(s.kc.data(), {2, 2, 16})});
       },
       "paged_attention", {"out overlaps an input", "key_cache"});
   // ... and nsa_compress wrote its output over its input without a word.
@@ -378,7 +383,8 @@ TEST(InputModel, PromptFlashAttentionNegativeBatchAndHugeMask) {
   p.input_layout = "BSND";
   auto run = [&](const attnref::PromptFlashAttentionInputs<half>& in) {
     attnref::prompt_flash_attention(
-        p, in, attnref::PromptFlashAttentionOutputs<half>{TensorRef<half>(o.data(), {2, 4, 2, 16})});
+        p, in,
+        attnref::PromptFlashAttentionOutputs<half>{TensorRef<half>(o.data(), {2, 4, 2, 16})});
   };
   attnref::PromptFlashAttentionInputs<half> in;
   in.query = TensorRef<const half>(q.data(), {2, 4, 2, 16});

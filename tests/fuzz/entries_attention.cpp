@@ -9,9 +9,9 @@
 
 namespace fuzz_attention {
 
+using attnref::StridedView;
 using fuzz::Index;
 using fuzz::kHuge;
-using attnref::StridedView;
 
 constexpr float kSentinel = 12345.0f;
 
@@ -72,7 +72,8 @@ void build(Config& c, fuzz::Rng& r) {
     c.k = r.normals<float>(c.nblocks * c.bs * c.Nkv * c.D);
     c.v = r.normals<float>(c.nblocks * c.bs * c.Nkv * c.Dv);
     std::vector<std::int32_t> ids(static_cast<size_t>(c.nblocks));
-    for (Index i = 0; i < c.nblocks; ++i) ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+    for (Index i = 0; i < c.nblocks; ++i)
+      ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
     std::shuffle(ids.begin(), ids.end(), r.g);
     c.table.assign(static_cast<size_t>(c.B * c.maxb), -1);
     Index next = 0;
@@ -182,7 +183,8 @@ std::string verify(const Config& c) {
         if (c.mode == 1) continue;  // packed rows are checked below
         std::vector<double> got(row, row + c.Dv), exp_row;
         for (Index e = 0; e < c.Dv; ++e)
-          exp_row.push_back(want.o[static_cast<size_t>(b)][static_cast<size_t>((i * c.N + h) * c.Dv + e)]);
+          exp_row.push_back(
+              want.o[static_cast<size_t>(b)][static_cast<size_t>((i * c.N + h) * c.Dv + e)]);
         if (c.scale_rule && std::isnan(got[0])) continue;
         const std::string m = fuzz::compare(got, exp_row, 2e-4);
         if (!m.empty()) return "o[" + std::to_string(b) + "][" + std::to_string(i) + "]: " + m;
@@ -192,7 +194,8 @@ std::string verify(const Config& c) {
     for (Index b = 0; b < c.B; ++b)
       for (Index i = 0; i < c.qlen[static_cast<size_t>(b)]; ++i)
         for (Index h = 0; h < c.N; ++h) {
-          const float* row = &c.o[static_cast<size_t>(((qcu[static_cast<size_t>(b)] + i) * c.N + h) * c.Dv)];
+          const float* row =
+              &c.o[static_cast<size_t>(((qcu[static_cast<size_t>(b)] + i) * c.N + h) * c.Dv)];
           std::vector<double> got(row, row + c.Dv), exp_row;
           for (Index e = 0; e < c.Dv; ++e)
             exp_row.push_back(
@@ -217,8 +220,8 @@ const std::vector<P>& perturbations() {
        }},
       {"k.shape overflows", true,
        [](Config& c, fuzz::Rng&) {
-         c.in.k = StridedView<const float, 4>(c.k.data(), {kHuge, kHuge, c.Nkv, c.D},
-                                              {0, 0, c.D, 1});
+         c.in.k =
+             StridedView<const float, 4>(c.k.data(), {kHuge, kHuge, c.Nkv, c.D}, {0, 0, c.D, 1});
          return true;
        }},
       {"v null data", true,
@@ -239,8 +242,7 @@ const std::vector<P>& perturbations() {
        [](Config& c, fuzz::Rng& r) {
          if (c.mode == 1) return false;
          const Index b = r.range(0, c.B - 1);
-         c.in.seq.kv[static_cast<size_t>(b)] =
-             c.mode == 2 ? c.maxb * c.bs + 1 : c.in.k.size(1) + 1;
+         c.in.seq.kv[static_cast<size_t>(b)] = c.mode == 2 ? c.maxb * c.bs + 1 : c.in.k.size(1) + 1;
          return true;
        }},
       {"seq.q negative", true,
@@ -312,8 +314,8 @@ const std::vector<P>& perturbations() {
          if (c.mask.empty() || c.in.mask_bool.size(3) == 0) return false;
          auto s = c.in.mask_bool.shape();
          s[3] -= 1;
-         c.in.mask_bool = StridedView<const std::uint8_t, 4>(c.mask.data(), s,
-                                                             c.in.mask_bool.strides());
+         c.in.mask_bool =
+             StridedView<const std::uint8_t, 4>(c.mask.data(), s, c.in.mask_bool.strides());
          return true;
        }},
       {"o overlaps k", true,
@@ -334,20 +336,10 @@ const std::vector<P>& perturbations() {
 }
 
 void run(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Config c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, perturbations());
-  const P* pert = pi < 0 ? nullptr : &perturbations()[static_cast<size_t>(pi)];
-  const auto q0 = c.q, k0 = c.k, v0 = c.v, o0 = c.o, lse0 = c.lse;
-  fuzz::classify(
-      run, "attention", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] { attnref::attention(c.in, c.p, c.out); },
-      [&] {
-        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.k, k0) && fuzz::same_bits(c.v, v0) &&
-               fuzz::same_bits(c.o, o0) && fuzz::same_bits(c.lse, lse0);
-      },
-      [&] { return verify(c); });
+  fuzz::run_case(
+      run, seed, perturbations(), build, fuzz::Named{"attention"},
+      [](Config& c) { attnref::attention(c.in, c.p, c.out); }, verify, &Config::q, &Config::k,
+      &Config::v, &Config::o, &Config::lse, &Config::mask, &Config::table);
 }
 
 const fuzz::Register reg("attention", run);

@@ -97,7 +97,7 @@ void build(Pfa& c, fuzz::Rng& r) {
   }
 }
 
-std::string verify(const Pfa& c) {
+std::string verify_pfa(const Pfa& c) {
   const bool tnd = c.layout == "TND";
   ref::Problem pr;
   pr.num_heads = static_cast<int>(c.N);
@@ -142,12 +142,13 @@ std::string verify(const Pfa& c) {
           got.push_back(static_cast<float>(
               c.o[static_cast<size_t>(offset(c, b, (tnd ? q0 : 0) + s, h, e, c.S1, c.N, c.Dv))]));
           // rows past a batch's length are 0 (the vendor's padded rows)
-          w.push_back(s < lq ? want.o[static_cast<size_t>(b)]
-                                     [static_cast<size_t>((s * c.N + h) * c.Dv + e)]
-                             : 0.0);
+          w.push_back(
+              s < lq ? want.o[static_cast<size_t>(b)][static_cast<size_t>((s * c.N + h) * c.Dv + e)]
+                     : 0.0);
         }
         const std::string m = fuzz::compare(got, w, 3e-3);
-        if (!m.empty()) return "batch " + std::to_string(b) + " row " + std::to_string(s) + ": " + m;
+        if (!m.empty())
+          return "batch " + std::to_string(b) + " row " + std::to_string(s) + ": " + m;
       }
     q0 += lq;
   }
@@ -244,23 +245,14 @@ const std::vector<PP>& pfa_perturbations() {
 }
 
 void run_pfa(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Pfa c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, pfa_perturbations());
-  const PP* pert = pi < 0 ? nullptr : &pfa_perturbations()[static_cast<size_t>(pi)];
-  const auto q0 = c.q, k0 = c.k, v0 = c.v, o0 = c.o;
-  fuzz::classify(
-      run, "prompt_flash_attention", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] {
-        attnref::prompt_flash_attention(c.p, c.in, attnref::PromptFlashAttentionOutputs<half>{c.out},
+  fuzz::run_case(
+      run, seed, pfa_perturbations(), build, fuzz::Named{"prompt_flash_attention"},
+      [seed](Pfa& c) {
+        attnref::prompt_flash_attention(c.p, c.in,
+                                        attnref::PromptFlashAttentionOutputs<half>{c.out},
                                         static_cast<int>(seed % 2 + 1));
       },
-      [&] {
-        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.k, k0) && fuzz::same_bits(c.v, v0) &&
-               fuzz::same_bits(c.o, o0);
-      },
-      [&] { return verify(c); });
+      verify_pfa, &Pfa::q, &Pfa::k, &Pfa::v, &Pfa::o, &Pfa::mask);
 }
 
 const fuzz::Register reg_pfa("prompt_flash_attention", run_pfa);
@@ -306,7 +298,7 @@ void build(Mla& c, fuzz::Rng& r) {
   c.out = TensorRef<float>(c.o.data(), {c.B, c.H, c.C});
 }
 
-std::string verify(const Mla& c) {  // one latent kv head: K = the whole row, V = its first C
+std::string verify_mla(const Mla& c) {  // one latent kv head: K = the whole row, V = its first C
   const Index W = c.C + c.R;
   ref::Problem pr;
   pr.num_heads = static_cast<int>(c.H);
@@ -387,20 +379,10 @@ const std::vector<PM>& mla_perturbations() {
 }
 
 void run_mla(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Mla c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, mla_perturbations());
-  const PM* pert = pi < 0 ? nullptr : &mla_perturbations()[static_cast<size_t>(pi)];
-  const auto q0 = c.q, cache0 = c.cache, o0 = c.o;
-  fuzz::classify(
-      run, "mla_decode", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] { attnref::mla_decode(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1)); },
-      [&] {
-        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.cache, cache0) &&
-               fuzz::same_bits(c.o, o0);
-      },
-      [&] { return verify(c); });
+  fuzz::run_case(
+      run, seed, mla_perturbations(), build, fuzz::Named{"mla_decode"},
+      [seed](Mla& c) { attnref::mla_decode(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1)); },
+      verify_mla, &Mla::q, &Mla::cache, &Mla::o, &Mla::table);
 }
 
 const fuzz::Register reg_mla("mla_decode", run_mla);

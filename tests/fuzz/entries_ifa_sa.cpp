@@ -80,7 +80,7 @@ void build(Ifa& c, fuzz::Rng& r) {
     }
 }
 
-std::string verify(const Ifa& c) {
+std::string verify_ifa(const Ifa& c) {
   ref::Problem pr;
   pr.num_heads = static_cast<int>(c.N);
   pr.num_kv_heads = static_cast<int>(c.KVN);
@@ -95,7 +95,8 @@ std::string verify(const Ifa& c) {
     v.emplace_back();
     for (Index h = 0; h < c.N; ++h)
       for (Index e = 0; e < c.D; ++e)
-        q.back().push_back(static_cast<float>(c.q[static_cast<size_t>(offset(c, b, 0, h, e, 1, c.N))]));
+        q.back().push_back(
+            static_cast<float>(c.q[static_cast<size_t>(offset(c, b, 0, h, e, 1, c.N))]));
     for (Index s = 0; s < c.kv_len[static_cast<size_t>(b)]; ++s)
       for (Index h = 0; h < c.KVN; ++h)
         for (Index e = 0; e < c.D; ++e) {
@@ -201,23 +202,13 @@ const std::vector<PI>& ifa_perturbations() {
 }
 
 void run_ifa(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Ifa c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, ifa_perturbations());
-  const PI* pert = pi < 0 ? nullptr : &ifa_perturbations()[static_cast<size_t>(pi)];
-  const auto q0 = c.q, k0 = c.k, v0 = c.v, o0 = c.o;
-  fuzz::classify(
-      run, "incre_flash_attention", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] {
+  fuzz::run_case(
+      run, seed, ifa_perturbations(), build, fuzz::Named{"incre_flash_attention"},
+      [seed](Ifa& c) {
         attnref::incre_flash_attention(c.p, c.in, attnref::IncreFlashAttentionOutputs<half>{c.out},
                                        static_cast<int>(seed % 2 + 1));
       },
-      [&] {
-        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.k, k0) && fuzz::same_bits(c.v, v0) &&
-               fuzz::same_bits(c.o, o0);
-      },
-      [&] { return verify(c); });
+      verify_ifa, &Ifa::q, &Ifa::k, &Ifa::v, &Ifa::o);
 }
 
 const fuzz::Register reg_ifa("incre_flash_attention", run_ifa);
@@ -261,7 +252,7 @@ void build(Sa& c, fuzz::Rng& r) {
   c.out = StridedView<float, 3>(c.o.data(), {c.tokens, c.nh, c.dv});
 }
 
-std::string verify(const Sa& c) {
+std::string verify_sa(const Sa& c) {
   ref::Problem pr;
   pr.num_heads = static_cast<int>(c.nh);
   pr.num_kv_heads = static_cast<int>(c.nkv);
@@ -348,23 +339,13 @@ const std::vector<PS>& sa_perturbations() {
 }
 
 void run_sa(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Sa c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, sa_perturbations());
-  const PS* pert = pi < 0 ? nullptr : &sa_perturbations()[static_cast<size_t>(pi)];
-  const auto q0 = c.q, k0 = c.k, v0 = c.v, o0 = c.o;
-  fuzz::classify(
-      run, "self_attention", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] {
+  fuzz::run_case(
+      run, seed, sa_perturbations(), build, fuzz::Named{"self_attention"},
+      [seed](Sa& c) {
         attnref::self_attention(c.p, c.in, attnref::SelfAttentionOutputs<float>{c.out},
                                 static_cast<int>(seed % 2 + 1));
       },
-      [&] {
-        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.k, k0) && fuzz::same_bits(c.v, v0) &&
-               fuzz::same_bits(c.o, o0);
-      },
-      [&] { return verify(c); });
+      verify_sa, &Sa::q, &Sa::k, &Sa::v, &Sa::o);
 }
 
 const fuzz::Register reg_sa("self_attention", run_sa);
@@ -413,7 +394,7 @@ void build(Nc& c, fuzz::Rng& r) {
   c.out = TensorRef<float>(c.o.data(), {total, c.N, c.D});
 }
 
-std::string verify(const Nc& c) {
+std::string verify_nc(const Nc& c) {
   std::vector<double> want;
   Index start = 0;
   for (std::int64_t end : c.cu) {
@@ -493,19 +474,10 @@ const std::vector<PN>& perturbations() {
 }
 
 void run(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Nc c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, perturbations());
-  const PN* pert = pi < 0 ? nullptr : &perturbations()[static_cast<size_t>(pi)];
-  const auto x0 = c.x, w0 = c.w, o0 = c.o;
-  fuzz::classify(
-      run, "nsa_compress", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] { attnref::nsa_compress(c.p, c.input, c.weight, c.cu, c.out); },
-      [&] {
-        return fuzz::same_bits(c.x, x0) && fuzz::same_bits(c.w, w0) && fuzz::same_bits(c.o, o0);
-      },
-      [&] { return verify(c); });
+  fuzz::run_case(
+      run, seed, perturbations(), build, fuzz::Named{"nsa_compress"},
+      [](Nc& c) { attnref::nsa_compress(c.p, c.input, c.weight, c.cu, c.out); }, verify_nc, &Nc::x,
+      &Nc::w, &Nc::o);
 }
 
 const fuzz::Register reg("nsa_compress", run);

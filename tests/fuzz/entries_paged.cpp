@@ -43,7 +43,8 @@ void build(Rac& c, fuzz::Rng& r) {
   c.kc = r.normals<float>(c.blocks * c.bs * c.heads * c.dk);
   c.vc = r.normals<float>(c.blocks * c.bs * c.heads * c.dv);
   for (Index i = 0; i < c.tokens; ++i)
-    c.slots.push_back(static_cast<std::int32_t>(r.chance(0.15) ? -1 : r.range(0, c.blocks * c.bs - 1)));
+    c.slots.push_back(
+        static_cast<std::int32_t>(r.chance(0.15) ? -1 : r.range(0, c.blocks * c.bs - 1)));
   c.in.key = StridedView<const float, 3>(c.key.data(), {c.tokens, c.heads, c.dk});
   c.in.value = StridedView<const float, 3>(c.value.data(), {c.tokens, c.heads, c.dv});
   c.in.slot_mapping = StridedView<const std::int32_t, 1>(c.slots.data(), {c.tokens});
@@ -144,45 +145,42 @@ const std::vector<PR>& rac_perturbations() {
   return list;
 }
 
+// The expected caches: the old contents with each token's rows copied in token order (a later
+// token naming the same slot wins).
+std::string verify_rac(const Rac& c, const std::vector<float>& kc0, const std::vector<float>& vc0) {
+  auto kw = kc0, vw = vc0;
+  for (Index i = 0; i < c.tokens; ++i) {
+    const Index s = c.slots[static_cast<size_t>(i)];
+    if (s < 0) continue;
+    for (Index h = 0; h < c.heads; ++h) {
+      for (Index e = 0; e < c.dk; ++e)
+        kw[static_cast<size_t>(cache_at(c, s, h, e, c.dk))] =
+            c.key[static_cast<size_t>((i * c.heads + h) * c.dk + e)];
+      for (Index e = 0; e < c.dv; ++e)
+        vw[static_cast<size_t>(cache_at(c, s, h, e, c.dv))] =
+            c.value[static_cast<size_t>((i * c.heads + h) * c.dv + e)];
+    }
+  }
+  return fuzz::same_bits(c.kc, kw) && fuzz::same_bits(c.vc, vw)
+             ? std::string()
+             : std::string("cache contents differ from the token-order copy");
+}
+
 void run_rac(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Rac c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, rac_perturbations());
-  const PR* pert = pi < 0 ? nullptr : &rac_perturbations()[static_cast<size_t>(pi)];
-  const auto key0 = c.key, value0 = c.value, kc0 = c.kc, vc0 = c.vc;
-  const auto slots0 = c.slots;
-  fuzz::classify(
-      run, c.nz ? "reshape_and_cache_nz" : "reshape_and_cache", seed, pert ? pert->name : nullptr,
-      pert && pert->reject,
-      [&] {
+  std::vector<float> kc0, vc0;  // the caches as built, for the expectation
+  fuzz::run_case(
+      run, seed, rac_perturbations(), build,
+      [](const Rac& c) { return std::string(c.nz ? "reshape_and_cache_nz" : "reshape_and_cache"); },
+      [&](Rac& c) {
+        kc0 = c.kc;
+        vc0 = c.vc;
         if (c.nz)
           attnref::reshape_and_cache_nz(c.in, c.kview, c.vview);
         else
           attnref::reshape_and_cache(c.in, c.kview, c.vview);
       },
-      [&] {
-        return fuzz::same_bits(c.key, key0) && fuzz::same_bits(c.value, value0) &&
-               fuzz::same_bits(c.kc, kc0) && fuzz::same_bits(c.vc, vc0);
-      },
-      [&] {
-        auto kw = kc0, vw = vc0;  // token order: a later token naming the same slot wins
-        for (Index i = 0; i < c.tokens; ++i) {
-          const Index s = slots0[static_cast<size_t>(i)];
-          if (s < 0) continue;
-          for (Index h = 0; h < c.heads; ++h) {
-            for (Index e = 0; e < c.dk; ++e)
-              kw[static_cast<size_t>(cache_at(c, s, h, e, c.dk))] =
-                  key0[static_cast<size_t>((i * c.heads + h) * c.dk + e)];
-            for (Index e = 0; e < c.dv; ++e)
-              vw[static_cast<size_t>(cache_at(c, s, h, e, c.dv))] =
-                  value0[static_cast<size_t>((i * c.heads + h) * c.dv + e)];
-          }
-        }
-        return fuzz::same_bits(c.kc, kw) && fuzz::same_bits(c.vc, vw)
-                   ? std::string()
-                   : std::string("cache contents differ from the token-order copy");
-      });
+      [&](const Rac& c) { return verify_rac(c, kc0, vc0); }, &Rac::key, &Rac::value, &Rac::kc,
+      &Rac::vc, &Rac::slots);
 }
 
 const fuzz::Register reg_rac("reshape_and_cache", run_rac);
@@ -230,7 +228,7 @@ void build(Pa& c, fuzz::Rng& r) {
   c.out = StridedView<float, 3>(c.o.data(), {c.batch, c.nh, c.dv});
 }
 
-std::string verify(const Pa& c) {
+std::string verify_pa(const Pa& c) {
   // Decode: the one query token of each sequence sees all of its keys.
   ref::Problem pr;
   pr.num_heads = static_cast<int>(c.nh);
@@ -348,25 +346,13 @@ const std::vector<PP>& pa_perturbations() {
 }
 
 void run_pa(fuzz::Run& run, std::uint64_t seed) {
-  fuzz::Rng r(seed);
-  Pa c;
-  build(c, r);
-  const int pi = fuzz::perturb(c, r, pa_perturbations());
-  const PP* pert = pi < 0 ? nullptr : &pa_perturbations()[static_cast<size_t>(pi)];
-  const auto q0 = c.q, kc0 = c.kc, vc0 = c.vc, o0 = c.o;
-  const auto t0 = c.table;
-  fuzz::classify(
-      run, "paged_attention", seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] {
+  fuzz::run_case(
+      run, seed, pa_perturbations(), build, fuzz::Named{"paged_attention"},
+      [seed](Pa& c) {
         attnref::paged_attention(c.p, c.in, attnref::PagedAttentionOutputs<float>{c.out},
                                  static_cast<int>(seed % 2 + 1));
       },
-      [&] {
-        return fuzz::same_bits(c.q, q0) && fuzz::same_bits(c.kc, kc0) &&
-               fuzz::same_bits(c.vc, vc0) && fuzz::same_bits(c.o, o0) &&
-               fuzz::same_bits(c.table, t0);
-      },
-      [&] { return verify(c); });
+      verify_pa, &Pa::q, &Pa::kc, &Pa::vc, &Pa::o, &Pa::table);
 }
 
 const fuzz::Register reg_pa("paged_attention", run_pa);

@@ -12,12 +12,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace fuzz {
@@ -117,7 +120,8 @@ void classify(Run& run, const std::string& entry, std::uint64_t seed, const char
   if (!defect.empty()) {
     ++t.defects;
     if (run.defects.size() < 50)
-      run.defects.push_back(entry + " seed " + std::to_string(seed) + " [" + label + "]: " + defect);
+      run.defects.push_back(entry + " seed " + std::to_string(seed) + " [" + label +
+                            "]: " + defect);
   }
   if (run.verbose)
     std::printf("%s seed %llu [%s]: %s\n", entry.c_str(), static_cast<unsigned long long>(seed),
@@ -143,6 +147,42 @@ inline std::string compare(const std::vector<double>& got, const std::vector<dou
   }
   return "";
 }
+
+template <class Tuple, size_t... I>
+bool same_bits_all(const Tuple& a, const Tuple& b, std::index_sequence<I...>) {
+  return (same_bits(std::get<I>(a), std::get<I>(b)) && ...);
+}
+
+/// One case of an entry point: builds a configuration from the seed, applies one perturbation
+/// of `list` (or none), snapshots the buffers `watched` names (inputs, outputs and caches), calls
+/// the operator and classifies the outcome under the label `entry(c)`.
+template <class Config, class Label, class Call, class Verify, class... Buf>
+void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Config>>& list,
+              void (*build)(Config&, Rng&), Label entry, Call call, Verify verify,
+              Buf Config::*... watched) {
+  Rng r(seed);
+  Config c;
+  build(c, r);
+  const int pi = perturb(c, r, list);
+  const Perturbation<Config>* pert = pi < 0 ? nullptr : &list[static_cast<size_t>(pi)];
+  const auto before = std::make_tuple((c.*watched)...);
+  classify(
+      run, entry(c), seed, pert ? pert->name : nullptr, pert && pert->reject, [&] { call(c); },
+      [&] {
+        return same_bits_all(before, std::make_tuple((c.*watched)...),
+                             std::index_sequence_for<Buf...>{});
+      },
+      [&] { return verify(c); });
+}
+
+/// A fixed label for run_case.
+struct Named {
+  const char* name;
+  template <class Config>
+  std::string operator()(const Config&) const {
+    return name;
+  }
+};
 
 using Entry = std::function<void(Run&, std::uint64_t seed)>;
 

@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
     } else if (a == "--verbose") {
       run.verbose = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--cases N] [--seed S] [--entry NAME] [--verbose]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--cases N] [--seed S] [--entry NAME] [--verbose]\n",
+                   argv[0]);
       return 2;
     }
   }

@@ -238,4 +238,4 @@ TEST(MlaDecode, RejectsBadInputBeforeWriting) {
   EXPECT_TRUE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }));
 }
 
-}  // namespace
+}  // namespace mla_attention_test

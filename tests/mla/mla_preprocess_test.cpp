@@ -1890,4 +1890,4 @@ TEST(MlaStages, BadInputThrowsNamingTheArgumentAndWritesNothing) {
       "cache_mode", false);
 }
 
-}  // namespace
+}  // namespace mla_preprocess_test

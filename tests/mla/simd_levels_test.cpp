@@ -113,4 +113,4 @@ TEST(MlaSimdLevels, QNopeAbsorbIsTheSameAtEveryLevel) {
   }
 }
 
-}  // namespace
+}  // namespace simd_levels_test

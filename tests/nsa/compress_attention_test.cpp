@@ -980,4 +980,4 @@ TEST(NsaCompressAttention, ShapeAndLengthRejections) {
       "actual_q_seq_len[0]");
 }
 
-}  // namespace
+}  // namespace compress_attention_test

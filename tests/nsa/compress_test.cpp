@@ -154,4 +154,4 @@ TEST(NsaCompress, RejectsBadInputBeforeWriting) {
   EXPECT_NO_THROW(c.run(p));
 }
 
-}  // namespace
+}  // namespace compress_test

@@ -1123,4 +1123,4 @@ TEST(NsaDecodeStep, CompressedTableTooShortForTheRawLength) {
   for (Index i = 0; i < D; ++i) EXPECT_EQ(dbl(out[z(i)]), -7.0);
 }
 
-}  // namespace
+}  // namespace decode_step_test

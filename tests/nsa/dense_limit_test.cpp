@@ -179,4 +179,4 @@ TEST(NsaDenseLimit, EveryBranchIsDenseCausalAttention) {
   dense_limit<float>({1, 8, 17}, {1, 1, 1}, 4);
 }
 
-}  // namespace
+}  // namespace dense_limit_test

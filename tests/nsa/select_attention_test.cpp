@@ -949,4 +949,4 @@ TEST(NsaSelectedAttention, BatchAbove3072) {
   EXPECT_NO_THROW(ok.run());
 }
 
-}  // namespace
+}  // namespace select_attention_test
