@@ -193,16 +193,6 @@ struct AtbPagedQuantVariant : AtbPagedVariant<TM> {
   }
 };
 
-inline void pa_not_yet(bool ok, const char* field, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "paged_attention", field, "not implemented yet",
-                "what this version implements", got);
-}
-
-inline void pa_check(bool ok, const std::string& field, const std::string& what,
-                     const std::string& expected, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "paged_attention", field, what, expected, got);
-}
-
 template <class T>
 inline std::string pa_len(const StridedView<T, 1>& v) {
   return v.absent() ? std::string("none") : "[" + std::to_string(v.size(0)) + "]";
@@ -226,7 +216,6 @@ void paged_attention(const PagedAttentionParams& params,
                      const PagedAttentionInputs<TQ, TKV, TM>& in,
                      const PagedAttentionOutputs<TO>& out, int num_threads = 0) {
   using P = PagedAttentionParams;
-  using detail::pa_check;
   using detail::pa_len;
   constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
   constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
@@ -261,52 +250,63 @@ void paged_attention(const PagedAttentionParams& params,
       std::invalid_argument, fn, "params.mask_type",
       "Atlas 300I Duo (310P) only; attnref models the Atlas A2 ND kernels",
       "Undefined, Norm, Alibi or Spec", mt);
-  detail::pa_not_yet(params.compress_type == P::CompressType::Undefined, "params.compress_type",
-                     std::to_string(static_cast<int>(params.compress_type)));
-  detail::pa_not_yet(params.input_layout == P::InputLayout::BSND, "params.input_layout", "BNSD");
+  ATTNREF_NOT_IMPLEMENTED(params.compress_type == P::CompressType::Undefined, "paged_attention",
+                          "params.compress_type",
+                          std::to_string(static_cast<int>(params.compress_type)));
+  ATTNREF_NOT_IMPLEMENTED(params.input_layout == P::InputLayout::BSND, "paged_attention",
+                          "params.input_layout", "BNSD");
 
   // The quantization mode against the types.
   const auto qt = params.quant_type;
   const std::string qts = std::to_string(static_cast<int>(qt));
   if constexpr (kQkv) {
-    pa_check(qt == P::QuantType::QkvOffline || qt == P::QuantType::QkvOnline, "params.quant_type",
-             "does not match int8 query and caches", "QkvOffline (2) or QkvOnline (3)", qts);
+    ATTNREF_CHECK(qt == P::QuantType::QkvOffline || qt == P::QuantType::QkvOnline,
+                  std::invalid_argument, "paged_attention", "params.quant_type",
+                  "does not match int8 query and caches", "QkvOffline (2) or QkvOnline (3)", qts);
     const auto od = std::is_same_v<TO, half> ? P::OutDataType::Float16 : P::OutDataType::BFloat16;
-    pa_check(params.out_data_type == od, "params.out_data_type", "does not match the output type",
-             std::to_string(static_cast<int>(od)),
-             std::to_string(static_cast<int>(params.out_data_type)));
-    pa_check(!params.has_quant_offset, "params.has_quant_offset",
-             "not supported with qkv quantization", "false", "true");
-    pa_check(params.q_scale == 0.0f || params.q_scale == 1.0f, "params.q_scale",
-             "cannot scale an int8 query", "0 or 1", std::to_string(params.q_scale));
+    ATTNREF_CHECK(params.out_data_type == od, std::invalid_argument, "paged_attention",
+                  "params.out_data_type", "does not match the output type",
+                  std::to_string(static_cast<int>(od)),
+                  std::to_string(static_cast<int>(params.out_data_type)));
+    ATTNREF_CHECK(!params.has_quant_offset, std::invalid_argument, "paged_attention",
+                  "params.has_quant_offset", "not supported with qkv quantization", "false",
+                  "true");
+    ATTNREF_CHECK(params.q_scale == 0.0f || params.q_scale == 1.0f, std::invalid_argument,
+                  "paged_attention", "params.q_scale", "cannot scale an int8 query", "0 or 1",
+                  std::to_string(params.q_scale));
   } else if constexpr (kDequant) {
-    pa_check(qt == P::QuantType::DequantFusion, "params.quant_type",
-             "does not match int8 caches with a floating-point query", "DequantFusion (1)", qts);
-    pa_check(!mla, "params.mla_v_head_size", "not supported with DequantFusion", "0",
-             std::to_string(params.mla_v_head_size));
-    pa_check(!spec, "params.calc_type", "Spec not supported with DequantFusion", "Undefined",
-             "Spec");
+    ATTNREF_CHECK(qt == P::QuantType::DequantFusion, std::invalid_argument, "paged_attention",
+                  "params.quant_type", "does not match int8 caches with a floating-point query",
+                  "DequantFusion (1)", qts);
+    ATTNREF_CHECK(!mla, std::invalid_argument, "paged_attention", "params.mla_v_head_size",
+                  "not supported with DequantFusion", "0", std::to_string(params.mla_v_head_size));
+    ATTNREF_CHECK(!spec, std::invalid_argument, "paged_attention", "params.calc_type",
+                  "Spec not supported with DequantFusion", "Undefined", "Spec");
   } else {
-    pa_check(qt == P::QuantType::Unquant, "params.quant_type",
-             "does not match floating-point caches (int8 caches need DequantFusion)", "Unquant (0)",
-             qts);
+    ATTNREF_CHECK(qt == P::QuantType::Unquant, std::invalid_argument, "paged_attention",
+                  "params.quant_type",
+                  "does not match floating-point caches (int8 caches need DequantFusion)",
+                  "Unquant (0)", qts);
   }
 
   // Parallel decoding (calcType SPEC) and the masks it allows.
   if (spec) {
-    pa_check(!params.batch_run_status_enable, "params.batch_run_status_enable",
-             "not supported with calc_type Spec", "false", "true");
+    ATTNREF_CHECK(!params.batch_run_status_enable, std::invalid_argument, "paged_attention",
+                  "params.batch_run_status_enable", "not supported with calc_type Spec", "false",
+                  "true");
     if (mla)
-      pa_check(params.mask_type != P::MaskType::Norm && qt == P::QuantType::Unquant,
-               "params.mask_type", "MLA with calc_type Spec takes no Norm mask and no quantization",
-               "Undefined or Spec, Unquant", mt);
+      ATTNREF_CHECK(params.mask_type != P::MaskType::Norm && qt == P::QuantType::Unquant,
+                    std::invalid_argument, "paged_attention", "params.mask_type",
+                    "MLA with calc_type Spec takes no Norm mask and no quantization",
+                    "Undefined or Spec, Unquant", mt);
     else
-      pa_check(params.mask_type == P::MaskType::Norm || params.mask_type == P::MaskType::Spec,
-               "params.mask_type", "calc_type Spec needs a Norm or Spec mask", "Norm or Spec", mt);
+      ATTNREF_CHECK(params.mask_type == P::MaskType::Norm || params.mask_type == P::MaskType::Spec,
+                    std::invalid_argument, "paged_attention", "params.mask_type",
+                    "calc_type Spec needs a Norm or Spec mask", "Norm or Spec", mt);
   }
   if (mla)
-    pa_check(params.mask_type != P::MaskType::Alibi, "params.mask_type",
-             "Alibi not supported with MLA", "not Alibi", mt);
+    ATTNREF_CHECK(params.mask_type != P::MaskType::Alibi, std::invalid_argument, "paged_attention",
+                  "params.mask_type", "Alibi not supported with MLA", "not Alibi", mt);
 
   const Index batch = static_cast<Index>(in.context_lens.size());
   const Index tokens = in.query.size(0);
@@ -320,23 +320,26 @@ void paged_attention(const PagedAttentionParams& params,
   // Query tokens per sequence.
   std::vector<Index> q_cu(static_cast<size_t>(batch + 1), 0);
   if (spec) {
-    pa_check(static_cast<Index>(in.q_seq_lens.size()) == batch, "q_seq_lens",
-             "size mismatch with context_lens for calc_type Spec", std::to_string(batch),
-             std::to_string(in.q_seq_lens.size()));
+    ATTNREF_CHECK(static_cast<Index>(in.q_seq_lens.size()) == batch, std::invalid_argument,
+                  "paged_attention", "q_seq_lens",
+                  "size mismatch with context_lens for calc_type Spec", std::to_string(batch),
+                  std::to_string(in.q_seq_lens.size()));
     for (Index b = 0; b < batch; ++b) {
       const Index ql = in.q_seq_lens[static_cast<size_t>(b)];
       const Index kl = in.context_lens[static_cast<size_t>(b)];
-      pa_check(ql >= 0 && ql <= std::max<Index>(kl, 0), "q_seq_lens[" + std::to_string(b) + "]",
-               "out of range",
-               "[0, context_lens[" + std::to_string(b) + "] = " + std::to_string(kl) + "]",
-               std::to_string(ql));
+      ATTNREF_CHECK(ql >= 0 && ql <= std::max<Index>(kl, 0), std::invalid_argument,
+                    "paged_attention", "q_seq_lens[" + std::to_string(b) + "]", "out of range",
+                    "[0, context_lens[" + std::to_string(b) + "] = " + std::to_string(kl) + "]",
+                    std::to_string(ql));
       q_cu[static_cast<size_t>(b + 1)] = q_cu[static_cast<size_t>(b)] + ql;
     }
-    pa_check(q_cu.back() == tokens, "query.shape[0]", "mismatch with the sum of q_seq_lens",
-             std::to_string(q_cu.back()), std::to_string(tokens));
+    ATTNREF_CHECK(q_cu.back() == tokens, std::invalid_argument, "paged_attention", "query.shape[0]",
+                  "mismatch with the sum of q_seq_lens", std::to_string(q_cu.back()),
+                  std::to_string(tokens));
   } else {
-    pa_check(in.q_seq_lens.empty(), "q_seq_lens", "given without calc_type Spec", "empty",
-             "[" + std::to_string(in.q_seq_lens.size()) + "]");
+    ATTNREF_CHECK(in.q_seq_lens.empty(), std::invalid_argument, "paged_attention", "q_seq_lens",
+                  "given without calc_type Spec", "empty",
+                  "[" + std::to_string(in.q_seq_lens.size()) + "]");
     for (Index b = 0; b <= batch; ++b) q_cu[static_cast<size_t>(b)] = b;
     ATTNREF_CHECK(tokens == batch, std::invalid_argument, fn, "query.shape[0]",
                   "mismatch with the number of sequences (one query token each)", batch, tokens);
@@ -353,8 +356,7 @@ void paged_attention(const PagedAttentionParams& params,
   StridedView<const TKV, 4> vc = in.value_cache;
   if (mla) {
     ATTNREF_CHECK(dv <= d, std::invalid_argument, fn, "params.mla_v_head_size",
-                  "larger than headSize (V is the first dims of K)",
-                  "<= " + std::to_string(d), dv);
+                  "larger than headSize (V is the first dims of K)", "<= " + std::to_string(d), dv);
     ATTNREF_CHECK(vc.absent(), std::invalid_argument, fn, "value_cache",
                   "given with mla_v_head_size (V is the first dims of K)", "absent", "a tensor");
     vc = StridedView<const TKV, 4>(kc.data(), {kc.size(0), kc.size(1), nkv, dv}, kc.strides());
@@ -367,12 +369,11 @@ void paged_attention(const PagedAttentionParams& params,
   ATTNREF_CHECK(out.out.shape() == os, std::invalid_argument, fn, "out.shape", "mismatch",
                 detail::shape_str<3>(os), detail::shape_str(out.out));
   // The output against every input, under PagedAttention's names.
-  detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key_cache", in.key_cache,
-                             "value_cache", in.value_cache, "block_tables", in.block_tables,
-                             "mask", in.mask, "spec_mask", in.spec_mask, "alibi_mask",
-                             in.alibi_mask, "log_n", in.log_n, "k_descale", in.k_descale,
-                             "v_descale", in.v_descale, "k_offset", in.k_offset, "v_offset",
-                             in.v_offset, "p_scale", in.p_scale);
+  detail::check_out_overlaps(
+      fn, "out", out.out, "query", in.query, "key_cache", in.key_cache, "value_cache",
+      in.value_cache, "block_tables", in.block_tables, "mask", in.mask, "spec_mask", in.spec_mask,
+      "alibi_mask", in.alibi_mask, "log_n", in.log_n, "k_descale", in.k_descale, "v_descale",
+      in.v_descale, "k_offset", in.k_offset, "v_offset", in.v_offset, "p_scale", in.p_scale);
   // The paged cache: shapes, lengths, every used block-table entry (std::out_of_range).
   PagedKvCache<const TKV> cache{kc, vc, in.block_tables, in.context_lens};
   cache.validate(fn);
@@ -397,99 +398,110 @@ void paged_attention(const PagedAttentionParams& params,
   var.q_cu = &q_cu;
   var.num_heads = nh;
   const auto mask_t = params.mask_type;
-  pa_check(in.mask.absent() || mask_t == P::MaskType::Norm, "mask", "given for mask_type " + mt,
-           "absent", detail::shape_str(in.mask));
-  pa_check(in.spec_mask.absent() || mask_t == P::MaskType::Spec, "spec_mask",
-           "given for mask_type " + mt, "absent", detail::shape_str(in.spec_mask));
-  pa_check(in.alibi_mask.absent() || mask_t == P::MaskType::Alibi, "alibi_mask",
-           "given for mask_type " + mt, "absent", detail::shape_str(in.alibi_mask));
+  ATTNREF_CHECK(in.mask.absent() || mask_t == P::MaskType::Norm, std::invalid_argument,
+                "paged_attention", "mask", "given for mask_type " + mt, "absent",
+                detail::shape_str(in.mask));
+  ATTNREF_CHECK(in.spec_mask.absent() || mask_t == P::MaskType::Spec, std::invalid_argument,
+                "paged_attention", "spec_mask", "given for mask_type " + mt, "absent",
+                detail::shape_str(in.spec_mask));
+  ATTNREF_CHECK(in.alibi_mask.absent() || mask_t == P::MaskType::Alibi, std::invalid_argument,
+                "paged_attention", "alibi_mask", "given for mask_type " + mt, "absent",
+                detail::shape_str(in.alibi_mask));
   if (mask_t == P::MaskType::Norm) {
     const auto& m = in.mask;
-    pa_check(!m.absent(), "mask", "missing for Norm",
-             "[batch or 1, 1, maxSeq] or [1, maxSeq, maxSeq]", "none");
+    ATTNREF_CHECK(!m.absent(), std::invalid_argument, "paged_attention", "mask", "missing for Norm",
+                  "[batch or 1, 1, maxSeq] or [1, maxSeq, maxSeq]", "none");
     const bool rows = m.size(1) == 1 && (m.size(0) == 1 || m.size(0) == batch);
     const bool square = !rows && m.size(0) == 1 && m.size(1) == m.size(2);
-    pa_check((rows || square) && m.size(2) >= max_kv, "mask.shape", "mismatch for Norm",
-             "[1 or " + std::to_string(batch) + ", 1, >= " + std::to_string(max_kv) +
-                 "] or [1, M, M] with M >= " + std::to_string(max_kv),
-             detail::shape_str(m));
-    pa_check(square || max_q <= 1, "mask.shape",
-             "a row mask serves one query token per sequence; several need the square form",
-             "[1, maxSeq, maxSeq]", detail::shape_str(m));
+    ATTNREF_CHECK((rows || square) && m.size(2) >= max_kv, std::invalid_argument, "paged_attention",
+                  "mask.shape", "mismatch for Norm",
+                  "[1 or " + std::to_string(batch) + ", 1, >= " + std::to_string(max_kv) +
+                      "] or [1, M, M] with M >= " + std::to_string(max_kv),
+                  detail::shape_str(m));
+    ATTNREF_CHECK(square || max_q <= 1, std::invalid_argument, "paged_attention", "mask.shape",
+                  "a row mask serves one query token per sequence; several need the square form",
+                  "[1, maxSeq, maxSeq]", detail::shape_str(m));
     var.mask = m;
     var.square = square;
   }
   if (mask_t == P::MaskType::Spec) {
     const auto& m = in.spec_mask;
-    pa_check(!m.absent() && m.size(0) == tokens && m.size(1) >= max_kv, "spec_mask.shape",
-             "mismatch for Spec",
-             "[" + std::to_string(tokens) + ", >= " + std::to_string(max_kv) + "]",
-             m.absent() ? std::string("none") : detail::shape_str(m));
+    ATTNREF_CHECK(!m.absent() && m.size(0) == tokens && m.size(1) >= max_kv, std::invalid_argument,
+                  "paged_attention", "spec_mask.shape", "mismatch for Spec",
+                  "[" + std::to_string(tokens) + ", >= " + std::to_string(max_kv) + "]",
+                  m.absent() ? std::string("none") : detail::shape_str(m));
     var.spec_mask = m;
   }
   if (mask_t == P::MaskType::Alibi) {
     const auto& m = in.alibi_mask;
-    pa_check(!m.absent(), "alibi_mask", "missing for Alibi", "[batch or 1, headNum, 1, maxSeq]",
-             "none");
-    pa_check((m.size(0) == 1 || m.size(0) == batch) && m.size(1) == nh && m.size(2) == 1 &&
-                 m.size(3) >= max_kv,
-             "alibi_mask.shape", "mismatch for Alibi",
-             "[1 or " + std::to_string(batch) + ", " + std::to_string(nh) +
-                 ", 1, >= " + std::to_string(max_kv) + "]",
-             detail::shape_str(m));
+    ATTNREF_CHECK(!m.absent(), std::invalid_argument, "paged_attention", "alibi_mask",
+                  "missing for Alibi", "[batch or 1, headNum, 1, maxSeq]", "none");
+    ATTNREF_CHECK((m.size(0) == 1 || m.size(0) == batch) && m.size(1) == nh && m.size(2) == 1 &&
+                      m.size(3) >= max_kv,
+                  std::invalid_argument, "paged_attention", "alibi_mask.shape",
+                  "mismatch for Alibi",
+                  "[1 or " + std::to_string(batch) + ", " + std::to_string(nh) +
+                      ", 1, >= " + std::to_string(max_kv) + "]",
+                  detail::shape_str(m));
     var.alibi = m;
   }
   if (params.scale_type == P::ScaleType::LogN) {
-    pa_check(!in.log_n.absent() && in.log_n.size(0) >= batch, "log_n",
-             "missing or shorter than the batch for LogN", "[batch] float", pa_len(in.log_n));
+    ATTNREF_CHECK(!in.log_n.absent() && in.log_n.size(0) >= batch, std::invalid_argument,
+                  "paged_attention", "log_n", "missing or shorter than the batch for LogN",
+                  "[batch] float", pa_len(in.log_n));
     var.log_n = in.log_n;
   }
 
   // Quantization scales.
   const Index kch = nkv * d, vch = nkv * dv;
   if constexpr (kDequant) {
-    pa_check(!in.k_descale.absent() && in.k_descale.size(0) == kch, "k_descale",
-             "per-channel scales for DequantFusion", "[" + std::to_string(kch) + "]",
-             pa_len(in.k_descale));
-    pa_check(!in.v_descale.absent() && in.v_descale.size(0) == vch, "v_descale",
-             "per-channel scales for DequantFusion", "[" + std::to_string(vch) + "]",
-             pa_len(in.v_descale));
+    ATTNREF_CHECK(!in.k_descale.absent() && in.k_descale.size(0) == kch, std::invalid_argument,
+                  "paged_attention", "k_descale", "per-channel scales for DequantFusion",
+                  "[" + std::to_string(kch) + "]", pa_len(in.k_descale));
+    ATTNREF_CHECK(!in.v_descale.absent() && in.v_descale.size(0) == vch, std::invalid_argument,
+                  "paged_attention", "v_descale", "per-channel scales for DequantFusion",
+                  "[" + std::to_string(vch) + "]", pa_len(in.v_descale));
     if (params.has_quant_offset) {
-      pa_check(!in.k_offset.absent() && in.k_offset.size(0) == kch, "k_offset",
-               "per-channel offsets for has_quant_offset", "[" + std::to_string(kch) + "]",
-               pa_len(in.k_offset));
-      pa_check(!in.v_offset.absent() && in.v_offset.size(0) == vch, "v_offset",
-               "per-channel offsets for has_quant_offset", "[" + std::to_string(vch) + "]",
-               pa_len(in.v_offset));
+      ATTNREF_CHECK(!in.k_offset.absent() && in.k_offset.size(0) == kch, std::invalid_argument,
+                    "paged_attention", "k_offset", "per-channel offsets for has_quant_offset",
+                    "[" + std::to_string(kch) + "]", pa_len(in.k_offset));
+      ATTNREF_CHECK(!in.v_offset.absent() && in.v_offset.size(0) == vch, std::invalid_argument,
+                    "paged_attention", "v_offset", "per-channel offsets for has_quant_offset",
+                    "[" + std::to_string(vch) + "]", pa_len(in.v_offset));
     } else {
-      pa_check(in.k_offset.absent() && in.v_offset.absent(), "k_offset / v_offset",
-               "given without params.has_quant_offset", "absent", "a tensor");
+      ATTNREF_CHECK(in.k_offset.absent() && in.v_offset.absent(), std::invalid_argument,
+                    "paged_attention", "k_offset / v_offset",
+                    "given without params.has_quant_offset", "absent", "a tensor");
     }
-    pa_check(in.p_scale.absent(), "p_scale", "given for DequantFusion", "absent",
-             pa_len(in.p_scale));
+    ATTNREF_CHECK(in.p_scale.absent(), std::invalid_argument, "paged_attention", "p_scale",
+                  "given for DequantFusion", "absent", pa_len(in.p_scale));
   } else if constexpr (kQkv) {
     const bool online = qt == P::QuantType::QkvOnline;
-    pa_check(!in.k_descale.absent() && in.k_descale.size(0) == nh, "k_descale",
-             "per-head scales for qkv quantization", "[" + std::to_string(nh) + "]",
-             pa_len(in.k_descale));
-    pa_check(!in.v_descale.absent() && in.v_descale.size(0) == nh, "v_descale",
-             "per-head scales for qkv quantization", "[" + std::to_string(nh) + "]",
-             pa_len(in.v_descale));
-    pa_check(online ? in.p_scale.absent() : !in.p_scale.absent() && in.p_scale.size(0) == nh,
-             "p_scale", online ? "given for QkvOnline" : "per-head scales for QkvOffline",
-             online ? std::string("absent") : "[" + std::to_string(nh) + "]", pa_len(in.p_scale));
-    pa_check(in.k_offset.absent() && in.v_offset.absent(), "k_offset / v_offset",
-             "given for qkv quantization", "absent", "a tensor");
+    ATTNREF_CHECK(!in.k_descale.absent() && in.k_descale.size(0) == nh, std::invalid_argument,
+                  "paged_attention", "k_descale", "per-head scales for qkv quantization",
+                  "[" + std::to_string(nh) + "]", pa_len(in.k_descale));
+    ATTNREF_CHECK(!in.v_descale.absent() && in.v_descale.size(0) == nh, std::invalid_argument,
+                  "paged_attention", "v_descale", "per-head scales for qkv quantization",
+                  "[" + std::to_string(nh) + "]", pa_len(in.v_descale));
+    ATTNREF_CHECK(online ? in.p_scale.absent() : !in.p_scale.absent() && in.p_scale.size(0) == nh,
+                  std::invalid_argument, "paged_attention", "p_scale",
+                  online ? "given for QkvOnline" : "per-head scales for QkvOffline",
+                  online ? std::string("absent") : "[" + std::to_string(nh) + "]",
+                  pa_len(in.p_scale));
+    ATTNREF_CHECK(in.k_offset.absent() && in.v_offset.absent(), std::invalid_argument,
+                  "paged_attention", "k_offset / v_offset", "given for qkv quantization", "absent",
+                  "a tensor");
     var.head_scale = in.k_descale;
     var.qk_scale = params.qk_scale;
     var.v_descale = in.v_descale;
     var.p_scale = in.p_scale;
     var.online = online;
   } else {
-    pa_check(in.k_descale.absent() && in.v_descale.absent() && in.p_scale.absent() &&
-                 in.k_offset.absent() && in.v_offset.absent(),
-             "k_descale / v_descale / p_scale / offsets", "given without quantization", "absent",
-             "a tensor");
+    ATTNREF_CHECK(in.k_descale.absent() && in.v_descale.absent() && in.p_scale.absent() &&
+                      in.k_offset.absent() && in.v_offset.absent(),
+                  std::invalid_argument, "paged_attention",
+                  "k_descale / v_descale / p_scale / offsets", "given without quantization",
+                  "absent", "a tensor");
   }
 
   // The engine problem: the packed query tokens against the paged cache.

@@ -69,59 +69,44 @@ struct PagedAttentionParams {
   int quant_block_size = 128;
 };
 
-namespace detail {
-
-inline void pa_require(bool ok, const char* field, const char* what, const std::string& expected,
-                       const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "paged_attention", field, what, expected, got);
-}
-
-template <class E>
-inline void pa_check_enum(const char* field, E value, int lo, int hi) {
-  const int v = static_cast<int>(value);
-  pa_require(v >= lo && v <= hi, field, "out of range",
-             "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", std::to_string(v));
-}
-
-}  // namespace detail
-
 /// Checks the parameters alone: enum ranges, head counts, finite scales, mlaVHeadSize in
 /// [0, 576], and the documented constraint between them (scaleType LOGN excludes quantType 2
 /// and 3). Shapes, dtypes and the per-feature rules that need the inputs are the operator's.
 inline void validate(const PagedAttentionParams& p) {
   using P = PagedAttentionParams;
-  using detail::pa_check_enum;
-  using detail::pa_require;
-  pa_check_enum("params.mask_type", p.mask_type, 0, 5);
-  pa_check_enum("params.quant_type", p.quant_type, 0, 3);
-  pa_check_enum("params.compress_type", p.compress_type, 0, 2);
-  pa_check_enum("params.calc_type", p.calc_type, 0, 1);
-  pa_check_enum("params.scale_type", p.scale_type, 0, 1);
-  pa_check_enum("params.input_layout", p.input_layout, 0, 1);
+  detail::check_enum("paged_attention", "params.mask_type", p.mask_type, 0, 5);
+  detail::check_enum("paged_attention", "params.quant_type", p.quant_type, 0, 3);
+  detail::check_enum("paged_attention", "params.compress_type", p.compress_type, 0, 2);
+  detail::check_enum("paged_attention", "params.calc_type", p.calc_type, 0, 1);
+  detail::check_enum("paged_attention", "params.scale_type", p.scale_type, 0, 1);
+  detail::check_enum("paged_attention", "params.input_layout", p.input_layout, 0, 1);
   const int od = static_cast<int>(p.out_data_type);
-  pa_require(od == -1 || od == 1 || od == 27, "params.out_data_type", "not supported",
-             "Undefined (-1), Float16 (1) or BFloat16 (27)", std::to_string(od));
-  pa_require(p.num_heads > 0, "params.num_heads", "not positive", ">= 1",
-             std::to_string(p.num_heads));
-  pa_require(p.num_kv_heads >= 0, "params.num_kv_heads", "negative", ">= 0",
-             std::to_string(p.num_kv_heads));
+  ATTNREF_CHECK(od == -1 || od == 1 || od == 27, std::invalid_argument, "paged_attention",
+                "params.out_data_type", "not supported",
+                "Undefined (-1), Float16 (1) or BFloat16 (27)", std::to_string(od));
+  ATTNREF_CHECK(p.num_heads > 0, std::invalid_argument, "paged_attention", "params.num_heads",
+                "not positive", ">= 1", std::to_string(p.num_heads));
+  ATTNREF_CHECK(p.num_kv_heads >= 0, std::invalid_argument, "paged_attention",
+                "params.num_kv_heads", "negative", ">= 0", std::to_string(p.num_kv_heads));
   if (p.num_kv_heads > 0)
-    pa_require(p.num_heads % p.num_kv_heads == 0, "params.num_heads",
-               "not a multiple of num_kv_heads", "a multiple of " + std::to_string(p.num_kv_heads),
-               std::to_string(p.num_heads));
-  pa_require(std::isfinite(p.qk_scale), "params.qk_scale", "not finite", "a finite value",
-             std::to_string(p.qk_scale));
-  pa_require(std::isfinite(p.q_scale), "params.q_scale", "not finite", "a finite value",
-             std::to_string(p.q_scale));
-  pa_require(p.mla_v_head_size <= 576, "params.mla_v_head_size", "out of range", "[0, 576]",
-             std::to_string(p.mla_v_head_size));
-  pa_require(p.quant_block_size >= 1 && p.quant_block_size <= 1024, "params.quant_block_size",
-             "out of range", "[1, 1024]", std::to_string(p.quant_block_size));
+    ATTNREF_CHECK(p.num_heads % p.num_kv_heads == 0, std::invalid_argument, "paged_attention",
+                  "params.num_heads", "not a multiple of num_kv_heads",
+                  "a multiple of " + std::to_string(p.num_kv_heads), std::to_string(p.num_heads));
+  ATTNREF_CHECK(std::isfinite(p.qk_scale), std::invalid_argument, "paged_attention",
+                "params.qk_scale", "not finite", "a finite value", std::to_string(p.qk_scale));
+  ATTNREF_CHECK(std::isfinite(p.q_scale), std::invalid_argument, "paged_attention",
+                "params.q_scale", "not finite", "a finite value", std::to_string(p.q_scale));
+  ATTNREF_CHECK(p.mla_v_head_size <= 576, std::invalid_argument, "paged_attention",
+                "params.mla_v_head_size", "out of range", "[0, 576]",
+                std::to_string(p.mla_v_head_size));
+  ATTNREF_CHECK(p.quant_block_size >= 1 && p.quant_block_size <= 1024, std::invalid_argument,
+                "paged_attention", "params.quant_block_size", "out of range", "[1, 1024]",
+                std::to_string(p.quant_block_size));
   const bool qkv =
       p.quant_type == P::QuantType::QkvOffline || p.quant_type == P::QuantType::QkvOnline;
   if (p.scale_type == P::ScaleType::LogN)
-    pa_require(!qkv, "params.scale_type", "LogN not supported with qkv quantization",
-               "Tor with quant_type 2 or 3", "LogN");
+    ATTNREF_CHECK(!qkv, std::invalid_argument, "paged_attention", "params.scale_type",
+                  "LogN not supported with qkv quantization", "Tor with quant_type 2 or 3", "LogN");
 }
 
 }  // namespace attnref

@@ -432,21 +432,17 @@ struct SelfAttentionPlan {
   const KvPages<TIn>* pages = nullptr;  // kv tensorlist
 };
 
-inline void sa_not_yet(bool ok, const char* field, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "self_attention", field, "not implemented yet",
-                "what this version implements", got);
-}
-
 /// Parameter combinations this version does not implement (they pass validate()).
 inline void sa_check_implemented(const SelfAttentionParams& params) {
   using P = SelfAttentionParams;
   const P::MaskType m = params.mask_type;
-  sa_not_yet(m == P::MaskType::Undefined || m == P::MaskType::Norm ||
-                 m == P::MaskType::CausalMask || m == P::MaskType::NormCompress ||
-                 m == P::MaskType::SlidingWindowNorm || m == P::MaskType::SlidingWindowCompress ||
-                 (is_alibi(m) && params.input_layout == P::InputLayout::BSND),
-             "params.mask_type",
-             std::to_string(static_cast<int>(m)) + " (ALiBi masks with BNSD inputs)");
+  ATTNREF_NOT_IMPLEMENTED(m == P::MaskType::Undefined || m == P::MaskType::Norm ||
+                              m == P::MaskType::CausalMask || m == P::MaskType::NormCompress ||
+                              m == P::MaskType::SlidingWindowNorm ||
+                              m == P::MaskType::SlidingWindowCompress ||
+                              (is_alibi(m) && params.input_layout == P::InputLayout::BSND),
+                          "self_attention", "params.mask_type",
+                          std::to_string(static_cast<int>(m)) + " (ALiBi masks with BNSD inputs)");
 }
 
 /// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
@@ -1024,12 +1020,11 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
                       "vpv_descale", in.vpv_descale, "p_scale", in.p_scale, "qk_offset",
                       in.qk_offset, "vpv_offset", in.vpv_offset, "out", out.out, "key_cache",
                       out.key_cache, "value_cache", out.value_cache);
-  detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key", in.key, "value",
-                             in.value, "mask", in.mask, "head_mask", in.head_mask, "slopes",
-                             in.slopes, "qk_descale", in.qk_descale, "vpv_descale",
-                             in.vpv_descale, "p_scale", in.p_scale, "qk_offset", in.qk_offset,
-                             "vpv_offset", in.vpv_offset, "key_cache", out.key_cache,
-                             "value_cache", out.value_cache);
+  detail::check_out_overlaps(
+      fn, "out", out.out, "query", in.query, "key", in.key, "value", in.value, "mask", in.mask,
+      "head_mask", in.head_mask, "slopes", in.slopes, "qk_descale", in.qk_descale, "vpv_descale",
+      in.vpv_descale, "p_scale", in.p_scale, "qk_offset", in.qk_offset, "vpv_offset", in.vpv_offset,
+      "key_cache", out.key_cache, "value_cache", out.value_cache);
   validate(params);
   const bool online = params.quant_type == P::QuantType::QkvOnline;
   ATTNREF_CHECK(online || params.quant_type == P::QuantType::QkvOffline, std::invalid_argument, fn,

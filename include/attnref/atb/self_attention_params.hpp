@@ -194,61 +194,50 @@ inline std::vector<SelfAttentionFeature> self_attention_features(const SelfAtten
   return f;
 }
 
-namespace detail {
-
-template <class E>
-inline void check_enum(const char* field, E value, int lo, int hi) {
-  const int v = static_cast<int>(value);
-  ATTNREF_CHECK(v >= lo && v <= hi, std::invalid_argument, "self_attention", field, "out of range",
-                "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
-}
-
-inline void require(bool ok, const char* field, const char* what, const std::string& expected,
-                    const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "self_attention", field, what, expected, got);
-}
-
-}  // namespace detail
-
 /// Checks the parameters alone: ranges, the co-existence table (every conflicting pair throws
 /// std::invalid_argument naming both features) and the per-feature constraints of the vendor's
 /// feature list. Shapes and dtypes of the inputs are checked by the operator.
 inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) {
   using P = SelfAttentionParams;
-  using detail::require;
-  detail::check_enum("params.calc_type", p.calc_type, 0, 4);
-  detail::check_enum("params.kernel_type", p.kernel_type, 0, 1);
-  detail::check_enum("params.clamp_type", p.clamp_type, 0, 1);
-  detail::check_enum("params.mask_type", p.mask_type, 0, 9);
-  detail::check_enum("params.kvcache_cfg", p.kvcache_cfg, 0, 1);
-  detail::check_enum("params.scale_type", p.scale_type, 0, 1);
-  detail::check_enum("params.quant_type", p.quant_type, 0, 3);
-  detail::check_enum("params.input_layout", p.input_layout, 0, 1);
-  detail::check_enum("params.cache_type", p.cache_type, 0, 1);
+  detail::check_enum("self_attention", "params.calc_type", p.calc_type, 0, 4);
+  detail::check_enum("self_attention", "params.kernel_type", p.kernel_type, 0, 1);
+  detail::check_enum("self_attention", "params.clamp_type", p.clamp_type, 0, 1);
+  detail::check_enum("self_attention", "params.mask_type", p.mask_type, 0, 9);
+  detail::check_enum("self_attention", "params.kvcache_cfg", p.kvcache_cfg, 0, 1);
+  detail::check_enum("self_attention", "params.scale_type", p.scale_type, 0, 1);
+  detail::check_enum("self_attention", "params.quant_type", p.quant_type, 0, 3);
+  detail::check_enum("self_attention", "params.input_layout", p.input_layout, 0, 1);
+  detail::check_enum("self_attention", "params.cache_type", p.cache_type, 0, 1);
   const int od = static_cast<int>(p.out_data_type);
-  require(od == -1 || od == 1 || od == 27, "params.out_data_type", "not supported",
-          "Undefined (-1), Float16 (1) or BFloat16 (27)", std::to_string(od));
-  require(p.num_heads > 0, "params.num_heads", "not positive", ">= 1", std::to_string(p.num_heads));
-  require(p.num_kv_heads >= 0, "params.num_kv_heads", "negative", ">= 0",
-          std::to_string(p.num_kv_heads));
+  ATTNREF_CHECK(od == -1 || od == 1 || od == 27, std::invalid_argument, "self_attention",
+                "params.out_data_type", "not supported",
+                "Undefined (-1), Float16 (1) or BFloat16 (27)", std::to_string(od));
+  ATTNREF_CHECK(p.num_heads > 0, std::invalid_argument, "self_attention", "params.num_heads",
+                "not positive", ">= 1", std::to_string(p.num_heads));
+  ATTNREF_CHECK(p.num_kv_heads >= 0, std::invalid_argument, "self_attention", "params.num_kv_heads",
+                "negative", ">= 0", std::to_string(p.num_kv_heads));
   if (p.num_kv_heads > 0)
-    require(p.num_heads % p.num_kv_heads == 0, "params.num_heads", "not a multiple of num_kv_heads",
-            "a multiple of " + std::to_string(p.num_kv_heads), std::to_string(p.num_heads));
-  require(std::isfinite(p.q_scale), "params.q_scale", "not finite", "a finite value",
-          std::to_string(p.q_scale));
-  require(std::isfinite(p.qk_scale), "params.qk_scale", "not finite", "a finite value",
-          std::to_string(p.qk_scale));
+    ATTNREF_CHECK(p.num_heads % p.num_kv_heads == 0, std::invalid_argument, "self_attention",
+                  "params.num_heads", "not a multiple of num_kv_heads",
+                  "a multiple of " + std::to_string(p.num_kv_heads), std::to_string(p.num_heads));
+  ATTNREF_CHECK(std::isfinite(p.q_scale), std::invalid_argument, "self_attention", "params.q_scale",
+                "not finite", "a finite value", std::to_string(p.q_scale));
+  ATTNREF_CHECK(std::isfinite(p.qk_scale), std::invalid_argument, "self_attention",
+                "params.qk_scale", "not finite", "a finite value", std::to_string(p.qk_scale));
   if (p.clamp_type == P::ClampType::MinMax)
-    require(std::isfinite(p.clamp_min) && std::isfinite(p.clamp_max) && p.clamp_min <= p.clamp_max,
-            "params.clamp_min/clamp_max", "not an interval", "finite clamp_min <= clamp_max",
-            std::to_string(p.clamp_min) + " and " + std::to_string(p.clamp_max));
-  require(p.quant_type != P::QuantType::DequantFusion, "params.quant_type",
-          "reserved by ATB (TYPE_DEQUANT_FUSION)", "Unquant, QkvOffline or QkvOnline",
-          "DequantFusion");
-  require(p.mla_v_head_size >= 0 && p.mla_v_head_size <= 576, "params.mla_v_head_size",
-          "out of range", "[0, 576]", std::to_string(p.mla_v_head_size));
-  require(p.window_size >= 0, "params.window_size", "negative", ">= 0",
-          std::to_string(p.window_size));
+    ATTNREF_CHECK(
+        std::isfinite(p.clamp_min) && std::isfinite(p.clamp_max) && p.clamp_min <= p.clamp_max,
+        std::invalid_argument, "self_attention", "params.clamp_min/clamp_max", "not an interval",
+        "finite clamp_min <= clamp_max",
+        std::to_string(p.clamp_min) + " and " + std::to_string(p.clamp_max));
+  ATTNREF_CHECK(p.quant_type != P::QuantType::DequantFusion, std::invalid_argument,
+                "self_attention", "params.quant_type", "reserved by ATB (TYPE_DEQUANT_FUSION)",
+                "Unquant, QkvOffline or QkvOnline", "DequantFusion");
+  ATTNREF_CHECK(p.mla_v_head_size >= 0 && p.mla_v_head_size <= 576, std::invalid_argument,
+                "self_attention", "params.mla_v_head_size", "out of range", "[0, 576]",
+                std::to_string(p.mla_v_head_size));
+  ATTNREF_CHECK(p.window_size >= 0, std::invalid_argument, "self_attention", "params.window_size",
+                "negative", ">= 0", std::to_string(p.window_size));
 
   // The co-existence table.
   const std::vector<SelfAttentionFeature> f = self_attention_features(p, kv_tensor_list);
@@ -264,116 +253,145 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
   const char* calc_names[] = {"Undefined", "Encoder", "Decoder", "PaEncoder", "PrefixEncoder"};
   const std::string calc = calc_names[static_cast<int>(p.calc_type)];
   if (p.batch_run_status_enable)
-    require(!pa, "params.calc_type", "not supported with batchRunStatus", "not PaEncoder", calc);
+    ATTNREF_CHECK(!pa, std::invalid_argument, "self_attention", "params.calc_type",
+                  "not supported with batchRunStatus", "not PaEncoder", calc);
   if (p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass)
-    require(!pa, "params.calc_type", "not supported with kv-bypass", "not PaEncoder", calc);
+    ATTNREF_CHECK(!pa, std::invalid_argument, "self_attention", "params.calc_type",
+                  "not supported with kv-bypass", "not PaEncoder", calc);
   if (p.mask_type == P::MaskType::AlibiCompress || p.mask_type == P::MaskType::AlibiCompressSqrt ||
       p.mask_type == P::MaskType::AlibiCompressLeftAlign)
-    require(pa || p.calc_type == P::CalcType::PrefixEncoder, "params.calc_type",
-            "not supported with a compressed ALiBi mask", "PaEncoder or PrefixEncoder", calc);
+    ATTNREF_CHECK(pa || p.calc_type == P::CalcType::PrefixEncoder, std::invalid_argument,
+                  "self_attention", "params.calc_type",
+                  "not supported with a compressed ALiBi mask", "PaEncoder or PrefixEncoder", calc);
   if (p.scale_type == P::ScaleType::LogN) {
-    require(p.calc_type == P::CalcType::Decoder || pa, "params.calc_type",
-            "not supported with logN scaling", "Decoder or PaEncoder", calc);
+    ATTNREF_CHECK(p.calc_type == P::CalcType::Decoder || pa, std::invalid_argument,
+                  "self_attention", "params.calc_type", "not supported with logN scaling",
+                  "Decoder or PaEncoder", calc);
     if (pa)
-      require(p.kernel_type == P::KernelType::HighPrecision, "params.kernel_type",
-              "must be HighPrecision for logN scaling with PaEncoder", "HighPrecision", "Default");
+      ATTNREF_CHECK(p.kernel_type == P::KernelType::HighPrecision, std::invalid_argument,
+                    "self_attention", "params.kernel_type",
+                    "must be HighPrecision for logN scaling with PaEncoder", "HighPrecision",
+                    "Default");
   }
   if (p.quant_type == P::QuantType::QkvOffline || p.quant_type == P::QuantType::QkvOnline) {
-    require(pa, "params.calc_type", "not supported with qkv full quantization", "PaEncoder", calc);
-    require(p.out_data_type != P::OutDataType::Undefined, "params.out_data_type",
-            "required by qkv full quantization", "Float16 or BFloat16", "Undefined");
-    require(p.quant_block_size >= 1 && p.quant_block_size <= 1024, "params.quant_block_size",
-            "out of range", "[1, 1024]", std::to_string(p.quant_block_size));
-    require(p.q_scale == 1.0f, "params.q_scale",
-            "not supported with qkv full quantization (q is int8: fold qScale into qk_descale)",
-            "1", std::to_string(p.q_scale));
+    ATTNREF_CHECK(pa, std::invalid_argument, "self_attention", "params.calc_type",
+                  "not supported with qkv full quantization", "PaEncoder", calc);
+    ATTNREF_CHECK(p.out_data_type != P::OutDataType::Undefined, std::invalid_argument,
+                  "self_attention", "params.out_data_type", "required by qkv full quantization",
+                  "Float16 or BFloat16", "Undefined");
+    ATTNREF_CHECK(p.quant_block_size >= 1 && p.quant_block_size <= 1024, std::invalid_argument,
+                  "self_attention", "params.quant_block_size", "out of range", "[1, 1024]",
+                  std::to_string(p.quant_block_size));
+    ATTNREF_CHECK(
+        p.q_scale == 1.0f, std::invalid_argument, "self_attention", "params.q_scale",
+        "not supported with qkv full quantization (q is int8: fold qScale into qk_descale)", "1",
+        std::to_string(p.q_scale));
   }
   if (p.mask_type == P::MaskType::Undefined)
-    require(p.is_triu_mask == 0, "params.is_triu_mask", "set without a mask type", "0", "1");
+    ATTNREF_CHECK(p.is_triu_mask == 0, std::invalid_argument, "self_attention",
+                  "params.is_triu_mask", "set without a mask type", "0", "1");
   if (p.input_layout == P::InputLayout::BNSD) {
-    require(p.calc_type != P::CalcType::PrefixEncoder, "params.calc_type",
-            "not supported with BNSD input", "not PrefixEncoder", calc);
+    ATTNREF_CHECK(p.calc_type != P::CalcType::PrefixEncoder, std::invalid_argument,
+                  "self_attention", "params.calc_type", "not supported with BNSD input",
+                  "not PrefixEncoder", calc);
     if (pa) {
       // ATB's operation accepts BNSD PA_ENCODER (the feature list only names the bypass form):
       // no mask, default kernel.
-      require(p.mask_type == P::MaskType::Undefined, "params.mask_type",
-              "must be Undefined for BNSD input with PaEncoder", "Undefined",
-              std::to_string(static_cast<int>(p.mask_type)));
-      require(p.kernel_type == P::KernelType::Default, "params.kernel_type",
-              "must be Default for BNSD input with PaEncoder", "Default", "HighPrecision");
+      ATTNREF_CHECK(p.mask_type == P::MaskType::Undefined, std::invalid_argument, "self_attention",
+                    "params.mask_type", "must be Undefined for BNSD input with PaEncoder",
+                    "Undefined", std::to_string(static_cast<int>(p.mask_type)));
+      ATTNREF_CHECK(p.kernel_type == P::KernelType::Default, std::invalid_argument,
+                    "self_attention", "params.kernel_type",
+                    "must be Default for BNSD input with PaEncoder", "Default", "HighPrecision");
     } else {
-      require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
-              "must be KBypassVBypass for BNSD input", "KBypassVBypass", "KCacheVCache");
-      require(p.mask_type != P::MaskType::Undefined, "params.mask_type",
-              "must be set for BNSD input", "not Undefined", "Undefined");
+      ATTNREF_CHECK(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, std::invalid_argument,
+                    "self_attention", "params.kvcache_cfg", "must be KBypassVBypass for BNSD input",
+                    "KBypassVBypass", "KCacheVCache");
+      ATTNREF_CHECK(p.mask_type != P::MaskType::Undefined, std::invalid_argument, "self_attention",
+                    "params.mask_type", "must be set for BNSD input", "not Undefined", "Undefined");
     }
   }
   if (p.calc_type == P::CalcType::PrefixEncoder) {
     // ATB's PREFIX_ENCODER parameter checks.
     const P::MaskType m = p.mask_type;
-    require(m == P::MaskType::NormCompress || m == P::MaskType::CausalMask ||
-                m == P::MaskType::AlibiCompress || m == P::MaskType::AlibiCompressSqrt,
-            "params.mask_type", "not supported by PrefixEncoder",
-            "NormCompress, CausalMask, AlibiCompress or AlibiCompressSqrt",
-            std::to_string(static_cast<int>(m)));
-    require(p.is_triu_mask == 1, "params.is_triu_mask", "must be 1 for PrefixEncoder", "1",
-            std::to_string(p.is_triu_mask));
-    require(p.kernel_type == P::KernelType::HighPrecision, "params.kernel_type",
-            "must be HighPrecision for PrefixEncoder", "HighPrecision", "Default");
-    require(p.q_scale == 1.0f, "params.q_scale", "must be 1 for PrefixEncoder", "1",
-            std::to_string(p.q_scale));
-    require(p.clamp_type == P::ClampType::Undefined, "params.clamp_type",
-            "not supported by PrefixEncoder", "Undefined", "MinMax");
-    require(p.kvcache_cfg == P::KvCacheCfg::KCacheVCache, "params.kvcache_cfg",
-            "not supported by PrefixEncoder", "KCacheVCache", "KBypassVBypass");
-    require(p.scale_type == P::ScaleType::Tor, "params.scale_type",
-            "not supported by PrefixEncoder", "Tor", "LogN");
-    require(p.cache_type == P::CacheType::Norm, "params.cache_type",
-            "not supported by PrefixEncoder", "Norm", "Swa");
-    require(p.quant_type == P::QuantType::Unquant && p.out_data_type == P::OutDataType::Undefined,
-            "params.quant_type/out_data_type", "not supported by PrefixEncoder",
-            "Unquant and Undefined", "a quantized configuration");
-    require(p.window_size == 0, "params.window_size", "not supported by PrefixEncoder", "0",
-            std::to_string(p.window_size));
-    require(p.mla_v_head_size == 0, "params.mla_v_head_size", "not supported by PrefixEncoder", "0",
-            std::to_string(p.mla_v_head_size));
-    require(!p.batch_run_status_enable, "params.batch_run_status_enable",
-            "not supported by PrefixEncoder", "false", "true");
+    ATTNREF_CHECK(m == P::MaskType::NormCompress || m == P::MaskType::CausalMask ||
+                      m == P::MaskType::AlibiCompress || m == P::MaskType::AlibiCompressSqrt,
+                  std::invalid_argument, "self_attention", "params.mask_type",
+                  "not supported by PrefixEncoder",
+                  "NormCompress, CausalMask, AlibiCompress or AlibiCompressSqrt",
+                  std::to_string(static_cast<int>(m)));
+    ATTNREF_CHECK(p.is_triu_mask == 1, std::invalid_argument, "self_attention",
+                  "params.is_triu_mask", "must be 1 for PrefixEncoder", "1",
+                  std::to_string(p.is_triu_mask));
+    ATTNREF_CHECK(p.kernel_type == P::KernelType::HighPrecision, std::invalid_argument,
+                  "self_attention", "params.kernel_type", "must be HighPrecision for PrefixEncoder",
+                  "HighPrecision", "Default");
+    ATTNREF_CHECK(p.q_scale == 1.0f, std::invalid_argument, "self_attention", "params.q_scale",
+                  "must be 1 for PrefixEncoder", "1", std::to_string(p.q_scale));
+    ATTNREF_CHECK(p.clamp_type == P::ClampType::Undefined, std::invalid_argument, "self_attention",
+                  "params.clamp_type", "not supported by PrefixEncoder", "Undefined", "MinMax");
+    ATTNREF_CHECK(p.kvcache_cfg == P::KvCacheCfg::KCacheVCache, std::invalid_argument,
+                  "self_attention", "params.kvcache_cfg", "not supported by PrefixEncoder",
+                  "KCacheVCache", "KBypassVBypass");
+    ATTNREF_CHECK(p.scale_type == P::ScaleType::Tor, std::invalid_argument, "self_attention",
+                  "params.scale_type", "not supported by PrefixEncoder", "Tor", "LogN");
+    ATTNREF_CHECK(p.cache_type == P::CacheType::Norm, std::invalid_argument, "self_attention",
+                  "params.cache_type", "not supported by PrefixEncoder", "Norm", "Swa");
+    ATTNREF_CHECK(
+        p.quant_type == P::QuantType::Unquant && p.out_data_type == P::OutDataType::Undefined,
+        std::invalid_argument, "self_attention", "params.quant_type/out_data_type",
+        "not supported by PrefixEncoder", "Unquant and Undefined", "a quantized configuration");
+    ATTNREF_CHECK(p.window_size == 0, std::invalid_argument, "self_attention", "params.window_size",
+                  "not supported by PrefixEncoder", "0", std::to_string(p.window_size));
+    ATTNREF_CHECK(p.mla_v_head_size == 0, std::invalid_argument, "self_attention",
+                  "params.mla_v_head_size", "not supported by PrefixEncoder", "0",
+                  std::to_string(p.mla_v_head_size));
+    ATTNREF_CHECK(!p.batch_run_status_enable, std::invalid_argument, "self_attention",
+                  "params.batch_run_status_enable", "not supported by PrefixEncoder", "false",
+                  "true");
   }
   if (kv_tensor_list) {
-    require(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, "params.kvcache_cfg",
-            "must be KBypassVBypass for kv tensorlist input", "KBypassVBypass", "KCacheVCache");
-    require(p.calc_type == P::CalcType::Decoder, "params.calc_type",
-            "must be Decoder for kv tensorlist input", "Decoder", calc);
+    ATTNREF_CHECK(p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass, std::invalid_argument,
+                  "self_attention", "params.kvcache_cfg",
+                  "must be KBypassVBypass for kv tensorlist input", "KBypassVBypass",
+                  "KCacheVCache");
+    ATTNREF_CHECK(p.calc_type == P::CalcType::Decoder, std::invalid_argument, "self_attention",
+                  "params.calc_type", "must be Decoder for kv tensorlist input", "Decoder", calc);
   }
   if (p.mla_v_head_size > 0) {
-    require(pa, "params.calc_type", "not supported with the MLA merged kv cache", "PaEncoder",
-            calc);
-    require(!is_alibi(p.mask_type), "params.mask_type",
-            "ALiBi not supported with the MLA merged kv cache", "not an ALiBi mask", "ALiBi");
-    require(p.mask_type == P::MaskType::Undefined || p.mask_type == P::MaskType::Norm ||
-                p.mask_type == P::MaskType::SlidingWindowNorm ||
-                p.mask_type == P::MaskType::SlidingWindowCompress,
-            "params.mask_type", "not supported with the MLA merged kv cache",
-            "Undefined, Norm, SlidingWindowNorm or SlidingWindowCompress",
-            std::to_string(static_cast<int>(p.mask_type)));
+    ATTNREF_CHECK(pa, std::invalid_argument, "self_attention", "params.calc_type",
+                  "not supported with the MLA merged kv cache", "PaEncoder", calc);
+    ATTNREF_CHECK(!is_alibi(p.mask_type), std::invalid_argument, "self_attention",
+                  "params.mask_type", "ALiBi not supported with the MLA merged kv cache",
+                  "not an ALiBi mask", "ALiBi");
+    ATTNREF_CHECK(p.mask_type == P::MaskType::Undefined || p.mask_type == P::MaskType::Norm ||
+                      p.mask_type == P::MaskType::SlidingWindowNorm ||
+                      p.mask_type == P::MaskType::SlidingWindowCompress,
+                  std::invalid_argument, "self_attention", "params.mask_type",
+                  "not supported with the MLA merged kv cache",
+                  "Undefined, Norm, SlidingWindowNorm or SlidingWindowCompress",
+                  std::to_string(static_cast<int>(p.mask_type)));
   }
   const bool swa_mask = p.mask_type == P::MaskType::SlidingWindowNorm ||
                         p.mask_type == P::MaskType::SlidingWindowCompress;
   if (p.window_size > 0)
-    require(swa_mask, "params.mask_type", "must be a sliding-window mask when window_size > 0",
-            "SlidingWindowNorm or SlidingWindowCompress",
-            std::to_string(static_cast<int>(p.mask_type)));
+    ATTNREF_CHECK(swa_mask, std::invalid_argument, "self_attention", "params.mask_type",
+                  "must be a sliding-window mask when window_size > 0",
+                  "SlidingWindowNorm or SlidingWindowCompress",
+                  std::to_string(static_cast<int>(p.mask_type)));
   if (swa_mask)
-    require(p.window_size > 0, "params.window_size", "must be positive with a sliding-window mask",
-            "> 0", std::to_string(p.window_size));
+    ATTNREF_CHECK(p.window_size > 0, std::invalid_argument, "self_attention", "params.window_size",
+                  "must be positive with a sliding-window mask", "> 0",
+                  std::to_string(p.window_size));
   if (p.cache_type == P::CacheType::Swa)
-    require(p.window_size > 0, "params.cache_type", "Swa needs sliding-window attention",
-            "window_size > 0", std::to_string(p.window_size));
+    ATTNREF_CHECK(p.window_size > 0, std::invalid_argument, "self_attention", "params.cache_type",
+                  "Swa needs sliding-window attention", "window_size > 0",
+                  std::to_string(p.window_size));
   if (p.window_size > 0 && p.calc_type == P::CalcType::Decoder)
-    require(p.mask_type != P::MaskType::SlidingWindowCompress, "params.mask_type",
-            "SlidingWindowCompress not supported by the decoder", "SlidingWindowNorm",
-            "SlidingWindowCompress");
+    ATTNREF_CHECK(p.mask_type != P::MaskType::SlidingWindowCompress, std::invalid_argument,
+                  "self_attention", "params.mask_type",
+                  "SlidingWindowCompress not supported by the decoder", "SlidingWindowNorm",
+                  "SlidingWindowCompress");
 }
 
 }  // namespace attnref

@@ -135,11 +135,6 @@ struct CannQuantVariant : CannVariant<TM, TP> {
   }
 };
 
-inline void cann_check(bool ok, const char* fn, const std::string& arg, const std::string& what,
-                       const std::string& expected, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
-}
-
 /// int8 output quantization (quantScale2 / quantOffset2): out = sat(rint(v·scale[c] + offset[c]))
 /// with c = h·D + d, per tensor (one value) or per channel (N·D values, any shape).
 struct CannPostQuant {
@@ -159,15 +154,18 @@ inline CannPostQuant cann_post_quant(const char* fn, const TensorRef<const float
                                      const TensorRef<const float>& qo2, Index channels,
                                      bool int8_out) {
   if (!int8_out) {
-    cann_check(qs2.absent() && qo2.absent(), fn, "quant_scale2 / quant_offset2",
-               "given without int8 output", "none", shape_str(qs2));
+    ATTNREF_CHECK(qs2.absent() && qo2.absent(), std::invalid_argument, fn,
+                  "quant_scale2 / quant_offset2", "given without int8 output", "none",
+                  shape_str(qs2));
     return {};
   }
-  cann_check(!qs2.absent() && (qs2.numel() == 1 || qs2.numel() == channels),
-             fn, "quant_scale2", "required for int8 output: per tensor or per channel",
-             "1 or " + std::to_string(channels) + " values", shape_str(qs2));
-  cann_check(qo2.absent() || (qo2.shape == qs2.shape), fn,
-             "quant_offset2.shape", "differs from quant_scale2's", shape_str(qs2), shape_str(qo2));
+  ATTNREF_CHECK(!qs2.absent() && (qs2.numel() == 1 || qs2.numel() == channels),
+                std::invalid_argument, fn, "quant_scale2",
+                "required for int8 output: per tensor or per channel",
+                "1 or " + std::to_string(channels) + " values", shape_str(qs2));
+  ATTNREF_CHECK(qo2.absent() || (qo2.shape == qs2.shape), std::invalid_argument, fn,
+                "quant_offset2.shape", "differs from quant_scale2's", shape_str(qs2),
+                shape_str(qo2));
   return {qs2.data, qo2.absent() ? nullptr : qo2.data, qs2.numel() != 1};
 }
 
@@ -184,13 +182,14 @@ inline std::vector<Index> cann_lengths(const char* fn, const char* arg,
                                        Index full) {
   std::vector<Index> out(static_cast<size_t>(batch), full);
   if (list.empty()) return out;
-  cann_check(list.size() == 1 || static_cast<Index>(list.size()) >= batch, fn, arg,
-             "length neither 1 nor >= batch", "1 or >= " + std::to_string(batch),
-             std::to_string(list.size()));
+  ATTNREF_CHECK(list.size() == 1 || static_cast<Index>(list.size()) >= batch, std::invalid_argument,
+                fn, arg, "length neither 1 nor >= batch", "1 or >= " + std::to_string(batch),
+                std::to_string(list.size()));
   for (Index b = 0; b < batch; ++b) {
     const std::int64_t v = list[list.size() == 1 ? 0 : static_cast<size_t>(b)];
-    cann_check(v >= 0 && v <= full, fn, std::string(arg) + "[" + std::to_string(b) + "]",
-               "out of range", "[0, " + std::to_string(full) + "]", std::to_string(v));
+    ATTNREF_CHECK(v >= 0 && v <= full, std::invalid_argument, fn,
+                  std::string(arg) + "[" + std::to_string(b) + "]", "out of range",
+                  "[0, " + std::to_string(full) + "]", std::to_string(v));
     out[static_cast<size_t>(b)] = static_cast<Index>(v);
   }
   return out;
@@ -199,14 +198,15 @@ inline std::vector<Index> cann_lengths(const char* fn, const char* arg,
 /// Head rules shared by PFA and IFA: num_heads in (0, 256], num_key_value_heads >= 0 (0: N),
 /// N a multiple of KV_N, N / KV_N <= 64. Returns KV_N.
 inline Index cann_kv_heads(const char* fn, std::int64_t n, std::int64_t nkv) {
-  cann_check(n > 0 && n <= 256, fn, "params.num_heads", "out of range", "[1, 256]",
-             std::to_string(n));
-  cann_check(nkv >= 0, fn, "params.num_key_value_heads", "negative", ">= 0", std::to_string(nkv));
+  ATTNREF_CHECK(n > 0 && n <= 256, std::invalid_argument, fn, "params.num_heads", "out of range",
+                "[1, 256]", std::to_string(n));
+  ATTNREF_CHECK(nkv >= 0, std::invalid_argument, fn, "params.num_key_value_heads", "negative",
+                ">= 0", std::to_string(nkv));
   const std::int64_t kv = nkv == 0 ? n : nkv;
-  cann_check(n % kv == 0 && n / kv <= 64, fn, "params.num_heads",
-             "not a multiple of num_key_value_heads with a ratio <= 64",
-             "a multiple of " + std::to_string(kv) + " up to " + std::to_string(64 * kv),
-             std::to_string(n));
+  ATTNREF_CHECK(n % kv == 0 && n / kv <= 64, std::invalid_argument, fn, "params.num_heads",
+                "not a multiple of num_key_value_heads with a ratio <= 64",
+                "a multiple of " + std::to_string(kv) + " up to " + std::to_string(64 * kv),
+                std::to_string(n));
   return static_cast<Index>(kv);
 }
 

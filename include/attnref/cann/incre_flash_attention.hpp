@@ -104,7 +104,6 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                     std::is_same_v<TM, std::uint8_t>,
                 "incre_flash_attention mask: bool, int8 or uint8");
   constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
-  using detail::cann_check;
   using detail::shape_str;
   using L = detail::PfaLayout;
   constexpr const char* fn = "incre_flash_attention";
@@ -121,21 +120,21 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     detail::check_tensor(fn, "value[" + std::to_string(i) + "]", in.value[i]);
   const auto [layout, n, kvn, qd] = detail::cann_front(
       fn, params.input_layout, true, params.num_heads, params.num_key_value_heads, in.query);
-  cann_check(qd[1] == 1, fn, "query.shape", "query sequence length must be 1", "S = 1",
-             shape_str(in.query));
+  ATTNREF_CHECK(qd[1] == 1, std::invalid_argument, fn, "query.shape",
+                "query sequence length must be 1", "S = 1", shape_str(in.query));
   const Index B = qd[0], D = qd[3];
-  cann_check(params.inner_precise == 0 || params.inner_precise == 1, fn, "params.inner_precise",
-             "out of range for IncreFlashAttention", "0 or 1",
-             std::to_string(params.inner_precise));
-  cann_check(std::isfinite(params.scale_value), fn, "params.scale_value", "not finite",
-             "a finite value", std::to_string(params.scale_value));
-  cann_check(!out.attention_out.absent() && out.attention_out.shape == in.query.shape, fn,
-             "attention_out.shape", "mismatch (the query's shape)", shape_str(in.query),
-             shape_str(out.attention_out));
+  ATTNREF_CHECK(params.inner_precise == 0 || params.inner_precise == 1, std::invalid_argument, fn,
+                "params.inner_precise", "out of range for IncreFlashAttention", "0 or 1",
+                std::to_string(params.inner_precise));
+  ATTNREF_CHECK(std::isfinite(params.scale_value), std::invalid_argument, fn, "params.scale_value",
+                "not finite", "a finite value", std::to_string(params.scale_value));
+  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape == in.query.shape,
+                std::invalid_argument, fn, "attention_out.shape", "mismatch (the query's shape)",
+                shape_str(in.query), shape_str(out.attention_out));
   const bool paged = !in.block_table.absent();
-  cann_check(in.key.size() == in.value.size() && !in.key.empty(), fn, "key / value",
-             "tensor lists of different or zero length", "equal lengths >= 1",
-             std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
+  ATTNREF_CHECK(in.key.size() == in.value.size() && !in.key.empty(), std::invalid_argument, fn,
+                "key / value", "tensor lists of different or zero length", "equal lengths >= 1",
+                std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
 
   // Keys and values: the engine view (shape of sequence 0 / the pool), pages, lengths.
   AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
@@ -144,35 +143,37 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   std::vector<Index> kv_len;
   std::vector<Index> shift;  // kv left padding: position of each batch's key 0
   Index mask_cols = 0;       // the key positions a mask / pse row must cover
-  cann_check(in.kv_padding_size.absent() || !paged, fn, "kv_padding_size",
-             "not supported with a paged cache", "no block_table", shape_str(in.block_table));
+  ATTNREF_CHECK(in.kv_padding_size.absent() || !paged, std::invalid_argument, fn, "kv_padding_size",
+                "not supported with a paged cache", "no block_table", shape_str(in.block_table));
   if (paged) {
-    cann_check(in.key.size() == 1, fn, "key / value", "paged: one cache tensor each", "1",
-               std::to_string(in.key.size()));
+    ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "key / value",
+                  "paged: one cache tensor each", "1", std::to_string(in.key.size()));
     const auto& kc = in.key[0];
     const auto& vc = in.value[0];
-    cann_check(!kc.absent() && !vc.absent() && kc.shape == vc.shape &&
-                   (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
-               fn, "key[0].shape", "paged cache shape",
-               "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
-               "value the same",
-               shape_str(kc) + " and " + shape_str(vc));
+    ATTNREF_CHECK(!kc.absent() && !vc.absent() && kc.shape == vc.shape &&
+                      (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
+                  std::invalid_argument, fn, "key[0].shape", "paged cache shape",
+                  "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
+                  "value the same",
+                  shape_str(kc) + " and " + shape_str(vc));
     const Index nb = kc.dim(0), bs = kc.rank() == 3 ? kc.dim(1) : kc.dim(2);
     const Index width = kc.rank() == 3 ? kc.dim(2) : kc.dim(1) * kc.dim(3);
-    cann_check(width == kvn * D && (kc.rank() == 3 || kc.dim(1) == kvn), fn, "key[0].shape",
-               "KV_N * D mismatch", std::to_string(kvn) + " heads of " + std::to_string(D),
-               shape_str(kc));
+    ATTNREF_CHECK(width == kvn * D && (kc.rank() == 3 || kc.dim(1) == kvn), std::invalid_argument,
+                  fn, "key[0].shape", "KV_N * D mismatch",
+                  std::to_string(kvn) + " heads of " + std::to_string(D), shape_str(kc));
     const Index align = kQuant ? 32 : 16;
-    cann_check(params.block_size == bs, fn, "params.block_size",
-               "differs from the cache's block size", std::to_string(bs),
-               std::to_string(params.block_size));
-    cann_check(bs > 0 && bs <= 512 && bs % align == 0, fn, "params.block_size", "not supported",
-               "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
+    ATTNREF_CHECK(params.block_size == bs, std::invalid_argument, fn, "params.block_size",
+                  "differs from the cache's block size", std::to_string(bs),
+                  std::to_string(params.block_size));
+    ATTNREF_CHECK(bs > 0 && bs <= 512 && bs % align == 0, std::invalid_argument, fn,
+                  "params.block_size", "not supported",
+                  "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
     const auto& bt = in.block_table;
-    cann_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) == B, fn, "block_table.shape",
-               "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", shape_str(bt));
-    cann_check(!in.actual_seq_lengths.empty(), fn, "actual_seq_lengths", "required when paged",
-               "kv lengths", "none");
+    ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) == B, std::invalid_argument, fn,
+                  "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
+                  shape_str(bt));
+    ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, "actual_seq_lengths",
+                  "required when paged", "kv lengths", "none");
     mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.dim(1), bs);
     kv_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, mask_cols);
     if (kc.rank() == 3) {
@@ -187,9 +188,9 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     // Every used block-table entry, named (std::out_of_range), before anything is written.
     PagedKvCache<const TKV>{e.k, e.v, e.block_table, kv_len}.validate(fn);
   } else {
-    cann_check(in.key.size() == 1 || static_cast<Index>(in.key.size()) == B, fn, "key / value",
-               "list length neither 1 nor the batch", "1 or " + std::to_string(B),
-               std::to_string(in.key.size()));
+    ATTNREF_CHECK(in.key.size() == 1 || static_cast<Index>(in.key.size()) == B,
+                  std::invalid_argument, fn, "key / value", "list length neither 1 nor the batch",
+                  "1 or " + std::to_string(B), std::to_string(in.key.size()));
     const bool list = in.key.size() > 1 || B == 1;
     std::vector<std::array<Index, 4>> dims;
     Index max_s = 0;
@@ -198,41 +199,43 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       const std::string ki = "key[" + std::to_string(i) + "]",
                         vi = "value[" + std::to_string(i) + "]";
       const auto kd = detail::pfa_dims(fn, ki.c_str(), in.key[i], layout, kvn);
-      cann_check(in.value[i].shape == in.key[i].shape && !in.value[i].absent(), fn,
-                 vi + ".shape", "differs from the key's", shape_str(in.key[i]),
-                 shape_str(in.value[i]));
-      cann_check(kd[3] == D && kd[0] == (list ? 1 : B), fn, ki + ".shape", "mismatch",
-                 "batch " + std::to_string(list ? 1 : B) + ", head size " + std::to_string(D),
-                 shape_str(in.key[i]));
+      ATTNREF_CHECK(in.value[i].shape == in.key[i].shape && !in.value[i].absent(),
+                    std::invalid_argument, fn, vi + ".shape", "differs from the key's",
+                    shape_str(in.key[i]), shape_str(in.value[i]));
+      ATTNREF_CHECK(kd[3] == D && kd[0] == (list ? 1 : B), std::invalid_argument, fn, ki + ".shape",
+                    "mismatch",
+                    "batch " + std::to_string(list ? 1 : B) + ", head size " + std::to_string(D),
+                    shape_str(in.key[i]));
       dims.push_back(kd);
       if (i > 0 && kd[1] != dims[0][1]) same_s = false;
       max_s = std::max(max_s, kd[1]);
     }
     kv_len.resize(static_cast<size_t>(B));
     const auto& al = in.actual_seq_lengths;
-    cann_check(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B, fn,
-               "actual_seq_lengths", "length neither 1 nor >= batch",
-               "1 or >= " + std::to_string(B), std::to_string(al.size()));
+    ATTNREF_CHECK(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B,
+                  std::invalid_argument, fn, "actual_seq_lengths", "length neither 1 nor >= batch",
+                  "1 or >= " + std::to_string(B), std::to_string(al.size()));
     for (Index b = 0; b < B; ++b) {
       const Index s_b = dims[list ? static_cast<size_t>(b) : 0][1];
       Index l = s_b;
       if (!al.empty()) {
         const std::int64_t v = al[al.size() == 1 ? 0 : static_cast<size_t>(b)];
-        cann_check(v >= 0 && v <= s_b, fn, "actual_seq_lengths[" + std::to_string(b) + "]",
-                   "out of range", "[0, " + std::to_string(s_b) + "]", std::to_string(v));
+        ATTNREF_CHECK(v >= 0 && v <= s_b, std::invalid_argument, fn,
+                      "actual_seq_lengths[" + std::to_string(b) + "]", "out of range",
+                      "[0, " + std::to_string(s_b) + "]", std::to_string(v));
         l = static_cast<Index>(v);
       }
       kv_len[static_cast<size_t>(b)] = l;
     }
     const auto& kp = in.kv_padding_size;
     if (!kp.absent()) {
-      cann_check(!kp.absent() && kp.numel() == 1, fn, "kv_padding_size.shape",
-                 "not one value", "[] or [1]", shape_str(kp));
-      cann_check(in.key.size() == 1, fn, "kv_padding_size", "needs one key / value tensor",
-                 "a list of 1", std::to_string(in.key.size()));
-      cann_check(!al.empty(), fn, "kv_padding_size",
-                 "given without actual_seq_lengths (the NPU would ignore it)", "actual_seq_lengths",
-                 "none");
+      ATTNREF_CHECK(!kp.absent() && kp.numel() == 1, std::invalid_argument, fn,
+                    "kv_padding_size.shape", "not one value", "[] or [1]", shape_str(kp));
+      ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "kv_padding_size",
+                    "needs one key / value tensor", "a list of 1", std::to_string(in.key.size()));
+      ATTNREF_CHECK(!al.empty(), std::invalid_argument, fn, "kv_padding_size",
+                    "given without actual_seq_lengths (the NPU would ignore it)",
+                    "actual_seq_lengths", "none");
       const Index S = dims[0][1];
       const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data));
       shift.assign(static_cast<size_t>(B), 0);
@@ -309,23 +312,22 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   const auto& m = in.atten_mask;
   if (!m.absent()) {
     const Index r = m.rank();
-    const bool ok = !m.absent() && r >= 2 && r <= 4 && m.dim(0) == B &&
-                    (r < 3 || m.dim(1) == 1) && (r < 4 || m.dim(2) == 1) &&
-                    m.dim(r - 1) >= mask_cols;
-    cann_check(ok, fn, "atten_mask.shape", "mismatch",
-               "[" + std::to_string(B) + ", S'], [" + std::to_string(B) + ", 1, S'] or [" +
-                   std::to_string(B) + ", 1, 1, S'] with S' >= " + std::to_string(mask_cols),
-               shape_str(m));
+    const bool ok = !m.absent() && r >= 2 && r <= 4 && m.dim(0) == B && (r < 3 || m.dim(1) == 1) &&
+                    (r < 4 || m.dim(2) == 1) && m.dim(r - 1) >= mask_cols;
+    ATTNREF_CHECK(ok, std::invalid_argument, fn, "atten_mask.shape", "mismatch",
+                  "[" + std::to_string(B) + ", S'], [" + std::to_string(B) + ", 1, S'] or [" +
+                      std::to_string(B) + ", 1, 1, S'] with S' >= " + std::to_string(mask_cols),
+                  shape_str(m));
     var.mask = StridedView<const TM, 3>(m.data, {B, 1, m.dim(r - 1)}, {m.dim(r - 1), 0, 1});
   }
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
-    cann_check(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
-                   ps.dim(1) == n && ps.dim(2) == 1 && ps.dim(3) >= mask_cols,
-               fn, "pse_shift.shape", "mismatch",
-               "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
-                   ", 1, >= " + std::to_string(mask_cols) + "]",
-               shape_str(ps));
+    ATTNREF_CHECK(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
+                      ps.dim(1) == n && ps.dim(2) == 1 && ps.dim(3) >= mask_cols,
+                  std::invalid_argument, fn, "pse_shift.shape", "mismatch",
+                  "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
+                      ", 1, >= " + std::to_string(mask_cols) + "]",
+                  shape_str(ps));
     var.pse = StridedView<const T, 4>(ps.data, {ps.dim(0), ps.dim(1), 1, ps.dim(3)});
     var.add_then_scale = params.pse_order == PseOrder::AddThenScale;
   }
@@ -335,44 +337,47 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   Index per = 0;  // values per K or V: KV_N·D, or 1
   const auto& ts = in.antiquant_scale_per_token;
   const auto& to = in.antiquant_offset_per_token;
-  cann_check(params.antiquant_mode == 0 || (params.antiquant_mode == 1 && kQuant), fn,
-             "params.antiquant_mode", "not supported",
-             kQuant ? "0 (per channel / per tensor) or 1 (per token)" : "0 (no int8 key / value)",
-             std::to_string(params.antiquant_mode));
+  ATTNREF_CHECK(
+      params.antiquant_mode == 0 || (params.antiquant_mode == 1 && kQuant), std::invalid_argument,
+      fn, "params.antiquant_mode", "not supported",
+      kQuant ? "0 (per channel / per tensor) or 1 (per token)" : "0 (no int8 key / value)",
+      std::to_string(params.antiquant_mode));
   const bool per_token = params.antiquant_mode == 1;
   if (per_token) {
-    cann_check(as.absent() && ao.absent(), fn, "antiquant_scale / antiquant_offset",
-               "given with antiquant_mode 1 (per token)",
-               "none (antiquant_scale_per_token instead)", shape_str(as));
-    cann_check(!ts.absent() && ts.rank() == 3 && ts.dim(0) == 2 &&
-                   ts.dim(1) == B && ts.dim(2) >= mask_cols,
-               fn, "antiquant_scale_per_token.shape", "mismatch (antiquant_mode 1)",
-               "(2, " + std::to_string(B) + ", >= " + std::to_string(mask_cols) + ")",
-               shape_str(ts));
-    cann_check(to.absent() || (to.shape == ts.shape), fn,
-               "antiquant_offset_per_token.shape", "differs from antiquant_scale_per_token's",
-               shape_str(ts), shape_str(to));
+    ATTNREF_CHECK(as.absent() && ao.absent(), std::invalid_argument, fn,
+                  "antiquant_scale / antiquant_offset", "given with antiquant_mode 1 (per token)",
+                  "none (antiquant_scale_per_token instead)", shape_str(as));
+    ATTNREF_CHECK(
+        !ts.absent() && ts.rank() == 3 && ts.dim(0) == 2 && ts.dim(1) == B &&
+            ts.dim(2) >= mask_cols,
+        std::invalid_argument, fn, "antiquant_scale_per_token.shape", "mismatch (antiquant_mode 1)",
+        "(2, " + std::to_string(B) + ", >= " + std::to_string(mask_cols) + ")", shape_str(ts));
+    ATTNREF_CHECK(to.absent() || (to.shape == ts.shape), std::invalid_argument, fn,
+                  "antiquant_offset_per_token.shape", "differs from antiquant_scale_per_token's",
+                  shape_str(ts), shape_str(to));
   } else {
-    cann_check(ts.absent() && to.absent(), fn,
-               "antiquant_scale_per_token / antiquant_offset_per_token",
-               "given without antiquant_mode 1", "none", shape_str(ts));
+    ATTNREF_CHECK(ts.absent() && to.absent(), std::invalid_argument, fn,
+                  "antiquant_scale_per_token / antiquant_offset_per_token",
+                  "given without antiquant_mode 1", "none", shape_str(ts));
   }
   if (!per_token) {
     if constexpr (kQuant) {
       const std::vector<std::vector<Index>> shapes{
           {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kvn * D}, {2}};
-      const bool ok = !as.absent() &&
-                      std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
-      cann_check(ok, fn, "antiquant_scale.shape", "not an accepted shape (int8 key / value)",
-                 "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)",
-                 shape_str(as));
-      cann_check(ao.absent() || (ao.shape == as.shape), fn,
-                 "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
-                 shape_str(ao));
+      const bool ok =
+          !as.absent() && std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
+      ATTNREF_CHECK(ok, std::invalid_argument, fn, "antiquant_scale.shape",
+                    "not an accepted shape (int8 key / value)",
+                    "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)",
+                    shape_str(as));
+      ATTNREF_CHECK(ao.absent() || (ao.shape == as.shape), std::invalid_argument, fn,
+                    "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
+                    shape_str(ao));
       per = as.numel() / 2;
     } else {
-      cann_check(as.absent() && ao.absent(), fn, "antiquant_scale / antiquant_offset",
-                 "given with floating-point key / value", "none", shape_str(as));
+      ATTNREF_CHECK(as.absent() && ao.absent(), std::invalid_argument, fn,
+                    "antiquant_scale / antiquant_offset", "given with floating-point key / value",
+                    "none", shape_str(as));
     }
   }
 

@@ -114,8 +114,8 @@ inline PfaLayout pfa_layout(const char* fn, const std::string& s, bool ifa) {
   if (s == "BNSD") return PfaLayout::BNSD;
   if (!ifa && s == "BNSD_BSND") return PfaLayout::BNSD_BSND;
   if (!ifa && s == "TND") return PfaLayout::TND;
-  cann_check(false, fn, "params.input_layout", "not supported",
-             ifa ? "BSH, BSND or BNSD" : "BSH, BSND, BNSD, BNSD_BSND or TND", "\"" + s + "\"");
+  ATTNREF_CHECK(false, std::invalid_argument, fn, "params.input_layout", "not supported",
+                ifa ? "BSH, BSND or BNSD" : "BSH, BSND, BNSD, BNSD_BSND or TND", "\"" + s + "\"");
   return PfaLayout::BSH;
 }
 
@@ -125,15 +125,15 @@ template <class T>
 std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const TensorRef<T>& t,
                               PfaLayout layout, Index n) {
   const bool r3 = layout == PfaLayout::BSH || layout == PfaLayout::TND;
-  cann_check(!t.absent(), fn, arg, "missing", "a tensor", "none");
-  cann_check(t.rank() == (r3 ? 3 : 4), fn, std::string(arg) + ".shape",
-             "rank mismatch for the layout", r3 ? "rank 3" : "rank 4", shape_str(t));
+  ATTNREF_CHECK(!t.absent(), std::invalid_argument, fn, arg, "missing", "a tensor", "none");
+  ATTNREF_CHECK(t.rank() == (r3 ? 3 : 4), std::invalid_argument, fn, std::string(arg) + ".shape",
+                "rank mismatch for the layout", r3 ? "rank 3" : "rank 4", shape_str(t));
   std::array<Index, 4> d{};
   switch (layout) {
     case PfaLayout::BSH:
-      cann_check(t.dim(2) % n == 0 && t.dim(2) > 0, fn, std::string(arg) + ".shape[2]",
-                 "hidden size not a multiple of the head count",
-                 "a multiple of " + std::to_string(n), std::to_string(t.dim(2)));
+      ATTNREF_CHECK(t.dim(2) % n == 0 && t.dim(2) > 0, std::invalid_argument, fn,
+                    std::string(arg) + ".shape[2]", "hidden size not a multiple of the head count",
+                    "a multiple of " + std::to_string(n), std::to_string(t.dim(2)));
       d = {t.dim(0), t.dim(1), n, t.dim(2) / n};
       break;
     case PfaLayout::BSND:
@@ -147,10 +147,10 @@ std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const TensorRef<T
       d = {1, t.dim(0), t.dim(1), t.dim(2)};
       break;
   }
-  cann_check(d[2] == n, fn, std::string(arg) + ".shape", "head count mismatch",
-             std::to_string(n) + " heads", shape_str(t));
-  cann_check(d[3] >= 1 && d[3] <= 512, fn, std::string(arg) + ".shape", "head size out of range",
-             "[1, 512]", shape_str(t));
+  ATTNREF_CHECK(d[2] == n, std::invalid_argument, fn, std::string(arg) + ".shape",
+                "head count mismatch", std::to_string(n) + " heads", shape_str(t));
+  ATTNREF_CHECK(d[3] >= 1 && d[3] <= 512, std::invalid_argument, fn, std::string(arg) + ".shape",
+                "head size out of range", "[1, 512]", shape_str(t));
   return d;
 }
 
@@ -223,7 +223,6 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
                     std::is_same_v<TM, std::uint8_t>,
                 "prompt_flash_attention mask: bool, int8 or uint8");
-  using detail::cann_check;
   using detail::shape_str;
   using L = detail::PfaLayout;
   constexpr const char* fn = "prompt_flash_attention";
@@ -238,25 +237,27 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   // value: its own head size (BSH: H_v / KV_N).
   const auto vd = detail::pfa_dims(fn, "value", in.value, layout, kvn);
   const Index D = qd[3], Dv = vd[3];
-  cann_check(kd[3] == D, fn, "key.shape", "head size differs from the query's", std::to_string(D),
-             shape_str(in.key));
-  cann_check(kd[0] == qd[0] && vd[0] == qd[0] && vd[1] == kd[1], fn, "key / value .shape",
-             "batch or sequence mismatch", "batch " + std::to_string(qd[0]) + ", equal S2",
-             shape_str(in.key) + " and " + shape_str(in.value));
+  ATTNREF_CHECK(kd[3] == D, std::invalid_argument, fn, "key.shape",
+                "head size differs from the query's", std::to_string(D), shape_str(in.key));
+  ATTNREF_CHECK(kd[0] == qd[0] && vd[0] == qd[0] && vd[1] == kd[1], std::invalid_argument, fn,
+                "key / value .shape", "batch or sequence mismatch",
+                "batch " + std::to_string(qd[0]) + ", equal S2",
+                shape_str(in.key) + " and " + shape_str(in.value));
   const std::int64_t sm = params.sparse_mode;
-  cann_check(!(sm >= 5 && sm <= 8), fn, "params.sparse_mode",
-             "not supported by PromptFlashAttention (5–8 are prefix / varlen modes of other "
-             "operators)",
-             "0–4", std::to_string(sm));
-  cann_check(sm >= 0 && sm <= 4, fn, "params.sparse_mode", "out of range", "0–4",
-             std::to_string(sm));
-  cann_check(params.inner_precise >= 0 && params.inner_precise <= 3, fn, "params.inner_precise",
-             "out of range", "0–3", std::to_string(params.inner_precise));
-  cann_check(params.quant_block_size >= 1 && params.quant_block_size <= 1024, fn,
-             "params.quant_block_size", "out of range", "[1, 1024]",
-             std::to_string(params.quant_block_size));
-  cann_check(std::isfinite(params.scale_value), fn, "params.scale_value", "not finite",
-             "a finite value", std::to_string(params.scale_value));
+  ATTNREF_CHECK(!(sm >= 5 && sm <= 8), std::invalid_argument, fn, "params.sparse_mode",
+                "not supported by PromptFlashAttention (5–8 are prefix / varlen modes of other "
+                "operators)",
+                "0–4", std::to_string(sm));
+  ATTNREF_CHECK(sm >= 0 && sm <= 4, std::invalid_argument, fn, "params.sparse_mode", "out of range",
+                "0–4", std::to_string(sm));
+  ATTNREF_CHECK(params.inner_precise >= 0 && params.inner_precise <= 3, std::invalid_argument, fn,
+                "params.inner_precise", "out of range", "0–3",
+                std::to_string(params.inner_precise));
+  ATTNREF_CHECK(params.quant_block_size >= 1 && params.quant_block_size <= 1024,
+                std::invalid_argument, fn, "params.quant_block_size", "out of range", "[1, 1024]",
+                std::to_string(params.quant_block_size));
+  ATTNREF_CHECK(std::isfinite(params.scale_value), std::invalid_argument, fn, "params.scale_value",
+                "not finite", "a finite value", std::to_string(params.scale_value));
   const bool tnd = layout == L::TND;
 
   // Lengths.
@@ -266,67 +267,69 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   if (tnd) {
     const auto& ql = in.actual_seq_lengths;
     const auto& kl = in.actual_seq_lengths_kv;
-    cann_check(!ql.empty() && ql.size() == kl.size(), fn, "actual_seq_lengths(_kv)",
-               "required and of equal length with TND", "two cumulative lists of B values",
-               std::to_string(ql.size()) + " and " + std::to_string(kl.size()));
+    ATTNREF_CHECK(!ql.empty() && ql.size() == kl.size(), std::invalid_argument, fn,
+                  "actual_seq_lengths(_kv)", "required and of equal length with TND",
+                  "two cumulative lists of B values",
+                  std::to_string(ql.size()) + " and " + std::to_string(kl.size()));
     B = static_cast<Index>(ql.size());
     q_cu.push_back(0);
     kv_cu.push_back(0);
     for (size_t b = 0; b < ql.size(); ++b) {
       const std::string i = "[" + std::to_string(b) + "]";
-      cann_check(ql[b] >= q_cu.back(), fn, "actual_seq_lengths" + i,
-                 "decreasing (TND lengths are cumulative)", ">= " + std::to_string(q_cu.back()),
-                 std::to_string(ql[b]));
-      cann_check(kl[b] >= kv_cu.back(), fn, "actual_seq_lengths_kv" + i,
-                 "decreasing (TND lengths are cumulative)", ">= " + std::to_string(kv_cu.back()),
-                 std::to_string(kl[b]));
+      ATTNREF_CHECK(ql[b] >= q_cu.back(), std::invalid_argument, fn, "actual_seq_lengths" + i,
+                    "decreasing (TND lengths are cumulative)", ">= " + std::to_string(q_cu.back()),
+                    std::to_string(ql[b]));
+      ATTNREF_CHECK(kl[b] >= kv_cu.back(), std::invalid_argument, fn, "actual_seq_lengths_kv" + i,
+                    "decreasing (TND lengths are cumulative)", ">= " + std::to_string(kv_cu.back()),
+                    std::to_string(kl[b]));
       q_cu.push_back(static_cast<Index>(ql[b]));
       kv_cu.push_back(static_cast<Index>(kl[b]));
       q_len.push_back(q_cu.back() - q_cu[b]);
       kv_len.push_back(kv_cu.back() - kv_cu[b]);
     }
-    cann_check(q_cu.back() == S1, fn, "actual_seq_lengths", "last value differs from T1",
-               std::to_string(S1), std::to_string(q_cu.back()));
-    cann_check(kv_cu.back() == S2, fn, "actual_seq_lengths_kv", "last value differs from T2",
-               std::to_string(S2), std::to_string(kv_cu.back()));
-    cann_check(sm == 3 || (sm == 0 && in.atten_mask.absent()), fn, "params.sparse_mode",
-               "TND takes sparse_mode 0 without a mask or 3", "0 (no mask) or 3",
-               std::to_string(sm));
-    cann_check(in.pse_shift.absent(), fn, "pse_shift", "not supported with TND", "none",
-               shape_str(in.pse_shift));
+    ATTNREF_CHECK(q_cu.back() == S1, std::invalid_argument, fn, "actual_seq_lengths",
+                  "last value differs from T1", std::to_string(S1), std::to_string(q_cu.back()));
+    ATTNREF_CHECK(kv_cu.back() == S2, std::invalid_argument, fn, "actual_seq_lengths_kv",
+                  "last value differs from T2", std::to_string(S2), std::to_string(kv_cu.back()));
+    ATTNREF_CHECK(sm == 3 || (sm == 0 && in.atten_mask.absent()), std::invalid_argument, fn,
+                  "params.sparse_mode", "TND takes sparse_mode 0 without a mask or 3",
+                  "0 (no mask) or 3", std::to_string(sm));
+    ATTNREF_CHECK(in.pse_shift.absent(), std::invalid_argument, fn, "pse_shift",
+                  "not supported with TND", "none", shape_str(in.pse_shift));
   } else {
     q_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, S1);
     kv_len = detail::cann_lengths(fn, "actual_seq_lengths_kv", in.actual_seq_lengths_kv, B, S2);
   }
   const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
   const std::vector<Index> oshape = detail::pfa_shape(layout, od);
-  cann_check(!out.attention_out.absent() && out.attention_out.shape == oshape, fn,
-             "attention_out.shape", "mismatch", detail::dims_str(oshape),
-             shape_str(out.attention_out));
+  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape == oshape,
+                std::invalid_argument, fn, "attention_out.shape", "mismatch",
+                detail::dims_str(oshape), shape_str(out.attention_out));
 
   // Mask and band.
   detail::CannVariant<TM, TP> var{};
   const auto& m = in.atten_mask;
-  cann_check(sm == 0 || !m.absent(), fn, "atten_mask",
-             "required by sparse_mode " + std::to_string(sm), "a mask", "none");
+  ATTNREF_CHECK(sm == 0 || !m.absent(), std::invalid_argument, fn, "atten_mask",
+                "required by sparse_mode " + std::to_string(sm), "a mask", "none");
   if (!m.absent()) {
-    cann_check(!m.absent() && m.rank() >= 2 && m.rank() <= 4, fn, "atten_mask.shape",
-               "rank out of range", "rank 2–4", shape_str(m));
+    ATTNREF_CHECK(!m.absent() && m.rank() >= 2 && m.rank() <= 4, std::invalid_argument, fn,
+                  "atten_mask.shape", "rank out of range", "rank 2–4", shape_str(m));
     const Index r = m.rank();
     const Index ms1 = m.dim(r - 2), ms2 = m.dim(r - 1);
     const Index mb = r >= 3 ? m.dim(0) : 1;
     const Index mh = r == 4 ? m.dim(1) : 1;
     if (sm >= 2) {
-      cann_check(ms1 == 2048 && ms2 == 2048 && mb == 1 && mh == 1, fn, "atten_mask.shape",
-                 "sparse_mode " + std::to_string(sm) + " takes the 2048 x 2048 compressed mask",
-                 "[2048, 2048], [1, 2048, 2048] or [1, 1, 2048, 2048]", shape_str(m));
+      ATTNREF_CHECK(ms1 == 2048 && ms2 == 2048 && mb == 1 && mh == 1, std::invalid_argument, fn,
+                    "atten_mask.shape",
+                    "sparse_mode " + std::to_string(sm) + " takes the 2048 x 2048 compressed mask",
+                    "[2048, 2048], [1, 2048, 2048] or [1, 1, 2048, 2048]", shape_str(m));
     } else {
-      cann_check((mb == 1 || mb == B) && mh == 1 && ms1 >= S1 && ms2 >= S2, fn, "atten_mask.shape",
-                 "mismatch",
-                 "[S1' >= " + std::to_string(S1) + ", S2' >= " + std::to_string(S2) +
-                     "] with an optional batch (1 or " + std::to_string(B) +
-                     ") and head (1) dimension",
-                 shape_str(m));
+      ATTNREF_CHECK((mb == 1 || mb == B) && mh == 1 && ms1 >= S1 && ms2 >= S2,
+                    std::invalid_argument, fn, "atten_mask.shape", "mismatch",
+                    "[S1' >= " + std::to_string(S1) + ", S2' >= " + std::to_string(S2) +
+                        "] with an optional batch (1 or " + std::to_string(B) +
+                        ") and head (1) dimension",
+                    shape_str(m));
       var.mask = StridedView<const TM, 3>(m.data, {mb, ms1, ms2}, {ms1 * ms2, ms2, 1});
       var.mask_excludes = (params.inner_precise & 2) != 0;
     }
@@ -336,10 +339,12 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   const Index next = detail::pfa_clamp_tokens(params.next_tokens);
   const bool uses_band = (sm == 0 && !m.absent()) || sm == 4;
   if (uses_band) {
-    cann_check(!(pre < 0 && next < 0), fn, "params.pre_tokens / next_tokens", "both negative",
-               "at least one >= 0", std::to_string(pre) + " / " + std::to_string(next));
-    cann_check(pre + next >= 0, fn, "params.pre_tokens / next_tokens",
-               "an empty band (pre_tokens + next_tokens < 0)", ">= 0", std::to_string(pre + next));
+    ATTNREF_CHECK(!(pre < 0 && next < 0), std::invalid_argument, fn,
+                  "params.pre_tokens / next_tokens", "both negative", "at least one >= 0",
+                  std::to_string(pre) + " / " + std::to_string(next));
+    ATTNREF_CHECK(pre + next >= 0, std::invalid_argument, fn, "params.pre_tokens / next_tokens",
+                  "an empty band (pre_tokens + next_tokens < 0)", ">= 0",
+                  std::to_string(pre + next));
   }
   switch (sm) {
     case 0:
@@ -370,12 +375,12 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   // pseShift.
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
-    cann_check(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
-                   ps.dim(1) == n && ps.dim(2) >= S1 && ps.dim(3) >= S2,
-               fn, "pse_shift.shape", "mismatch",
-               "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
-                   ", >= " + std::to_string(S1) + ", >= " + std::to_string(S2) + "]",
-               shape_str(ps));
+    ATTNREF_CHECK(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
+                      ps.dim(1) == n && ps.dim(2) >= S1 && ps.dim(3) >= S2,
+                  std::invalid_argument, fn, "pse_shift.shape", "mismatch",
+                  "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
+                      ", >= " + std::to_string(S1) + ", >= " + std::to_string(S2) + "]",
+                  shape_str(ps));
     var.pse = StridedView<const TP, 4>(ps.data, {ps.dim(0), ps.dim(1), ps.dim(2), ps.dim(3)});
   }
   const bool ats = params.pse_order == PseOrder::AddThenScale;
@@ -386,17 +391,17 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   // Quantization: the int8 path's three per-tensor scales, the int8 output's scale / offset.
   auto scalar = [&](const TensorRef<const float>& t, const char* arg, bool want) {
     if (!want) {
-      cann_check(t.absent(), fn, arg,
-                 kInt8In ? "given for int8 output only"
-                         : "given without int8 "
-                           "query / key / value",
-                 "none", shape_str(t));
+      ATTNREF_CHECK(t.absent(), std::invalid_argument, fn, arg,
+                    kInt8In ? "given for int8 output only"
+                            : "given without int8 "
+                              "query / key / value",
+                    "none", shape_str(t));
       return 1.0f;
     }
-    cann_check(!t.absent() && t.numel() == 1, fn, arg,
-               "per-tensor scale required", "[1]", shape_str(t));
-    cann_check(std::isfinite(t.data[0]), fn, arg, "not finite", "a finite value",
-               std::to_string(t.data[0]));
+    ATTNREF_CHECK(!t.absent() && t.numel() == 1, std::invalid_argument, fn, arg,
+                  "per-tensor scale required", "[1]", shape_str(t));
+    ATTNREF_CHECK(std::isfinite(t.data[0]), std::invalid_argument, fn, arg, "not finite",
+                  "a finite value", std::to_string(t.data[0]));
     return t.data[0];
   };
   const float deq1 = scalar(in.deq_scale1, "deq_scale1", kInt8In);

@@ -61,6 +61,15 @@ inline std::int64_t checked_add(std::string_view function, std::string_view argu
   return r;
 }
 
+/// An enum parameter outside [lo, hi] throws std::invalid_argument naming `function` / `field`.
+template <class E>
+inline void check_enum(std::string_view function, std::string_view field, E value, int lo, int hi) {
+  const int v = static_cast<int>(value);
+  if (v < lo || v > hi)
+    raise<std::invalid_argument>(function, field, "out of range",
+                                 "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]", v);
+}
+
 }  // namespace attnref::detail
 
 /// ATTNREF_CHECK(cond, std::invalid_argument, "attention", "q.shape[2]", "mismatch", 8, 7)
@@ -69,3 +78,10 @@ inline std::int64_t checked_add(std::string_view function, std::string_view argu
   do {                                                                                         \
     if (!(cond)) ::attnref::detail::raise<Exception>(function, argument, what, expected, got); \
   } while (false)
+
+/// ATTNREF_NOT_IMPLEMENTED(cond, "paged_attention", "params.input_layout", "BNSD") throws
+/// std::invalid_argument "...: <argument> not implemented yet: expected what this version
+/// implements, got <got>" when `cond` is false: a documented vendor feature attnref lacks.
+#define ATTNREF_NOT_IMPLEMENTED(cond, function, argument, got)                          \
+  ATTNREF_CHECK(cond, std::invalid_argument, function, argument, "not implemented yet", \
+                "what this version implements", got)

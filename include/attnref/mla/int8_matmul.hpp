@@ -51,8 +51,8 @@ namespace detail::mla {
 
 template <class T>
 void check_weight(const char* fn, const char* arg, const WeightRef<T>& w, Index out, Index in) {
-  check(w.out == out && w.in == in, fn, std::string(arg) + " (out, in)", "mismatch", dims(out, in),
-        dims(w.out, w.in));
+  ATTNREF_CHECK(w.out == out && w.in == in, std::invalid_argument, fn,
+                std::string(arg) + " (out, in)", "mismatch", dims(out, in), dims(w.out, w.in));
   const auto& t = w.tensor;
   std::vector<Index> want;
   switch (w.format) {
@@ -68,11 +68,11 @@ void check_weight(const char* fn, const char* arg, const WeightRef<T>& w, Index 
       break;
     }
     default:
-      check(false, fn, std::string(arg) + ".format", "out of range", "NdOutIn, NdInOut or Nz",
-            std::to_string(static_cast<int>(w.format)));
+      ATTNREF_CHECK(false, std::invalid_argument, fn, std::string(arg) + ".format", "out of range",
+                    "NdOutIn, NdInOut or Nz", std::to_string(static_cast<int>(w.format)));
   }
-  check(
-      !t.absent() && t.shape == want, fn, std::string(arg) + ".shape",
+  ATTNREF_CHECK(
+      !t.absent() && t.shape == want, std::invalid_argument, fn, std::string(arg) + ".shape",
       w.format == WeightFormat::Nz ? "mismatch (NZ of [out, in])" : "mismatch",
       [&] {
         std::string s = "[";
@@ -186,24 +186,26 @@ void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_th
   detail::check_tensors(fn, "a", in.a, "w", in.w.tensor, "bias", in.bias, "de_scale", in.de_scale,
                         "de_scale_bits", in.de_scale_bits, "token_scale", in.token_scale,
                         "zero_point", in.zero_point, "out", out);
-  check(!in.a.absent() && in.a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
-        detail::shape_str(in.a));
+  ATTNREF_CHECK(!in.a.absent() && in.a.rank() == 2, std::invalid_argument, fn, "a.shape", "not 2-D",
+                "[M, K]", detail::shape_str(in.a));
   const Index M = in.a.dim(0), K = in.a.dim(1), N = in.w.out;
-  check(K > 0 && K <= (Index{1} << 16), fn, "a.shape[1]", "out of range", "(0, 65536]",
-        std::to_string(K));
+  ATTNREF_CHECK(K > 0 && K <= (Index{1} << 16), std::invalid_argument, fn, "a.shape[1]",
+                "out of range", "(0, 65536]", std::to_string(K));
   check_weight(fn, "w", in.w, N, K);
   check_matrix(fn, "out", out, M, N);
-  check(in.de_scale.absent() != in.de_scale_bits.absent(), fn, "de_scale / de_scale_bits",
-        "exactly one is required", "one of them", "none or both");
+  ATTNREF_CHECK(in.de_scale.absent() != in.de_scale_bits.absent(), std::invalid_argument, fn,
+                "de_scale / de_scale_bits", "exactly one is required", "one of them",
+                "none or both");
   if (!in.de_scale.absent()) check_vector(fn, "de_scale", in.de_scale, N);
   if (!in.de_scale_bits.absent()) check_vector(fn, "de_scale_bits", in.de_scale_bits, N);
   const bool per_token = !in.token_scale.absent();
   if (per_token) check_vector(fn, "token_scale", in.token_scale, M);
-  check(in.zero_point.absent() || per_token, fn, "zero_point", "given without token_scale",
-        "token_scale", "none");
+  ATTNREF_CHECK(in.zero_point.absent() || per_token, std::invalid_argument, fn, "zero_point",
+                "given without token_scale", "token_scale", "none");
   if (!in.zero_point.absent()) check_vector(fn, "zero_point", in.zero_point, M);
-  check(in.bias.absent() || !per_token, fn, "bias", "given with per-token scales",
-        "no bias (per-token modes)", detail::shape_str(in.bias));
+  ATTNREF_CHECK(in.bias.absent() || !per_token, std::invalid_argument, fn, "bias",
+                "given with per-token scales", "no bias (per-token modes)",
+                detail::shape_str(in.bias));
   if (!in.bias.absent()) check_vector(fn, "bias", in.bias, N);
   // Nothing has been written yet.
   std::vector<float> ds(static_cast<size_t>(N));
@@ -286,8 +288,8 @@ void float_matmul(const TensorRef<const T>& a, const WeightRef<T>& w, const Tens
   using namespace detail::mla;
   constexpr const char* fn = "float_matmul";
   detail::check_tensors(fn, "a", a, "w", w.tensor, "out", out);
-  check(!a.absent() && a.rank() == 2, fn, "a.shape", "not 2-D", "[M, K]",
-        detail::shape_str(a));
+  ATTNREF_CHECK(!a.absent() && a.rank() == 2, std::invalid_argument, fn, "a.shape", "not 2-D",
+                "[M, K]", detail::shape_str(a));
   const Index M = a.dim(0), K = a.dim(1), N = w.out;
   check_weight(fn, "w", w, N, K);
   check_matrix(fn, "out", out, M, N);

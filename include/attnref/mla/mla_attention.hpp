@@ -64,21 +64,23 @@ template <class T>
 void check_cache_table(const char* fn, const TensorRef<const T>& cache,
                        const TensorRef<const std::int32_t>& table, const std::vector<Index>& lens,
                        Index B, Index width) {
-  check(!cache.absent() && cache.rank() == 4 && cache.dim(1) > 0 && cache.dim(2) == 1 &&
-            cache.dim(3) == width,
-        fn, "kv_cache.shape", "mismatch", "[blocks, blockSize, 1, " + std::to_string(width) + "]",
-        detail::shape_str(cache));
-  check(!table.absent() && table.rank() == 2 && table.dim(0) == B, fn, "block_table.shape",
-        "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", detail::shape_str(table));
-  check(static_cast<Index>(lens.size()) == B, fn, "context_lens", "size mismatch",
-        std::to_string(B), std::to_string(lens.size()));
+  ATTNREF_CHECK(!cache.absent() && cache.rank() == 4 && cache.dim(1) > 0 && cache.dim(2) == 1 &&
+                    cache.dim(3) == width,
+                std::invalid_argument, fn, "kv_cache.shape", "mismatch",
+                "[blocks, blockSize, 1, " + std::to_string(width) + "]", detail::shape_str(cache));
+  ATTNREF_CHECK(!table.absent() && table.rank() == 2 && table.dim(0) == B, std::invalid_argument,
+                fn, "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
+                detail::shape_str(table));
+  ATTNREF_CHECK(static_cast<Index>(lens.size()) == B, std::invalid_argument, fn, "context_lens",
+                "size mismatch", std::to_string(B), std::to_string(lens.size()));
   const Index bs = cache.dim(1);
   const Index capacity =
       detail::checked_mul(fn, "block_table.shape[1] * blockSize", table.dim(1), bs);
   for (Index b = 0; b < B; ++b) {
     const Index l = lens[static_cast<size_t>(b)];
-    check(l >= 0 && l <= capacity, fn, "context_lens[" + std::to_string(b) + "]", "out of range",
-          "[0, " + std::to_string(capacity) + "]", std::to_string(l));
+    ATTNREF_CHECK(l >= 0 && l <= capacity, std::invalid_argument, fn,
+                  "context_lens[" + std::to_string(b) + "]", "out of range",
+                  "[0, " + std::to_string(capacity) + "]", std::to_string(l));
     for (Index j = 0; j * bs < l; ++j) {
       const std::int32_t id = table.data[b * table.dim(1) + j];
       ATTNREF_CHECK(id >= 0 && id < cache.dim(0), std::out_of_range, fn,
@@ -99,21 +101,23 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
                 "mla_decode: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode";
-  detail::check_tensors(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table, "out", out);
+  detail::check_tensors(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table,
+                        "out", out);
   const Index C = params.kv_lora_rank, R = params.rope_dim;
-  check(C > 0 && R >= 0, fn, "params.kv_lora_rank / rope_dim", "out of range", "C > 0, R >= 0",
-        std::to_string(C) + " / " + std::to_string(R));
+  ATTNREF_CHECK(C > 0 && R >= 0, std::invalid_argument, fn, "params.kv_lora_rank / rope_dim",
+                "out of range", "C > 0, R >= 0", std::to_string(C) + " / " + std::to_string(R));
   const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
-  check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
-        std::to_string(params.scale));
-  check(!in.q.absent() && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W, fn,
-        "q.shape", "mismatch", "[B, heads, " + std::to_string(W) + "]", detail::shape_str(in.q));
+  ATTNREF_CHECK(std::isfinite(params.scale), std::invalid_argument, fn, "params.scale",
+                "not finite", "a finite value", std::to_string(params.scale));
+  ATTNREF_CHECK(!in.q.absent() && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W,
+                std::invalid_argument, fn, "q.shape", "mismatch",
+                "[B, heads, " + std::to_string(W) + "]", detail::shape_str(in.q));
   const Index B = in.q.dim(0), H = in.q.dim(1);
-  check(!out.absent() && out.rank() == 3 && out.dim(0) == B && out.dim(1) == H &&
-            out.dim(2) == C,
-        fn, "out.shape", "mismatch",
-        "[" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
-        detail::shape_str(out));
+  ATTNREF_CHECK(
+      !out.absent() && out.rank() == 3 && out.dim(0) == B && out.dim(1) == H && out.dim(2) == C,
+      std::invalid_argument, fn, "out.shape", "mismatch",
+      "[" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
+      detail::shape_str(out));
   check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
   const Index blocks = in.kv_cache.dim(0), bs = in.kv_cache.dim(1);
   AttentionInputs<T, T> e;
@@ -140,24 +144,26 @@ void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInp
   detail::check_tensors(fn, "q_nope", in.q_nope, "q_rope", in.q_rope, "wuk", in.wuk, "kv_cache",
                         in.kv_cache, "block_table", in.block_table, "out", out);
   const Index C = params.kv_lora_rank, R = params.rope_dim;
-  check(C > 0 && R >= 0, fn, "params.kv_lora_rank / rope_dim", "out of range", "C > 0, R >= 0",
-        std::to_string(C) + " / " + std::to_string(R));
+  ATTNREF_CHECK(C > 0 && R >= 0, std::invalid_argument, fn, "params.kv_lora_rank / rope_dim",
+                "out of range", "C > 0, R >= 0", std::to_string(C) + " / " + std::to_string(R));
   const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
-  check(std::isfinite(params.scale), fn, "params.scale", "not finite", "a finite value",
-        std::to_string(params.scale));
-  check(!in.q_nope.absent() && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 &&
-            in.q_nope.dim(2) > 0,
-        fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]", detail::shape_str(in.q_nope));
+  ATTNREF_CHECK(std::isfinite(params.scale), std::invalid_argument, fn, "params.scale",
+                "not finite", "a finite value", std::to_string(params.scale));
+  ATTNREF_CHECK(
+      !in.q_nope.absent() && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 && in.q_nope.dim(2) > 0,
+      std::invalid_argument, fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]",
+      detail::shape_str(in.q_nope));
   const Index B = in.q_nope.dim(0), H = in.q_nope.dim(1), P = in.q_nope.dim(2);
   const std::string bh = "[" + std::to_string(B) + ", " + std::to_string(H) + ", ";
-  check(!in.q_rope.absent() && in.q_rope.shape == std::vector<Index>{B, H, R}, fn,
-        "q_rope.shape", "mismatch", bh + std::to_string(R) + "]", detail::shape_str(in.q_rope));
-  check(!in.wuk.absent() && in.wuk.shape == std::vector<Index>{H, P, C}, fn, "wuk.shape",
-        "mismatch",
-        "[" + std::to_string(H) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
-        detail::shape_str(in.wuk));
-  check(!out.absent() && out.shape == std::vector<Index>{B, H, C}, fn, "out.shape",
-        "mismatch", bh + std::to_string(C) + "]", detail::shape_str(out));
+  ATTNREF_CHECK((!in.q_rope.absent() && in.q_rope.shape == std::vector<Index>{B, H, R}),
+                std::invalid_argument, fn, "q_rope.shape", "mismatch", bh + std::to_string(R) + "]",
+                detail::shape_str(in.q_rope));
+  ATTNREF_CHECK((!in.wuk.absent() && in.wuk.shape == std::vector<Index>{H, P, C}),
+                std::invalid_argument, fn, "wuk.shape", "mismatch",
+                "[" + std::to_string(H) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
+                detail::shape_str(in.wuk));
+  ATTNREF_CHECK((!out.absent() && out.shape == std::vector<Index>{B, H, C}), std::invalid_argument,
+                fn, "out.shape", "mismatch", bh + std::to_string(C) + "]", detail::shape_str(out));
   check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
   const Index bs = in.kv_cache.dim(1);
   Index L = 1;

@@ -95,55 +95,64 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
   const MlaDims& d = params.dims;
   const Index H0 = d.hidden_size, C = d.kv_lora_rank, R = d.rope_dim, Q = d.q_lora_rank,
               P = d.nope_dim;
-  check(H0 > 0 && C > 0 && R > 0 && R % 2 == 0 && Q > 0 && P > 0, fn, "params.dims",
-        "not positive (rope_dim even)", "positive sizes",
-        "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " + std::to_string(R) +
-            ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
+  ATTNREF_CHECK(H0 > 0 && C > 0 && R > 0 && R % 2 == 0 && Q > 0 && P > 0, std::invalid_argument, fn,
+                "params.dims", "not positive (rope_dim even)", "positive sizes",
+                "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " +
+                    std::to_string(R) + ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
   constexpr Index kDimLimit = Index(1) << 31;  // ATB's dims are int32: sums and products of two fit
-  check(H0 < kDimLimit && C < kDimLimit && R < kDimLimit && Q < kDimLimit && P < kDimLimit, fn,
-        "params.dims", "too large", "each below 2^31",
-        "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " + std::to_string(R) +
-            ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
+  ATTNREF_CHECK(H0 < kDimLimit && C < kDimLimit && R < kDimLimit && Q < kDimLimit && P < kDimLimit,
+                std::invalid_argument, fn, "params.dims", "too large", "each below 2^31",
+                "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " +
+                    std::to_string(R) + ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
   const Index W1 = C + R + Q;
-  check(params.wdq_dim == 0 || Index(params.wdq_dim) == Q, fn, "params.wdq_dim",
-        "differs from dims.q_lora_rank", "0 or " + std::to_string(Q),
-        std::to_string(params.wdq_dim));
-  check(params.q_rope_dim == 0 || Index(params.q_rope_dim) == R, fn, "params.q_rope_dim",
-        "differs from dims.rope_dim", "0 or " + std::to_string(R),
-        std::to_string(params.q_rope_dim));
-  check(params.k_rope_dim == 0 || Index(params.k_rope_dim) == R, fn, "params.k_rope_dim",
-        "differs from dims.rope_dim", "0 or " + std::to_string(R),
-        std::to_string(params.k_rope_dim));
-  check(params.q_rotary_coeff == 2 && params.k_rotary_coeff == 2, fn,
-        "params.q_rotary_coeff / k_rotary_coeff", "not supported", "2 (rotate half)",
-        std::to_string(params.q_rotary_coeff) + " / " + std::to_string(params.k_rotary_coeff));
-  check(params.transpose_wuk, fn, "params.transpose_wuk", "not supported", "true", "false");
-  check(params.epsilon >= 0.0f && std::isfinite(params.epsilon), fn, "params.epsilon",
-        "out of range", ">= 0 and finite", std::to_string(params.epsilon));
+  ATTNREF_CHECK(params.wdq_dim == 0 || Index(params.wdq_dim) == Q, std::invalid_argument, fn,
+                "params.wdq_dim", "differs from dims.q_lora_rank", "0 or " + std::to_string(Q),
+                std::to_string(params.wdq_dim));
+  ATTNREF_CHECK(params.q_rope_dim == 0 || Index(params.q_rope_dim) == R, std::invalid_argument, fn,
+                "params.q_rope_dim", "differs from dims.rope_dim", "0 or " + std::to_string(R),
+                std::to_string(params.q_rope_dim));
+  ATTNREF_CHECK(params.k_rope_dim == 0 || Index(params.k_rope_dim) == R, std::invalid_argument, fn,
+                "params.k_rope_dim", "differs from dims.rope_dim", "0 or " + std::to_string(R),
+                std::to_string(params.k_rope_dim));
+  ATTNREF_CHECK(
+      params.q_rotary_coeff == 2 && params.k_rotary_coeff == 2, std::invalid_argument, fn,
+      "params.q_rotary_coeff / k_rotary_coeff", "not supported", "2 (rotate half)",
+      std::to_string(params.q_rotary_coeff) + " / " + std::to_string(params.k_rotary_coeff));
+  ATTNREF_CHECK(params.transpose_wuk, std::invalid_argument, fn, "params.transpose_wuk",
+                "not supported", "true", "false");
+  ATTNREF_CHECK(params.epsilon >= 0.0f && std::isfinite(params.epsilon), std::invalid_argument, fn,
+                "params.epsilon", "out of range", ">= 0 and finite",
+                std::to_string(params.epsilon));
   const int qm = static_cast<int>(params.quant_mode);
-  check(qm >= 0 && qm <= 3, fn, "params.quant_mode", "out of range", "0 to 3", std::to_string(qm));
+  ATTNREF_CHECK(qm >= 0 && qm <= 3, std::invalid_argument, fn, "params.quant_mode", "out of range",
+                "0 to 3", std::to_string(qm));
   const MlaQuantMode mode = params.quant_mode;
   const MlaCacheMode cm = params.cache_mode;
   const bool unquant = mode == MlaQuantMode::Unquant;
   const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
 
-  check(!in.input.absent() && in.input.rank() == 2 && in.input.dim(1) == H0, fn,
-        "input.shape", "mismatch", "[N, " + std::to_string(H0) + "]", detail::shape_str(in.input));
+  ATTNREF_CHECK(!in.input.absent() && in.input.rank() == 2 && in.input.dim(1) == H0,
+                std::invalid_argument, fn, "input.shape", "mismatch",
+                "[N, " + std::to_string(H0) + "]", detail::shape_str(in.input));
   const Index N = in.input.dim(0);
-  check(N > 0, fn, "input.shape[0]", "no tokens", ">= 1", std::to_string(N));
+  ATTNREF_CHECK(N > 0, std::invalid_argument, fn, "input.shape[0]", "no tokens", ">= 1",
+                std::to_string(N));
   const auto& wk = in.wuk.tensor;
-  check(!wk.absent() && (wk.rank() == 3 || wk.rank() == 4) && wk.dim(0) > 0, fn, "wuk.shape",
-        "not [heads, P, C] or NZ", "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]",
-        detail::shape_str(wk));
+  ATTNREF_CHECK(!wk.absent() && (wk.rank() == 3 || wk.rank() == 4) && wk.dim(0) > 0,
+                std::invalid_argument, fn, "wuk.shape", "not [heads, P, C] or NZ",
+                "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]",
+                detail::shape_str(wk));
   const Index NH = wk.dim(0), W2 = NH * (P + R);
   if (!in.wuk.nz)
-    check(wk.rank() == 3 && wk.dim(1) == P && wk.dim(2) == C, fn, "wuk.shape", "mismatch",
-          "[" + std::to_string(NH) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
-          detail::shape_str(wk));
+    ATTNREF_CHECK(
+        wk.rank() == 3 && wk.dim(1) == P && wk.dim(2) == C, std::invalid_argument, fn, "wuk.shape",
+        "mismatch",
+        "[" + std::to_string(NH) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
+        detail::shape_str(wk));
   else
-    check(
+    ATTNREF_CHECK(
         wk.rank() == 4 && wk.dim(1) * 16 == C && wk.dim(2) == (P + 15) / 16 * 16 && wk.dim(3) == 16,
-        fn, "wuk.shape", "mismatch (NZ)",
+        std::invalid_argument, fn, "wuk.shape", "mismatch (NZ)",
         "[" + std::to_string(NH) + ", " + std::to_string(C / 16) + ", " +
             std::to_string((P + 15) / 16 * 16) + ", 16]",
         detail::shape_str(wk));
@@ -162,11 +171,12 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
       check_vector(fn, sn, s, 1);
       check_vector(fn, on, o, 1);
       const float v = static_cast<float>(s.data[0]);
-      check(v != 0.0f && std::isfinite(v), fn, sn, "not usable", "finite and nonzero",
-            std::to_string(v));
+      ATTNREF_CHECK(v != 0.0f && std::isfinite(v), std::invalid_argument, fn, sn, "not usable",
+                    "finite and nonzero", std::to_string(v));
     } else {
-      check(s.absent() && o.absent(), fn, std::string(sn) + " / " + on,
-            "given for a mode without a static scale", "none", detail::shape_str(s));
+      ATTNREF_CHECK(s.absent() && o.absent(), std::invalid_argument, fn,
+                    std::string(sn) + " / " + on, "given for a mode without a static scale", "none",
+                    detail::shape_str(s));
     }
   };
   static_scale(in.quant_scale0, in.quant_offset0, "quant_scale0", "quant_offset0");
@@ -178,23 +188,23 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
                          const std::string& wn, const std::string& sn, const std::string& bn) {
     if (unquant) {
       check_weight(fn, (wn + "_float").c_str(), wf, rows, cols);
-      check(w.tensor.absent() && ds.absent() && db.absent() && bias.absent(), fn,
-            wn + " / " + sn + " / " + bn, "given in Unquant mode", "none (" + wn + "_float)",
-            "a tensor");
+      ATTNREF_CHECK(w.tensor.absent() && ds.absent() && db.absent() && bias.absent(),
+                    std::invalid_argument, fn, wn + " / " + sn + " / " + bn,
+                    "given in Unquant mode", "none (" + wn + "_float)", "a tensor");
       return;
     }
     check_weight(fn, wn.c_str(), w, rows, cols);
-    check(wf.tensor.absent(), fn, wn + "_float", "given in a quantized mode", "none",
-          detail::shape_str(wf.tensor));
-    check(ds.absent() != db.absent(), fn, sn + " / " + sn + "_bits", "exactly one is required",
-          "one of them", "none or both");
+    ATTNREF_CHECK(wf.tensor.absent(), std::invalid_argument, fn, wn + "_float",
+                  "given in a quantized mode", "none", detail::shape_str(wf.tensor));
+    ATTNREF_CHECK(ds.absent() != db.absent(), std::invalid_argument, fn, sn + " / " + sn + "_bits",
+                  "exactly one is required", "one of them", "none or both");
     if (!ds.absent()) check_vector(fn, sn.c_str(), ds, rows);
     if (!db.absent()) check_vector(fn, (sn + "_bits").c_str(), db, rows);
     if (per_tensor) {
       if (!bias.absent()) check_vector(fn, bn.c_str(), bias, rows);
     } else {
-      check(bias.absent(), fn, bn, "given with per-token quantization", "none",
-            detail::shape_str(bias));
+      ATTNREF_CHECK(bias.absent(), std::invalid_argument, fn, bn,
+                    "given with per-token quantization", "none", detail::shape_str(bias));
     }
   };
   matmul_args(in.wdqkv, in.wdqkv_float, in.de_scale0, in.de_scale0_bits, in.bias0, W1, H0, "wdqkv",
@@ -206,43 +216,47 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
     return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
   };
   auto out3 = [&](const auto& t, const char* name, Index w) {
-    check(!t.absent() && t.rank() == 3 && t.dim(0) == N && t.dim(1) == NH && t.dim(2) == w,
-          fn, std::string(name) + ".shape", "mismatch", shape3(N, NH, w), detail::shape_str(t));
+    ATTNREF_CHECK(!t.absent() && t.rank() == 3 && t.dim(0) == N && t.dim(1) == NH && t.dim(2) == w,
+                  std::invalid_argument, fn, std::string(name) + ".shape", "mismatch",
+                  shape3(N, NH, w), detail::shape_str(t));
   };
   const int cmi = static_cast<int>(cm);
-  check(cmi >= 0 && cmi <= 3, fn, "params.cache_mode", "out of range", "0 to 3",
-        std::to_string(cmi));
+  ATTNREF_CHECK(cmi >= 0 && cmi <= 3, std::invalid_argument, fn, "params.cache_mode",
+                "out of range", "0 to 3", std::to_string(cmi));
   const bool int8_q = cm == MlaCacheMode::Int8NzCache;
   if (cm == MlaCacheMode::KvCache) {
     out3(out.q_out, "q_out", C + R);
-    check(out.q_out_i8.absent() && out.q_rope_out.absent(), fn, "q_out_i8 / q_rope_out",
-          "given with cache_mode KvCache", "none", "a tensor");
+    ATTNREF_CHECK(out.q_out_i8.absent() && out.q_rope_out.absent(), std::invalid_argument, fn,
+                  "q_out_i8 / q_rope_out", "given with cache_mode KvCache", "none", "a tensor");
   } else {
     out3(out.q_rope_out, "q_rope_out", R);
     if (int8_q) {
       out3(out.q_out_i8, "q_out_i8", C);
-      check(out.q_out.absent(), fn, "q_out", "given with cache_mode Int8NzCache", "none (q_out_i8)",
-            detail::shape_str(out.q_out));
+      ATTNREF_CHECK(out.q_out.absent(), std::invalid_argument, fn, "q_out",
+                    "given with cache_mode Int8NzCache", "none (q_out_i8)",
+                    detail::shape_str(out.q_out));
     } else {
       out3(out.q_out, "q_out", C);
-      check(out.q_out_i8.absent(), fn, "q_out_i8", "given without cache_mode Int8NzCache", "none",
-            detail::shape_str(out.q_out_i8));
+      ATTNREF_CHECK(out.q_out_i8.absent(), std::invalid_argument, fn, "q_out_i8",
+                    "given without cache_mode Int8NzCache", "none",
+                    detail::shape_str(out.q_out_i8));
     }
   }
   const auto [blocks, bs] = check_caches(fn, cm, out.caches, C, R);
   const bool nz_cache = cm == MlaCacheMode::Int8NzCache || cm == MlaCacheMode::NzCache;
-  check(nz_cache ? bs == 128 : (bs <= 128 || bs == 256), fn, "caches block size",
-        "not supported by ATB", nz_cache ? "128 (NZ caches)" : "1 to 128, or 256",
-        std::to_string(bs));
+  ATTNREF_CHECK(nz_cache ? bs == 128 : (bs <= 128 || bs == 256), std::invalid_argument, fn,
+                "caches block size", "not supported by ATB",
+                nz_cache ? "128 (NZ caches)" : "1 to 128, or 256", std::to_string(bs));
   if (int8_q) {
     check_vector(fn, "ctkv_scale", in.ctkv_scale, 1);
     const float v = static_cast<float>(in.ctkv_scale.data[0]);
-    check(v != 0.0f && std::isfinite(v), fn, "ctkv_scale", "not usable", "finite and nonzero",
-          std::to_string(v));
+    ATTNREF_CHECK(v != 0.0f && std::isfinite(v), std::invalid_argument, fn, "ctkv_scale",
+                  "not usable", "finite and nonzero", std::to_string(v));
     check_vector(fn, "q_nope_scale", in.q_nope_scale, NH);
   } else {
-    check(in.ctkv_scale.absent() && in.q_nope_scale.absent(), fn, "ctkv_scale / q_nope_scale",
-          "given without cache_mode Int8NzCache", "none", "a tensor");
+    ATTNREF_CHECK(in.ctkv_scale.absent() && in.q_nope_scale.absent(), std::invalid_argument, fn,
+                  "ctkv_scale / q_nope_scale", "given without cache_mode Int8NzCache", "none",
+                  "a tensor");
   }
   check_slots<T>(fn, in.slot_mapping, N, blocks * bs);
   // Nothing has been written yet; from here on only internal buffers until the last step.

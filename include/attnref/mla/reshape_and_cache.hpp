@@ -40,28 +40,33 @@ template <class T>
 std::pair<Index, Index> check_caches(const char* fn, MlaCacheMode mode, const MlaCaches<T>& c,
                                      Index C, Index R) {
   const int m = static_cast<int>(mode);
-  check(m >= 0 && m <= 3, fn, "cache_mode", "out of range", "0 to 3", std::to_string(m));
+  ATTNREF_CHECK(m >= 0 && m <= 3, std::invalid_argument, fn, "cache_mode", "out of range", "0 to 3",
+                std::to_string(m));
   auto shape4 = [](Index a, Index b, Index x, Index d) {
     return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(x) + ", " +
            std::to_string(d) + "]";
   };
   auto nd = [&](const auto& t, const char* arg, Index width, Index blocks, Index bs) {
-    check(!t.absent() && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
-              (bs < 0 || t.dim(1) == bs) && t.dim(2) == 1 && t.dim(3) == width && t.dim(1) > 0,
-          fn, std::string(arg) + ".shape", "mismatch", shape4(blocks, bs, 1, width) + " (-1: any)",
-          shape_str(t));
+    ATTNREF_CHECK(!t.absent() && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
+                      (bs < 0 || t.dim(1) == bs) && t.dim(2) == 1 && t.dim(3) == width &&
+                      t.dim(1) > 0,
+                  std::invalid_argument, fn, std::string(arg) + ".shape", "mismatch",
+                  shape4(blocks, bs, 1, width) + " (-1: any)", shape_str(t));
   };
   auto nz = [&](const auto& t, const char* arg, Index width, Index c0, Index blocks, Index bs) {
-    check(width % c0 == 0, fn, std::string(arg), "width not a multiple of C0",
-          "a multiple of " + std::to_string(c0), std::to_string(width));
-    check(!t.absent() && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
-              t.dim(1) == width / c0 && (bs < 0 || t.dim(2) == bs) && t.dim(3) == c0 &&
-              t.dim(2) > 0 && t.dim(2) % 16 == 0,
-          fn, std::string(arg) + ".shape", "mismatch (NZ; block size a multiple of 16)",
-          shape4(blocks, width / c0, bs, c0) + " (-1: any)", shape_str(t));
+    ATTNREF_CHECK(width % c0 == 0, std::invalid_argument, fn, std::string(arg),
+                  "width not a multiple of C0", "a multiple of " + std::to_string(c0),
+                  std::to_string(width));
+    ATTNREF_CHECK(!t.absent() && t.rank() == 4 && (blocks < 0 || t.dim(0) == blocks) &&
+                      t.dim(1) == width / c0 && (bs < 0 || t.dim(2) == bs) && t.dim(3) == c0 &&
+                      t.dim(2) > 0 && t.dim(2) % 16 == 0,
+                  std::invalid_argument, fn, std::string(arg) + ".shape",
+                  "mismatch (NZ; block size a multiple of 16)",
+                  shape4(blocks, width / c0, bs, c0) + " (-1: any)", shape_str(t));
   };
   auto none = [&](bool absent, const char* arg) {
-    check(absent, fn, arg, "given for another cache mode", "none", "a tensor");
+    ATTNREF_CHECK(absent, std::invalid_argument, fn, arg, "given for another cache mode", "none",
+                  "a tensor");
   };
   switch (mode) {
     case MlaCacheMode::KvCache:
@@ -154,23 +159,24 @@ void mla_reshape_and_cache(MlaCacheMode mode, const TensorRef<const T>& k_nope,
   detail::check_tensors(fn, "k_nope", k_nope, "k_rope", k_rope, "slot_mapping", slot_mapping,
                         "quant_scale3", quant_scale3, "kv_cache", caches.kv_cache, "ctkv",
                         caches.ctkv, "ctkv_i8", caches.ctkv_i8, "krope", caches.krope);
-  check(!k_nope.absent() && k_nope.rank() == 2, fn, "k_nope.shape", "not 2-D", "[N, C]",
-        detail::shape_str(k_nope));
+  ATTNREF_CHECK(!k_nope.absent() && k_nope.rank() == 2, std::invalid_argument, fn, "k_nope.shape",
+                "not 2-D", "[N, C]", detail::shape_str(k_nope));
   const Index N = k_nope.dim(0), C = k_nope.dim(1);
-  check(!k_rope.absent() && k_rope.rank() == 2 && k_rope.dim(0) == N, fn, "k_rope.shape",
-        "mismatch", "[" + std::to_string(N) + ", R]", detail::shape_str(k_rope));
+  ATTNREF_CHECK(!k_rope.absent() && k_rope.rank() == 2 && k_rope.dim(0) == N, std::invalid_argument,
+                fn, "k_rope.shape", "mismatch", "[" + std::to_string(N) + ", R]",
+                detail::shape_str(k_rope));
   const Index R = k_rope.dim(1);
   const auto [blocks, bs] = check_caches(fn, mode, caches, C, R);
   float inv3 = 0.0f;
   if (mode == MlaCacheMode::Int8NzCache) {
     check_vector(fn, "quant_scale3", quant_scale3, 1);
     const float qs = static_cast<float>(quant_scale3.data[0]);
-    check(qs != 0.0f && std::isfinite(qs), fn, "quant_scale3", "not usable", "finite and nonzero",
-          std::to_string(qs));
+    ATTNREF_CHECK(qs != 0.0f && std::isfinite(qs), std::invalid_argument, fn, "quant_scale3",
+                  "not usable", "finite and nonzero", std::to_string(qs));
     inv3 = static_cast<float>(T(1.0 / double(qs)));
   } else {
-    check(quant_scale3.absent(), fn, "quant_scale3", "given outside Int8NzCache", "none",
-          detail::shape_str(quant_scale3));
+    ATTNREF_CHECK(quant_scale3.absent(), std::invalid_argument, fn, "quant_scale3",
+                  "given outside Int8NzCache", "none", detail::shape_str(quant_scale3));
   }
   check_slots<T>(fn, slot_mapping, N, blocks * bs);
   write_caches(mode, k_nope.data, k_rope.data, slot_mapping.data, N, C, R, bs, inv3, caches);

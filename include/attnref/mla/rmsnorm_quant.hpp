@@ -67,11 +67,6 @@ float round_to(float x) {
   return static_cast<float>(T(x));
 }
 
-inline void check(bool ok, const char* fn, const std::string& arg, const std::string& what,
-                  const std::string& expected, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
-}
-
 inline std::string dims(Index a, Index b) {
   return "[" + std::to_string(a) + ", " + std::to_string(b) + "]";
 }
@@ -79,13 +74,15 @@ inline std::string dims(Index a, Index b) {
 /// A 2-D tensor [rows, cols] (any rank-2 shape) or a vector of `n` values.
 template <class T>
 void check_matrix(const char* fn, const char* arg, const TensorRef<T>& t, Index rows, Index cols) {
-  check(!t.absent() && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols, fn,
-        std::string(arg) + ".shape", "mismatch", dims(rows, cols), shape_str(t));
+  ATTNREF_CHECK(!t.absent() && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols,
+                std::invalid_argument, fn, std::string(arg) + ".shape", "mismatch",
+                dims(rows, cols), shape_str(t));
 }
 template <class T>
 void check_vector(const char* fn, const char* arg, const TensorRef<T>& t, Index n) {
-  check(!t.absent() && t.numel() == n && t.rank() >= 1, fn, std::string(arg) + ".shape",
-        "mismatch", std::to_string(n) + " values", shape_str(t));
+  ATTNREF_CHECK(!t.absent() && t.numel() == n && t.rank() >= 1, std::invalid_argument, fn,
+                std::string(arg) + ".shape", "mismatch", std::to_string(n) + " values",
+                shape_str(t));
 }
 
 /// y = (x · r) · gamma of one row (fp32), r the row's reciprocal rms.
@@ -112,13 +109,13 @@ void rms_norm(const TensorRef<const T>& x, const TensorRef<const T>& gamma, floa
                 "rms_norm: half, bfloat16 or float");
   constexpr const char* fn = "rms_norm";
   detail::check_tensors(fn, "x", x, "gamma", gamma, "out", out);
-  detail::mla::check(!x.absent() && x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
-                     detail::shape_str(x));
+  ATTNREF_CHECK(!x.absent() && x.rank() == 2, std::invalid_argument, fn, "x.shape", "not 2-D",
+                "[rows, n]", detail::shape_str(x));
   const Index rows = x.dim(0), n = x.dim(1);
   detail::mla::check_vector(fn, "gamma", gamma, n);
   detail::mla::check_matrix(fn, "out", out, rows, n);
-  detail::mla::check(epsilon >= 0.0f && std::isfinite(epsilon), fn, "epsilon", "out of range",
-                     ">= 0 and finite", std::to_string(epsilon));
+  ATTNREF_CHECK(epsilon >= 0.0f && std::isfinite(epsilon), std::invalid_argument, fn, "epsilon",
+                "out of range", ">= 0 and finite", std::to_string(epsilon));
   std::vector<float> y(static_cast<size_t>(n));
   for (Index r = 0; r < rows; ++r) {
     detail::mla::rms_row(x.data + r * n, gamma.data, n, epsilon, y.data());
@@ -157,11 +154,12 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
                         in.quant_scale, "quant_offset", in.quant_offset, "q", out.q, "descale",
                         out.descale, "zero_point", out.zero_point, "unquant", out.unquant);
   const int m = static_cast<int>(mode);
-  check(m >= 0 && m <= 3, fn, "mode", "out of range", "0 to 3", std::to_string(m));
-  check(!in.x.absent() && in.x.rank() == 2, fn, "x.shape", "not 2-D", "[rows, n]",
-        detail::shape_str(in.x));
-  check(epsilon >= 0.0f && std::isfinite(epsilon), fn, "epsilon", "out of range", ">= 0 and finite",
-        std::to_string(epsilon));
+  ATTNREF_CHECK(m >= 0 && m <= 3, std::invalid_argument, fn, "mode", "out of range", "0 to 3",
+                std::to_string(m));
+  ATTNREF_CHECK(!in.x.absent() && in.x.rank() == 2, std::invalid_argument, fn, "x.shape", "not 2-D",
+                "[rows, n]", detail::shape_str(in.x));
+  ATTNREF_CHECK(epsilon >= 0.0f && std::isfinite(epsilon), std::invalid_argument, fn, "epsilon",
+                "out of range", ">= 0 and finite", std::to_string(epsilon));
   const Index rows = in.x.dim(0), n = in.x.dim(1);
   check_vector(fn, "gamma", in.gamma, n);
   if (!in.beta.absent()) check_vector(fn, "beta", in.beta, n);
@@ -171,31 +169,34 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
     check_vector(fn, "quant_scale", in.quant_scale, 1);
     check_vector(fn, "quant_offset", in.quant_offset, 1);
     const float qs = static_cast<float>(in.quant_scale.data[0]);
-    check(qs != 0.0f && std::isfinite(qs), fn, "quant_scale", "not usable", "finite and nonzero",
-          std::to_string(qs));
+    ATTNREF_CHECK(qs != 0.0f && std::isfinite(qs), std::invalid_argument, fn, "quant_scale",
+                  "not usable", "finite and nonzero", std::to_string(qs));
   } else {
-    check(in.quant_scale.absent() && in.quant_offset.absent(), fn, "quant_scale / quant_offset",
-          "given for a mode without a static scale", "none", detail::shape_str(in.quant_scale));
+    ATTNREF_CHECK(in.quant_scale.absent() && in.quant_offset.absent(), std::invalid_argument, fn,
+                  "quant_scale / quant_offset", "given for a mode without a static scale", "none",
+                  detail::shape_str(in.quant_scale));
   }
   if (mode == MlaQuantMode::Unquant) {
     check_matrix(fn, "out.unquant", out.unquant, rows, n);
-    check(out.q.absent() && out.descale.absent() && out.zero_point.absent(), fn, "out.q",
-          "given in Unquant mode", "none", detail::shape_str(out.q));
+    ATTNREF_CHECK(out.q.absent() && out.descale.absent() && out.zero_point.absent(),
+                  std::invalid_argument, fn, "out.q", "given in Unquant mode", "none",
+                  detail::shape_str(out.q));
   } else {
     check_matrix(fn, "out.q", out.q, rows, n);
-    check(out.unquant.absent(), fn, "out.unquant", "given in a quantized mode", "none",
-          detail::shape_str(out.unquant));
+    ATTNREF_CHECK(out.unquant.absent(), std::invalid_argument, fn, "out.unquant",
+                  "given in a quantized mode", "none", detail::shape_str(out.unquant));
   }
   if (per_token)
     check_vector(fn, "out.descale", out.descale, rows);
   else
-    check(out.descale.absent(), fn, "out.descale", "given in a mode without per-token scales",
-          "none", detail::shape_str(out.descale));
+    ATTNREF_CHECK(out.descale.absent(), std::invalid_argument, fn, "out.descale",
+                  "given in a mode without per-token scales", "none",
+                  detail::shape_str(out.descale));
   if (mode == MlaQuantMode::PerTokenAsymm)
     check_vector(fn, "out.zero_point", out.zero_point, rows);
   else
-    check(out.zero_point.absent(), fn, "out.zero_point", "given outside PerTokenAsymm", "none",
-          detail::shape_str(out.zero_point));
+    ATTNREF_CHECK(out.zero_point.absent(), std::invalid_argument, fn, "out.zero_point",
+                  "given outside PerTokenAsymm", "none", detail::shape_str(out.zero_point));
 
   std::vector<float> y(static_cast<size_t>(n));
   const float inv =

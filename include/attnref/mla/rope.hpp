@@ -59,26 +59,28 @@ void rope_rotate_half(const TensorRef<const T>& x, const TensorRef<const T>& sin
   using namespace detail::mla;
   constexpr const char* fn = "rope_rotate_half";
   detail::check_tensors(fn, "x", x, "sin", sin, "cos", cos, "out", out);
-  check(rotary_coeff == 2, fn, "rotary_coeff", "not supported", "2 (rotate half)",
-        std::to_string(rotary_coeff));
-  check(!sin.absent() && sin.rank() == 2, fn, "sin.shape", "not 2-D", "[N, R]",
-        detail::shape_str(sin));
+  ATTNREF_CHECK(rotary_coeff == 2, std::invalid_argument, fn, "rotary_coeff", "not supported",
+                "2 (rotate half)", std::to_string(rotary_coeff));
+  ATTNREF_CHECK(!sin.absent() && sin.rank() == 2, std::invalid_argument, fn, "sin.shape", "not 2-D",
+                "[N, R]", detail::shape_str(sin));
   const Index N = sin.dim(0), R = sin.dim(1);
-  check(R > 0 && R % 2 == 0, fn, "sin.shape[1]", "not a positive even rope width", "even R",
-        std::to_string(R));
-  check(!cos.absent() && cos.shape == sin.shape, fn, "cos.shape", "differs from sin's",
-        detail::shape_str(sin), detail::shape_str(cos));
-  check(heads > 0, fn, "heads", "not positive", ">= 1", std::to_string(heads));
+  ATTNREF_CHECK(R > 0 && R % 2 == 0, std::invalid_argument, fn, "sin.shape[1]",
+                "not a positive even rope width", "even R", std::to_string(R));
+  ATTNREF_CHECK(!cos.absent() && cos.shape == sin.shape, std::invalid_argument, fn, "cos.shape",
+                "differs from sin's", detail::shape_str(sin), detail::shape_str(cos));
+  ATTNREF_CHECK(heads > 0, std::invalid_argument, fn, "heads", "not positive", ">= 1",
+                std::to_string(heads));
   auto ok = [&](const auto& t) {
-    return !t.absent() &&
-           ((t.rank() == 2 && t.dim(0) == N && t.dim(1) == heads * R) ||
-            (t.rank() == 3 && t.dim(0) == N && t.dim(1) == heads && t.dim(2) == R));
+    return !t.absent() && ((t.rank() == 2 && t.dim(0) == N && t.dim(1) == heads * R) ||
+                           (t.rank() == 3 && t.dim(0) == N && t.dim(1) == heads && t.dim(2) == R));
   };
   const std::string want = "[" + std::to_string(N) + ", " + std::to_string(heads * R) + "] or [" +
                            std::to_string(N) + ", " + std::to_string(heads) + ", " +
                            std::to_string(R) + "]";
-  check(ok(x), fn, "x.shape", "mismatch", want, detail::shape_str(x));
-  check(ok(out), fn, "out.shape", "mismatch", want, detail::shape_str(out));
+  ATTNREF_CHECK(ok(x), std::invalid_argument, fn, "x.shape", "mismatch", want,
+                detail::shape_str(x));
+  ATTNREF_CHECK(ok(out), std::invalid_argument, fn, "out.shape", "mismatch", want,
+                detail::shape_str(out));
   const bool same = static_cast<const void*>(x.data) == static_cast<const void*>(out.data);
   std::vector<T> tmp(same ? static_cast<size_t>(R) : 0);
   for (Index t = 0; t < N; ++t)
@@ -110,31 +112,32 @@ void q_nope_absorb(const TensorRef<const T>& q, const WukRef<T>& wuk, const Tens
   using namespace detail::mla;
   constexpr const char* fn = "q_nope_absorb";
   detail::check_tensors(fn, "q", q, "wuk", wuk.tensor, "out", out);
-  check(!q.absent() && q.rank() == 3, fn, "q.shape", "not 3-D", "[N, heads, P]",
-        detail::shape_str(q));
+  ATTNREF_CHECK(!q.absent() && q.rank() == 3, std::invalid_argument, fn, "q.shape", "not 3-D",
+                "[N, heads, P]", detail::shape_str(q));
   const Index N = q.dim(0), H = q.dim(1), P = q.dim(2);
   const auto& w = wuk.tensor;
   Index C = 0;
   if (!wuk.nz) {
-    check(!w.absent() && w.rank() == 3 && w.dim(0) == H && w.dim(1) == P, fn, "wuk.shape",
-          "mismatch", "[" + std::to_string(H) + ", " + std::to_string(P) + ", C]",
-          detail::shape_str(w));
+    ATTNREF_CHECK(!w.absent() && w.rank() == 3 && w.dim(0) == H && w.dim(1) == P,
+                  std::invalid_argument, fn, "wuk.shape", "mismatch",
+                  "[" + std::to_string(H) + ", " + std::to_string(P) + ", C]",
+                  detail::shape_str(w));
     C = w.dim(2);
   } else {
     constexpr Index c0 = nz_c0<T>();
-    check(!w.absent() && w.rank() == 4 && w.dim(0) == H && w.dim(2) == (P + 15) / 16 * 16 &&
-              w.dim(3) == c0,
-          fn, "wuk.shape", "mismatch (NZ)",
-          "[" + std::to_string(H) + ", C / " + std::to_string(c0) + ", " +
-              std::to_string((P + 15) / 16 * 16) + ", " + std::to_string(c0) + "]",
-          detail::shape_str(w));
+    ATTNREF_CHECK(!w.absent() && w.rank() == 4 && w.dim(0) == H && w.dim(2) == (P + 15) / 16 * 16 &&
+                      w.dim(3) == c0,
+                  std::invalid_argument, fn, "wuk.shape", "mismatch (NZ)",
+                  "[" + std::to_string(H) + ", C / " + std::to_string(c0) + ", " +
+                      std::to_string((P + 15) / 16 * 16) + ", " + std::to_string(c0) + "]",
+                  detail::shape_str(w));
     C = w.dim(1) * c0;
   }
-  check(!out.absent() && out.rank() == 3 && out.dim(0) == N && out.dim(1) == H &&
-            out.dim(2) == C,
-        fn, "out.shape", "mismatch",
-        "[" + std::to_string(N) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
-        detail::shape_str(out));
+  ATTNREF_CHECK(
+      !out.absent() && out.rank() == 3 && out.dim(0) == N && out.dim(1) == H && out.dim(2) == C,
+      std::invalid_argument, fn, "out.shape", "mismatch",
+      "[" + std::to_string(N) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
+      detail::shape_str(out));
   // Per head: out[t][h][:] = Σ_k q[t][h][k] · wuk[h][k][:], k ascending (fp32 axpys), so each
   // element's sum order is the same for every N and thread count.
   detail::parallel_for(

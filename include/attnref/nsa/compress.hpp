@@ -45,49 +45,56 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
                 "nsa_compress: half or bfloat16 (float: attnref extension)");
   constexpr const char* fn = "nsa_compress";
   detail::check_tensors(fn, "input", input, "weight", weight, "output", output);
-  auto check = [&](bool ok, const std::string& arg, const std::string& what,
-                   const std::string& expected, const std::string& got) {
-    ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
-  };
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   const std::int64_t l = p.compress_block_size, d = p.compress_stride;
-  check(p.layout == "TND", "params.layout", "not supported", "TND", p.layout);
-  check(p.act_seq_len_type == 0, "params.act_seq_len_type", "not supported",
-        "0 (cumulative lengths)", std::to_string(p.act_seq_len_type));
-  check(d >= 1 && l >= d, "params.compress_block_size / compress_stride",
-        "need compress_block_size >= compress_stride >= 1", "l >= d >= 1",
-        std::to_string(l) + " / " + std::to_string(d));
+  ATTNREF_CHECK(p.layout == "TND", std::invalid_argument, "nsa_compress", "params.layout",
+                "not supported", "TND", p.layout);
+  ATTNREF_CHECK(p.act_seq_len_type == 0, std::invalid_argument, "nsa_compress",
+                "params.act_seq_len_type", "not supported", "0 (cumulative lengths)",
+                std::to_string(p.act_seq_len_type));
+  ATTNREF_CHECK(d >= 1 && l >= d, std::invalid_argument, "nsa_compress",
+                "params.compress_block_size / compress_stride",
+                "need compress_block_size >= compress_stride >= 1", "l >= d >= 1",
+                std::to_string(l) + " / " + std::to_string(d));
   if (p.strict)
-    check(l % 16 == 0 && l <= 128 && d % 16 == 0, "params.compress_block_size / compress_stride",
-          "not supported" + rule, "l a multiple of 16 up to 128, d a multiple of 16",
-          std::to_string(l) + " / " + std::to_string(d));
-  check(!input.absent() && input.rank() == 3 && input.dim(1) > 0 && input.dim(2) > 0,
-        "input.shape", "not [T, N, D]", "[T, N, D]", detail::shape_str(input));
+    ATTNREF_CHECK(l % 16 == 0 && l <= 128 && d % 16 == 0, std::invalid_argument, "nsa_compress",
+                  "params.compress_block_size / compress_stride", "not supported" + rule,
+                  "l a multiple of 16 up to 128, d a multiple of 16",
+                  std::to_string(l) + " / " + std::to_string(d));
+  ATTNREF_CHECK(!input.absent() && input.rank() == 3 && input.dim(1) > 0 && input.dim(2) > 0,
+                std::invalid_argument, "nsa_compress", "input.shape", "not [T, N, D]", "[T, N, D]",
+                detail::shape_str(input));
   const Index Tn = input.dim(0), N = input.dim(1), D = input.dim(2);
   if (p.strict)
-    check(N <= 128 && D % 16 == 0 && D <= 256, "input.shape", "not supported" + rule,
-          "N <= 128, D a multiple of 16 up to 256", detail::shape_str(input));
-  check(!weight.absent() && weight.rank() == 2 && weight.dim(0) == l && weight.dim(1) == N,
-        "weight.shape", "mismatch", "[" + std::to_string(l) + ", " + std::to_string(N) + "]",
-        detail::shape_str(weight));
-  check(!act_seq_len.empty(), "act_seq_len", "required", "cumulative lengths", "none");
+    ATTNREF_CHECK(N <= 128 && D % 16 == 0 && D <= 256, std::invalid_argument, "nsa_compress",
+                  "input.shape", "not supported" + rule, "N <= 128, D a multiple of 16 up to 256",
+                  detail::shape_str(input));
+  ATTNREF_CHECK(!weight.absent() && weight.rank() == 2 && weight.dim(0) == l && weight.dim(1) == N,
+                std::invalid_argument, "nsa_compress", "weight.shape", "mismatch",
+                "[" + std::to_string(l) + ", " + std::to_string(N) + "]",
+                detail::shape_str(weight));
+  ATTNREF_CHECK(!act_seq_len.empty(), std::invalid_argument, "nsa_compress", "act_seq_len",
+                "required", "cumulative lengths", "none");
   Index prev = 0, total = 0;
   for (size_t b = 0; b < act_seq_len.size(); ++b) {
     const std::int64_t c = act_seq_len[b];
-    check(c >= prev, "act_seq_len[" + std::to_string(b) + "]", "not cumulative",
-          ">= " + std::to_string(prev), std::to_string(c));
+    ATTNREF_CHECK(c >= prev, std::invalid_argument, "nsa_compress",
+                  "act_seq_len[" + std::to_string(b) + "]", "not cumulative",
+                  ">= " + std::to_string(prev), std::to_string(c));
     total += nsa_compressed_count(c - prev, l, d);
     prev = c;
   }
-  check(prev == Tn, "act_seq_len", "last value differs from input.shape[0]", std::to_string(Tn),
-        std::to_string(prev));
-  check(!output.absent() && output.rank() == 3 && output.dim(0) == total &&
-            output.dim(1) == N && output.dim(2) == D,
-        "output.shape", "mismatch",
-        "[" + std::to_string(total) + ", " + std::to_string(N) + ", " + std::to_string(D) + "]",
-        detail::shape_str(output));
-  check(!detail::overlaps(output, input) && !detail::overlaps(output, weight), "output",
-        "overlaps an input", "memory disjoint from input and weight", "overlapping memory");
+  ATTNREF_CHECK(prev == Tn, std::invalid_argument, "nsa_compress", "act_seq_len",
+                "last value differs from input.shape[0]", std::to_string(Tn), std::to_string(prev));
+  ATTNREF_CHECK(
+      !output.absent() && output.rank() == 3 && output.dim(0) == total && output.dim(1) == N &&
+          output.dim(2) == D,
+      std::invalid_argument, "nsa_compress", "output.shape", "mismatch",
+      "[" + std::to_string(total) + ", " + std::to_string(N) + ", " + std::to_string(D) + "]",
+      detail::shape_str(output));
+  ATTNREF_CHECK(!detail::overlaps(output, input) && !detail::overlaps(output, weight),
+                std::invalid_argument, "nsa_compress", "output", "overlaps an input",
+                "memory disjoint from input and weight", "overlapping memory");
   // Nothing has been written yet.
   std::vector<float> acc(static_cast<size_t>(D));
   Index start = 0, o = 0;

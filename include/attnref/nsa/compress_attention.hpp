@@ -108,12 +108,6 @@ struct NsaVariant {
   }
 };
 
-inline void nsa_check(bool ok, const std::string& arg, const std::string& what,
-                      const std::string& expected, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "nsa_compress_attention_infer", arg, what, expected,
-                got);
-}
-
 inline bool nsa_step16(std::int64_t v, std::int64_t hi) {
   return v >= 16 && v <= hi && v % 16 == 0;
 }
@@ -127,122 +121,145 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                                   int num_threads = 0) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
-  using detail::nsa_check;
   using detail::shape_str;
   detail::check_tensors("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
                         in.value, "atten_mask", in.atten_mask, "block_table", in.block_table,
-                        "output", out.output, "topk", out.topk, "probs", out.probs,
-                        "head_scores", out.head_scores, "group_scores", out.group_scores);
+                        "output", out.output, "topk", out.topk, "probs", out.probs, "head_scores",
+                        out.head_scores, "group_scores", out.group_scores);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   // Block sizes.
   const std::int64_t l = p.compress_block_size, d = p.compress_block_stride,
                      ls = p.select_block_size, k = p.select_block_count;
-  nsa_check(l > 0 && d > 0 && ls > 0 && k > 0, "params block sizes / select_block_count",
-            "not positive", "> 0",
-            std::to_string(l) + ", " + std::to_string(d) + ", " + std::to_string(ls) + ", " +
-                std::to_string(k));
-  nsa_check(l >= d, "params.compress_block_size", "below compress_block_stride",
-            ">= " + std::to_string(d), std::to_string(l));
-  nsa_check(ls >= l, "params.select_block_size", "below compress_block_size",
-            ">= " + std::to_string(l), std::to_string(ls));
-  nsa_check(l % d == 0 && ls % d == 0, "params.compress_block_stride",
-            "must divide compress_block_size and select_block_size", "a divisor of both",
-            "l " + std::to_string(l) + ", d " + std::to_string(d) + ", l' " + std::to_string(ls));
+  ATTNREF_CHECK(l > 0 && d > 0 && ls > 0 && k > 0, std::invalid_argument,
+                "nsa_compress_attention_infer", "params block sizes / select_block_count",
+                "not positive", "> 0",
+                std::to_string(l) + ", " + std::to_string(d) + ", " + std::to_string(ls) + ", " +
+                    std::to_string(k));
+  ATTNREF_CHECK(l >= d, std::invalid_argument, "nsa_compress_attention_infer",
+                "params.compress_block_size", "below compress_block_stride",
+                ">= " + std::to_string(d), std::to_string(l));
+  ATTNREF_CHECK(ls >= l, std::invalid_argument, "nsa_compress_attention_infer",
+                "params.select_block_size", "below compress_block_size", ">= " + std::to_string(l),
+                std::to_string(ls));
+  ATTNREF_CHECK(
+      l % d == 0 && ls % d == 0, std::invalid_argument, "nsa_compress_attention_infer",
+      "params.compress_block_stride", "must divide compress_block_size and select_block_size",
+      "a divisor of both",
+      "l " + std::to_string(l) + ", d " + std::to_string(d) + ", l' " + std::to_string(ls));
   if (p.strict) {
-    nsa_check(detail::nsa_step16(l, 128), "params.compress_block_size", "not supported" + rule,
-              "16, 32, ..., 128", std::to_string(l));
-    nsa_check(detail::nsa_step16(ls, 128), "params.select_block_size", "not supported" + rule,
-              "16, 32, ..., 128", std::to_string(ls));
-    nsa_check(detail::nsa_step16(d, 64), "params.compress_block_stride", "not supported" + rule,
-              "16, 32, 48 or 64", std::to_string(d));
+    ATTNREF_CHECK(detail::nsa_step16(l, 128), std::invalid_argument, "nsa_compress_attention_infer",
+                  "params.compress_block_size", "not supported" + rule, "16, 32, ..., 128",
+                  std::to_string(l));
+    ATTNREF_CHECK(detail::nsa_step16(ls, 128), std::invalid_argument,
+                  "nsa_compress_attention_infer", "params.select_block_size",
+                  "not supported" + rule, "16, 32, ..., 128", std::to_string(ls));
+    ATTNREF_CHECK(detail::nsa_step16(d, 64), std::invalid_argument, "nsa_compress_attention_infer",
+                  "params.compress_block_stride", "not supported" + rule, "16, 32, 48 or 64",
+                  std::to_string(d));
   }
-  nsa_check(p.layout == "TND" || p.layout == "BSND", "params.layout", "not supported",
-            "TND or BSND", p.layout);
-  nsa_check(p.sparse_mode == 0, "params.sparse_mode", "not supported", "0",
-            std::to_string(p.sparse_mode));
-  nsa_check(std::isfinite(p.scale_value), "params.scale_value", "not finite", "a finite value",
-            std::to_string(p.scale_value));
+  ATTNREF_CHECK(p.layout == "TND" || p.layout == "BSND", std::invalid_argument,
+                "nsa_compress_attention_infer", "params.layout", "not supported", "TND or BSND",
+                p.layout);
+  ATTNREF_CHECK(p.sparse_mode == 0, std::invalid_argument, "nsa_compress_attention_infer",
+                "params.sparse_mode", "not supported", "0", std::to_string(p.sparse_mode));
+  ATTNREF_CHECK(std::isfinite(p.scale_value), std::invalid_argument, "nsa_compress_attention_infer",
+                "params.scale_value", "not finite", "a finite value",
+                std::to_string(p.scale_value));
   // Heads and the query.
   const Index N = p.num_heads, KVN = p.num_key_value_heads;
-  nsa_check(N > 0 && KVN > 0 && N % KVN == 0, "params.num_heads",
-            "not a positive multiple of num_key_value_heads",
-            "a multiple of " + std::to_string(KVN), std::to_string(N));
+  ATTNREF_CHECK(N > 0 && KVN > 0 && N % KVN == 0, std::invalid_argument,
+                "nsa_compress_attention_infer", "params.num_heads",
+                "not a positive multiple of num_key_value_heads",
+                "a multiple of " + std::to_string(KVN), std::to_string(N));
   const Index G = N / KVN;
   if (p.strict)
-    nsa_check(G <= 128 && 128 % G == 0, "params.num_heads / num_key_value_heads",
-              "group size not supported" + rule, "a divisor of 128", std::to_string(G));
+    ATTNREF_CHECK(G <= 128 && 128 % G == 0, std::invalid_argument, "nsa_compress_attention_infer",
+                  "params.num_heads / num_key_value_heads", "group size not supported" + rule,
+                  "a divisor of 128", std::to_string(G));
   const bool tnd = p.layout == "TND";
   const auto& q = in.query;
-  nsa_check(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == N,
-            "query.shape", "mismatch",
-            tnd ? "[T, " + std::to_string(N) + ", Dqk]" : "[B, S, " + std::to_string(N) + ", Dqk]",
-            shape_str(q));
+  ATTNREF_CHECK(
+      !q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == N, std::invalid_argument,
+      "nsa_compress_attention_infer", "query.shape", "mismatch",
+      tnd ? "[T, " + std::to_string(N) + ", Dqk]" : "[B, S, " + std::to_string(N) + ", Dqk]",
+      shape_str(q));
   const Index Dqk = q.dim(q.rank() - 1);
   // Batches and lengths.
   const auto& bt = in.block_table;
-  nsa_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
-            "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, std::invalid_argument,
+                "nsa_compress_attention_infer", "block_table.shape", "required: [B, maxBlocks]",
+                "[B, maxBlocks]", shape_str(bt));
   const Index B = bt.dim(0);
   if (p.strict)
-    nsa_check(B <= 10000, "block_table.shape[0]", "batch out of range" + rule, "[1, 10000]",
-              std::to_string(B));
-  nsa_check(static_cast<Index>(in.actual_cmp_kv_seq_len.size()) == B, "actual_cmp_kv_seq_len",
-            "required, one per batch", std::to_string(B),
-            std::to_string(in.actual_cmp_kv_seq_len.size()));
+    ATTNREF_CHECK(B <= 10000, std::invalid_argument, "nsa_compress_attention_infer",
+                  "block_table.shape[0]", "batch out of range" + rule, "[1, 10000]",
+                  std::to_string(B));
+  ATTNREF_CHECK(static_cast<Index>(in.actual_cmp_kv_seq_len.size()) == B, std::invalid_argument,
+                "nsa_compress_attention_infer", "actual_cmp_kv_seq_len", "required, one per batch",
+                std::to_string(B), std::to_string(in.actual_cmp_kv_seq_len.size()));
   const Index S = tnd ? 0 : q.dim(1);
-  nsa_check(tnd || q.dim(0) == B, "query.shape[0]", "differs from block_table's batch",
-            std::to_string(B), shape_str(q));
+  ATTNREF_CHECK(tnd || q.dim(0) == B, std::invalid_argument, "nsa_compress_attention_infer",
+                "query.shape[0]", "differs from block_table's batch", std::to_string(B),
+                shape_str(q));
   std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), cmp(static_cast<size_t>(B));
   if (!in.actual_q_seq_len.empty()) {
-    nsa_check(static_cast<Index>(in.actual_q_seq_len.size()) == B, "actual_q_seq_len",
-              "size mismatch", std::to_string(B), std::to_string(in.actual_q_seq_len.size()));
+    ATTNREF_CHECK(static_cast<Index>(in.actual_q_seq_len.size()) == B, std::invalid_argument,
+                  "nsa_compress_attention_infer", "actual_q_seq_len", "size mismatch",
+                  std::to_string(B), std::to_string(in.actual_q_seq_len.size()));
     for (Index b = 0; b < B; ++b) {
       const std::int64_t v = in.actual_q_seq_len[static_cast<size_t>(b)];
-      nsa_check(v >= 1 && v <= 4 && (tnd || v <= S), "actual_q_seq_len[" + std::to_string(b) + "]",
-                "out of range", tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
+      ATTNREF_CHECK(v >= 1 && v <= 4 && (tnd || v <= S), std::invalid_argument,
+                    "nsa_compress_attention_infer", "actual_q_seq_len[" + std::to_string(b) + "]",
+                    "out of range", tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
       qlen[static_cast<size_t>(b)] = static_cast<Index>(v);
     }
   }
   Index total = 0, max_q = 0;
   for (Index v : qlen) total += v, max_q = std::max(max_q, v);
   if (tnd)
-    nsa_check(q.dim(0) == total, "query.shape[0]", "differs from the sum of actual_q_seq_len",
-              std::to_string(total), shape_str(q));
+    ATTNREF_CHECK(q.dim(0) == total, std::invalid_argument, "nsa_compress_attention_infer",
+                  "query.shape[0]", "differs from the sum of actual_q_seq_len",
+                  std::to_string(total), shape_str(q));
   else
-    nsa_check(S >= 1 && S <= 4, "query.shape[1]", "q_S out of range", "[1, 4]", std::to_string(S));
+    ATTNREF_CHECK(S >= 1 && S <= 4, std::invalid_argument, "nsa_compress_attention_infer",
+                  "query.shape[1]", "q_S out of range", "[1, 4]", std::to_string(S));
   // Paged compressed K / V.
   const auto& kt = in.key;
   const auto& vt = in.value;
-  nsa_check(
-      !kt.absent() && kt.rank() == 3 && kt.dim(1) == p.page_block_size &&
-          kt.dim(2) == KVN * Dqk,
-      "key.shape", "mismatch",
+  ATTNREF_CHECK(
+      !kt.absent() && kt.rank() == 3 && kt.dim(1) == p.page_block_size && kt.dim(2) == KVN * Dqk,
+      std::invalid_argument, "nsa_compress_attention_infer", "key.shape", "mismatch",
       "[numBlocks, " + std::to_string(p.page_block_size) + ", " + std::to_string(KVN * Dqk) + "]",
       shape_str(kt));
-  nsa_check(!vt.absent() && vt.rank() == 3 && vt.dim(0) == kt.dim(0) &&
-                vt.dim(1) == kt.dim(1) && vt.dim(2) > 0 && vt.dim(2) % KVN == 0,
-            "value.shape", "mismatch",
-            "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(kt.dim(1)) + ", KV_N * Dv]",
-            shape_str(vt));
+  ATTNREF_CHECK(!vt.absent() && vt.rank() == 3 && vt.dim(0) == kt.dim(0) &&
+                    vt.dim(1) == kt.dim(1) && vt.dim(2) > 0 && vt.dim(2) % KVN == 0,
+                std::invalid_argument, "nsa_compress_attention_infer", "value.shape", "mismatch",
+                "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(kt.dim(1)) + ", KV_N * Dv]",
+                shape_str(vt));
   const Index Dv = vt.dim(2) / KVN, nb = kt.dim(0), pbs = kt.dim(1);
-  nsa_check(pbs > 0, "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
+  ATTNREF_CHECK(pbs > 0, std::invalid_argument, "nsa_compress_attention_infer",
+                "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
   if (p.strict) {
-    nsa_check(Dqk <= 192 && Dv <= 128 && Dqk >= Dv, "query / value head sizes",
-              "not supported" + rule, "Dv <= Dqk <= 192, Dv <= 128",
-              "Dqk " + std::to_string(Dqk) + ", Dv " + std::to_string(Dv));
-    nsa_check(detail::nsa_step16(pbs, 128), "params.page_block_size", "not supported" + rule,
-              "16, 32, ..., 128", std::to_string(pbs));
+    ATTNREF_CHECK(Dqk <= 192 && Dv <= 128 && Dqk >= Dv, std::invalid_argument,
+                  "nsa_compress_attention_infer", "query / value head sizes",
+                  "not supported" + rule, "Dv <= Dqk <= 192, Dv <= 128",
+                  "Dqk " + std::to_string(Dqk) + ", Dv " + std::to_string(Dv));
+    ATTNREF_CHECK(detail::nsa_step16(pbs, 128), std::invalid_argument,
+                  "nsa_compress_attention_infer", "params.page_block_size", "not supported" + rule,
+                  "16, 32, ..., 128", std::to_string(pbs));
   }
   Index max_cmp = 0, max_sel_blocks = 0;
   for (Index b = 0; b < B; ++b) {
     const std::int64_t v = in.actual_cmp_kv_seq_len[static_cast<size_t>(b)];
-    nsa_check(v >= 0 && v <= bt.dim(1) * pbs, "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
-              "out of range",
-              "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
-              std::to_string(v));
+    ATTNREF_CHECK(v >= 0 && v <= bt.dim(1) * pbs, std::invalid_argument,
+                  "nsa_compress_attention_infer",
+                  "actual_cmp_kv_seq_len[" + std::to_string(b) + "]", "out of range",
+                  "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
+                  std::to_string(v));
     if (p.strict)
-      nsa_check(v <= 8192, "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
-                "above the compressed length limit" + rule, "<= 8192", std::to_string(v));
+      ATTNREF_CHECK(v <= 8192, std::invalid_argument, "nsa_compress_attention_infer",
+                    "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
+                    "above the compressed length limit" + rule, "<= 8192", std::to_string(v));
     cmp[static_cast<size_t>(b)] = static_cast<Index>(v);
     max_cmp = std::max(max_cmp, cmp[static_cast<size_t>(b)]);
     const Index ns = nsa_select_block_count(v, l, d, ls);
@@ -250,13 +267,15 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
     if (v > 0) {
       const Index ceil_len = (v - 1) * d + l;
       if (p.strict) {
-        nsa_check(ceil_len / ls <= 4096, "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
-                  "too many select blocks" + rule, "(cmp - 1) * d + l <= 4096 * l'",
-                  std::to_string(v));
-        nsa_check(k <= ceil_len / ls, "params.select_block_count",
-                  "above the select blocks of batch " + std::to_string(b) + rule,
-                  "<= ((cmp - 1) * d + l) / l' = " + std::to_string(ceil_len / ls),
-                  std::to_string(k));
+        ATTNREF_CHECK(ceil_len / ls <= 4096, std::invalid_argument, "nsa_compress_attention_infer",
+                      "actual_cmp_kv_seq_len[" + std::to_string(b) + "]",
+                      "too many select blocks" + rule, "(cmp - 1) * d + l <= 4096 * l'",
+                      std::to_string(v));
+        ATTNREF_CHECK(k <= ceil_len / ls, std::invalid_argument, "nsa_compress_attention_infer",
+                      "params.select_block_count",
+                      "above the select blocks of batch " + std::to_string(b) + rule,
+                      "<= ((cmp - 1) * d + l) / l' = " + std::to_string(ceil_len / ls),
+                      std::to_string(k));
       }
     }
     for (Index j = 0; j * pbs < v; ++j) {
@@ -270,19 +289,23 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   const bool mask = !in.atten_mask.absent() && max_q > 1;
   std::vector<Index> tail(static_cast<size_t>(B), 0);
   if (mask) {
-    nsa_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, "actual_sel_kv_seq_len",
-              "required with an attention mask and several query tokens", std::to_string(B),
-              std::to_string(in.actual_sel_kv_seq_len.size()));
+    ATTNREF_CHECK(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, std::invalid_argument,
+                  "nsa_compress_attention_infer", "actual_sel_kv_seq_len",
+                  "required with an attention mask and several query tokens", std::to_string(B),
+                  std::to_string(in.actual_sel_kv_seq_len.size()));
     for (Index b = 0; b < B; ++b) {
       const std::int64_t sel = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
       const Index c = cmp[static_cast<size_t>(b)];
       const std::int64_t t = c > 0 ? sel - ((c - 1) * d + l) : 0;
-      nsa_check(c == 0 || (t >= 0 && t < d), "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
-                "inconsistent with the compressed length",
-                "cmp = (sel - l) / d + 1 = " + std::to_string(c), std::to_string(sel));
-      nsa_check(sel >= qlen[static_cast<size_t>(b)], "actual_q_seq_len[" + std::to_string(b) + "]",
-                "above actual_sel_kv_seq_len", "<= " + std::to_string(sel),
-                std::to_string(qlen[static_cast<size_t>(b)]));
+      ATTNREF_CHECK(c == 0 || (t >= 0 && t < d), std::invalid_argument,
+                    "nsa_compress_attention_infer",
+                    "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
+                    "inconsistent with the compressed length",
+                    "cmp = (sel - l) / d + 1 = " + std::to_string(c), std::to_string(sel));
+      ATTNREF_CHECK(sel >= qlen[static_cast<size_t>(b)], std::invalid_argument,
+                    "nsa_compress_attention_infer", "actual_q_seq_len[" + std::to_string(b) + "]",
+                    "above actual_sel_kv_seq_len", "<= " + std::to_string(sel),
+                    std::to_string(qlen[static_cast<size_t>(b)]));
       tail[static_cast<size_t>(b)] = static_cast<Index>(t);
     }
   }
@@ -295,18 +318,20 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  nsa_check(!out.output.absent() && out.output.shape == out_shape(Dv, N), "output.shape",
-            "mismatch", dims_str(out_shape(Dv, N)), shape_str(out.output));
-  nsa_check(!out.topk.absent() && out.topk.shape == out_shape(k, KVN), "topk.shape",
-            "mismatch", dims_str(out_shape(k, KVN)), shape_str(out.topk));
+  ATTNREF_CHECK(!out.output.absent() && out.output.shape == out_shape(Dv, N), std::invalid_argument,
+                "nsa_compress_attention_infer", "output.shape", "mismatch",
+                dims_str(out_shape(Dv, N)), shape_str(out.output));
+  ATTNREF_CHECK(!out.topk.absent() && out.topk.shape == out_shape(k, KVN), std::invalid_argument,
+                "nsa_compress_attention_infer", "topk.shape", "mismatch",
+                dims_str(out_shape(k, KVN)), shape_str(out.topk));
   auto debug = [&](const TensorRef<float>& t, const char* name, Index heads, Index need) {
     if (t.absent()) return;
     const auto want = out_shape(need, heads);
-    nsa_check(!t.absent() && t.rank() == static_cast<Index>(want.size()) &&
-                  std::equal(want.begin(), want.end() - 1, t.shape.begin()) &&
-                  t.shape.back() >= need,
-              std::string(name) + ".shape", "mismatch",
-              dims_str(want) + " (last dimension at least)", shape_str(t));
+    ATTNREF_CHECK(
+        !t.absent() && t.rank() == static_cast<Index>(want.size()) &&
+            std::equal(want.begin(), want.end() - 1, t.shape.begin()) && t.shape.back() >= need,
+        std::invalid_argument, "nsa_compress_attention_infer", std::string(name) + ".shape",
+        "mismatch", dims_str(want) + " (last dimension at least)", shape_str(t));
   };
   debug(out.probs, "probs", N, max_cmp);
   debug(out.head_scores, "head_scores", N, max_sel_blocks);

@@ -77,11 +77,6 @@ struct NsaDecodeOutputs {
 
 namespace detail {
 
-inline void nsa_step_check(bool ok, const char* fn, const std::string& arg, const std::string& what,
-                           const std::string& expected, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
-}
-
 /// Rows, heads and Dv of a decode step's query / value (checked).
 struct NsaStepDims {
   Index B = 0, S = 0, rows = 0, N = 0, KVN = 0, Dqk = 0, Dv = 0;
@@ -94,58 +89,59 @@ NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDec
                 in.block_table, "cmp_key", in.cmp_key, "cmp_value", in.cmp_value, "cmp_block_table",
                 in.cmp_block_table, "gates", in.gates);
   NsaStepDims d;
-  nsa_step_check(p.layout == "TND" || p.layout == "BSND", fn, "params.layout", "not supported",
-                 "TND or BSND", p.layout);
+  ATTNREF_CHECK(p.layout == "TND" || p.layout == "BSND", std::invalid_argument, fn, "params.layout",
+                "not supported", "TND or BSND", p.layout);
   const bool tnd = p.layout == "TND";
   d.N = p.num_heads;
   d.KVN = p.num_key_value_heads;
-  nsa_step_check(d.N > 0 && d.KVN > 0 && d.N % d.KVN == 0, fn, "params.num_heads",
-                 "not a positive multiple of num_key_value_heads",
-                 "a multiple of " + std::to_string(d.KVN), std::to_string(d.N));
+  ATTNREF_CHECK(d.N > 0 && d.KVN > 0 && d.N % d.KVN == 0, std::invalid_argument, fn,
+                "params.num_heads", "not a positive multiple of num_key_value_heads",
+                "a multiple of " + std::to_string(d.KVN), std::to_string(d.N));
   const auto& q = in.query;
-  nsa_step_check(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == d.N, fn,
-                 "query.shape", "mismatch", tnd ? "[T, N, Dqk]" : "[B, S, N, Dqk]", shape_str(q));
+  ATTNREF_CHECK(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == d.N,
+                std::invalid_argument, fn, "query.shape", "mismatch",
+                tnd ? "[T, N, Dqk]" : "[B, S, N, Dqk]", shape_str(q));
   d.Dqk = q.dim(q.rank() - 1);
   const auto& bt = in.block_table;
-  nsa_step_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, fn, "block_table.shape",
-                 "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, std::invalid_argument, fn,
+                "block_table.shape", "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
   d.B = bt.dim(0);
-  nsa_step_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == d.B, fn,
-                 "actual_sel_kv_seq_len", "required, one per batch", std::to_string(d.B),
-                 std::to_string(in.actual_sel_kv_seq_len.size()));
+  ATTNREF_CHECK(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == d.B, std::invalid_argument,
+                fn, "actual_sel_kv_seq_len", "required, one per batch", std::to_string(d.B),
+                std::to_string(in.actual_sel_kv_seq_len.size()));
   d.S = tnd ? 0 : q.dim(1);
-  nsa_step_check(tnd || q.dim(0) == d.B, fn, "query.shape[0]", "differs from block_table's batch",
-                 std::to_string(d.B), shape_str(q));
+  ATTNREF_CHECK(tnd || q.dim(0) == d.B, std::invalid_argument, fn, "query.shape[0]",
+                "differs from block_table's batch", std::to_string(d.B), shape_str(q));
   d.qlen.assign(static_cast<size_t>(d.B), tnd ? 1 : d.S);
   if (!in.actual_q_seq_len.empty()) {
-    nsa_step_check(static_cast<Index>(in.actual_q_seq_len.size()) == d.B, fn, "actual_q_seq_len",
-                   "size mismatch", std::to_string(d.B),
-                   std::to_string(in.actual_q_seq_len.size()));
+    ATTNREF_CHECK(static_cast<Index>(in.actual_q_seq_len.size()) == d.B, std::invalid_argument, fn,
+                  "actual_q_seq_len", "size mismatch", std::to_string(d.B),
+                  std::to_string(in.actual_q_seq_len.size()));
     for (Index b = 0; b < d.B; ++b) {
       const std::int64_t v = in.actual_q_seq_len[static_cast<size_t>(b)];
-      nsa_step_check(v >= 1 && v <= 4 && (tnd || v <= d.S), fn,
-                     "actual_q_seq_len[" + std::to_string(b) + "]", "out of range",
-                     tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
+      ATTNREF_CHECK(v >= 1 && v <= 4 && (tnd || v <= d.S), std::invalid_argument, fn,
+                    "actual_q_seq_len[" + std::to_string(b) + "]", "out of range",
+                    tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
       d.qlen[static_cast<size_t>(b)] = static_cast<Index>(v);
     }
   }
   d.q_cu.assign(1, 0);
   for (Index b = 0; b < d.B; ++b) {
     const std::int64_t sel = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
-    nsa_step_check(sel >= d.qlen[static_cast<size_t>(b)], fn,
-                   "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
-                   "shorter than the query (the cache holds the query tokens' keys)",
-                   ">= " + std::to_string(d.qlen[static_cast<size_t>(b)]), std::to_string(sel));
+    ATTNREF_CHECK(sel >= d.qlen[static_cast<size_t>(b)], std::invalid_argument, fn,
+                  "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
+                  "shorter than the query (the cache holds the query tokens' keys)",
+                  ">= " + std::to_string(d.qlen[static_cast<size_t>(b)]), std::to_string(sel));
     d.q_cu.push_back(d.q_cu.back() + d.qlen[static_cast<size_t>(b)]);
   }
   d.rows = tnd ? d.q_cu.back() : d.B * d.S;
   if (tnd)
-    nsa_step_check(q.dim(0) == d.rows, fn, "query.shape[0]",
-                   "differs from the sum of actual_q_seq_len", std::to_string(d.rows),
-                   shape_str(q));
+    ATTNREF_CHECK(q.dim(0) == d.rows, std::invalid_argument, fn, "query.shape[0]",
+                  "differs from the sum of actual_q_seq_len", std::to_string(d.rows), shape_str(q));
   const auto& v = in.value;
-  nsa_step_check(!v.absent() && v.rank() == 3 && v.dim(2) > 0 && v.dim(2) % d.KVN == 0, fn,
-                 "value.shape", "mismatch", "[numBlocks, pageBlockSize, KV_N * Dv]", shape_str(v));
+  ATTNREF_CHECK(!v.absent() && v.rank() == 3 && v.dim(2) > 0 && v.dim(2) % d.KVN == 0,
+                std::invalid_argument, fn, "value.shape", "mismatch",
+                "[numBlocks, pageBlockSize, KV_N * Dv]", shape_str(v));
   d.Dv = v.dim(2) / d.KVN;
   return d;
 }
@@ -176,24 +172,24 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
   check_tensor(fn, "out", out);
   NsaWindowProblem<T> w;
   const NsaStepDims& d = w.d = nsa_step_dims(fn, p, in);
-  nsa_step_check(p.window_size >= 1, fn, "params.window_size", "not positive", ">= 1",
-                 std::to_string(p.window_size));
+  ATTNREF_CHECK(p.window_size >= 1, std::invalid_argument, fn, "params.window_size", "not positive",
+                ">= 1", std::to_string(p.window_size));
   const auto& kt = in.key;
   const Index pbs = p.page_block_size;
-  nsa_step_check(pbs > 0 && !kt.absent() && kt.rank() == 3 && kt.dim(1) == pbs &&
-                     kt.dim(2) == d.KVN * d.Dqk,
-                 fn, "key.shape", "mismatch",
-                 "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
-                 shape_str(kt));
-  nsa_step_check(in.value.dim(0) == kt.dim(0) && in.value.dim(1) == pbs, fn, "value.shape",
-                 "mismatch with key",
-                 "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) + ", ..]",
-                 shape_str(in.value));
+  ATTNREF_CHECK(
+      pbs > 0 && !kt.absent() && kt.rank() == 3 && kt.dim(1) == pbs && kt.dim(2) == d.KVN * d.Dqk,
+      std::invalid_argument, fn, "key.shape", "mismatch",
+      "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
+      shape_str(kt));
+  ATTNREF_CHECK(in.value.dim(0) == kt.dim(0) && in.value.dim(1) == pbs, std::invalid_argument, fn,
+                "value.shape", "mismatch with key",
+                "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) + ", ..]",
+                shape_str(in.value));
   const bool tnd = p.layout == "TND";
   const std::vector<Index> o_shape =
       tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
-  nsa_step_check(!out.absent() && out.shape == o_shape, fn, "out.shape", "mismatch",
-                 nsa_dims_str(o_shape), shape_str(out));
+  ATTNREF_CHECK(!out.absent() && out.shape == o_shape, std::invalid_argument, fn, "out.shape",
+                "mismatch", nsa_dims_str(o_shape), shape_str(out));
   auto& e = w.e;
   if (tnd) {
     e.q = StridedView<const T, 4>(in.query.data, {1, d.rows, d.N, d.Dqk});
@@ -249,19 +245,18 @@ void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>
   constexpr const char* fn = "nsa_gated_sum";
   detail::check_tensors(fn, "gates", gates, "o_cmp", o_cmp, "o_sel", o_sel, "o_win", o_win, "out",
                         out);
-  detail::nsa_step_check(!out.absent() && out.rank() >= 3, fn, "out.shape",
-                         "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]",
-                         detail::shape_str(out));
+  ATTNREF_CHECK(!out.absent() && out.rank() >= 3, std::invalid_argument, fn, "out.shape",
+                "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]", detail::shape_str(out));
   const Index Dv = out.shape.back(), N = out.dim(out.rank() - 2);
   const Index rows = out.numel() / std::max<Index>(1, N * Dv);
   for (const auto* t : {&o_cmp, &o_sel, &o_win})
-    detail::nsa_step_check(!t->absent() && t->shape == out.shape, fn, "branch output shape",
-                           "differs from out", detail::shape_str(out), detail::shape_str(*t));
-  detail::nsa_step_check(
-      !gates.absent() && gates.shape.back() == 3 && gates.numel() / 3 == rows * N, fn,
-      "gates.shape", "mismatch",
-      "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
-      detail::shape_str(gates));
+    ATTNREF_CHECK(!t->absent() && t->shape == out.shape, std::invalid_argument, fn,
+                  "branch output shape", "differs from out", detail::shape_str(out),
+                  detail::shape_str(*t));
+  ATTNREF_CHECK(!gates.absent() && gates.shape.back() == 3 && gates.numel() / 3 == rows * N,
+                std::invalid_argument, fn, "gates.shape", "mismatch",
+                "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
+                detail::shape_str(gates));
   for (Index r = 0; r < rows * N; ++r) {
     const float* g = gates.data + r * 3;
     for (Index j = 0; j < Dv; ++j) {
@@ -288,56 +283,54 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   const std::int64_t k = p.select_block_count;
   const std::vector<Index> t_shape =
       tnd ? std::vector<Index>{d.rows, d.KVN, k} : std::vector<Index>{d.B, d.S, d.KVN, k};
-  detail::nsa_step_check(!out.output.absent() && out.output.shape == o_shape, fn,
-                         "output.shape", "mismatch", detail::nsa_dims_str(o_shape),
-                         detail::shape_str(out.output));
+  ATTNREF_CHECK(!out.output.absent() && out.output.shape == o_shape, std::invalid_argument, fn,
+                "output.shape", "mismatch", detail::nsa_dims_str(o_shape),
+                detail::shape_str(out.output));
   for (const auto* t : {&out.cmp_out, &out.sel_out, &out.win_out})
-    detail::nsa_step_check(t->absent() || (!t->absent() && t->shape == o_shape), fn,
-                           "cmp_out / sel_out / win_out shape", "mismatch",
-                           detail::nsa_dims_str(o_shape), detail::shape_str(*t));
-  detail::nsa_step_check(
-      out.topk.absent() || (out.topk.shape == t_shape), fn,
-      "topk.shape", "mismatch", detail::nsa_dims_str(t_shape), detail::shape_str(out.topk));
-  detail::nsa_step_check(
-      !in.gates.absent() && in.gates.shape == std::vector<Index>{d.rows, d.N, 3}, fn,
-      "gates.shape", "mismatch", detail::nsa_dims_str({d.rows, d.N, 3}),
-      detail::shape_str(in.gates));
-  detail::nsa_step_check(p.window_size >= 1, fn, "params.window_size", "not positive", ">= 1",
-                         std::to_string(p.window_size));
+    ATTNREF_CHECK(t->absent() || (!t->absent() && t->shape == o_shape), std::invalid_argument, fn,
+                  "cmp_out / sel_out / win_out shape", "mismatch", detail::nsa_dims_str(o_shape),
+                  detail::shape_str(*t));
+  ATTNREF_CHECK(out.topk.absent() || (out.topk.shape == t_shape), std::invalid_argument, fn,
+                "topk.shape", "mismatch", detail::nsa_dims_str(t_shape),
+                detail::shape_str(out.topk));
+  ATTNREF_CHECK((!in.gates.absent() && in.gates.shape == std::vector<Index>{d.rows, d.N, 3}),
+                std::invalid_argument, fn, "gates.shape", "mismatch",
+                detail::nsa_dims_str({d.rows, d.N, 3}), detail::shape_str(in.gates));
+  ATTNREF_CHECK(p.window_size >= 1, std::invalid_argument, fn, "params.window_size", "not positive",
+                ">= 1", std::to_string(p.window_size));
   // The compressed cache, named as the step's arguments (the compressed branch checks it again).
   const Index l = p.compress_block_size, d_ = p.compress_block_stride;
-  detail::nsa_step_check(l >= 1 && d_ >= 1 && l >= d_, fn,
-                         "params.compress_block_size / compress_block_stride",
-                         "need compress_block_size >= compress_block_stride >= 1", "l >= d >= 1",
-                         std::to_string(l) + " / " + std::to_string(d_));
+  ATTNREF_CHECK(l >= 1 && d_ >= 1 && l >= d_, std::invalid_argument, fn,
+                "params.compress_block_size / compress_block_stride",
+                "need compress_block_size >= compress_block_stride >= 1", "l >= d >= 1",
+                std::to_string(l) + " / " + std::to_string(d_));
   const Index cpbs = p.cmp_page_block_size;
   const auto& ck = in.cmp_key;
   const auto& cv = in.cmp_value;
-  detail::nsa_step_check(
-      cpbs > 0 && !ck.absent() && ck.rank() == 3 && ck.dim(1) == cpbs &&
-          ck.dim(2) == d.KVN * d.Dqk,
-      fn, "cmp_key.shape", "mismatch",
+  ATTNREF_CHECK(
+      cpbs > 0 && !ck.absent() && ck.rank() == 3 && ck.dim(1) == cpbs && ck.dim(2) == d.KVN * d.Dqk,
+      std::invalid_argument, fn, "cmp_key.shape", "mismatch",
       "[numCmpBlocks, " + std::to_string(cpbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
       detail::shape_str(ck));
-  detail::nsa_step_check(!cv.absent() && cv.rank() == 3 && cv.dim(0) == ck.dim(0) &&
-                             cv.dim(1) == cpbs && cv.dim(2) == d.KVN * d.Dv,
-                         fn, "cmp_value.shape", "mismatch",
-                         "[" + std::to_string(ck.dim(0)) + ", " + std::to_string(cpbs) + ", " +
-                             std::to_string(d.KVN * d.Dv) + "]",
-                         detail::shape_str(cv));
+  ATTNREF_CHECK(!cv.absent() && cv.rank() == 3 && cv.dim(0) == ck.dim(0) && cv.dim(1) == cpbs &&
+                    cv.dim(2) == d.KVN * d.Dv,
+                std::invalid_argument, fn, "cmp_value.shape", "mismatch",
+                "[" + std::to_string(ck.dim(0)) + ", " + std::to_string(cpbs) + ", " +
+                    std::to_string(d.KVN * d.Dv) + "]",
+                detail::shape_str(cv));
   const auto& cbt = in.cmp_block_table;
-  detail::nsa_step_check(!cbt.absent() && cbt.rank() == 2 && cbt.dim(0) == d.B, fn,
-                         "cmp_block_table.shape", "mismatch",
-                         "[" + std::to_string(d.B) + ", maxCmpBlocks]", detail::shape_str(cbt));
+  ATTNREF_CHECK(!cbt.absent() && cbt.rank() == 2 && cbt.dim(0) == d.B, std::invalid_argument, fn,
+                "cmp_block_table.shape", "mismatch", "[" + std::to_string(d.B) + ", maxCmpBlocks]",
+                detail::shape_str(cbt));
   std::vector<std::int64_t> cmp_len;
   for (Index b = 0; b < d.B; ++b) {
     const Index sel = static_cast<Index>(in.actual_sel_kv_seq_len[static_cast<size_t>(b)]);
     const Index c = nsa_compressed_count(sel, l, d_);
-    detail::nsa_step_check(c <= cbt.dim(1) * cpbs, fn,
-                           "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
-                           "needs more compressed tokens than cmp_block_table holds",
-                           "(sel - l) / d + 1 <= " + std::to_string(cbt.dim(1) * cpbs),
-                           std::to_string(sel) + " (" + std::to_string(c) + " compressed)");
+    ATTNREF_CHECK(c <= cbt.dim(1) * cpbs, std::invalid_argument, fn,
+                  "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
+                  "needs more compressed tokens than cmp_block_table holds",
+                  "(sel - l) / d + 1 <= " + std::to_string(cbt.dim(1) * cpbs),
+                  std::to_string(sel) + " (" + std::to_string(c) + " compressed)");
     for (Index j = 0; j * cpbs < c; ++j) {
       const std::int32_t id = cbt.data[b * cbt.dim(1) + j];
       ATTNREF_CHECK(id >= 0 && id < ck.dim(0), std::out_of_range, fn,
@@ -350,13 +343,12 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   {
     auto clash = [&](const auto& o, const char* name) {
       if (o.absent()) return;
-      const bool bad =
-          detail::overlaps(o, in.query) || detail::overlaps(o, in.key) ||
-          detail::overlaps(o, in.value) || detail::overlaps(o, in.block_table) ||
-          detail::overlaps(o, in.cmp_key) || detail::overlaps(o, in.cmp_value) ||
-          detail::overlaps(o, in.cmp_block_table) || detail::overlaps(o, in.gates);
-      detail::nsa_step_check(!bad, fn, name, "overlaps an input", "memory disjoint from the inputs",
-                             "overlapping memory");
+      const bool bad = detail::overlaps(o, in.query) || detail::overlaps(o, in.key) ||
+                       detail::overlaps(o, in.value) || detail::overlaps(o, in.block_table) ||
+                       detail::overlaps(o, in.cmp_key) || detail::overlaps(o, in.cmp_value) ||
+                       detail::overlaps(o, in.cmp_block_table) || detail::overlaps(o, in.gates);
+      ATTNREF_CHECK(!bad, std::invalid_argument, fn, name, "overlaps an input",
+                    "memory disjoint from the inputs", "overlapping memory");
     };
     clash(out.output, "output");
     clash(out.topk, "topk");
@@ -366,12 +358,12 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
     const TensorRef<T>* outs[] = {&out.output, &out.cmp_out, &out.sel_out, &out.win_out};
     const char* names[] = {"output", "cmp_out", "sel_out", "win_out"};
     for (int a = 0; a < 4; ++a) {
-      detail::nsa_step_check(!detail::overlaps(*outs[a], out.topk), fn, names[a],
-                             "overlaps topk", "disjoint outputs", "overlapping memory");
+      ATTNREF_CHECK(!detail::overlaps(*outs[a], out.topk), std::invalid_argument, fn, names[a],
+                    "overlaps topk", "disjoint outputs", "overlapping memory");
       for (int b = a + 1; b < 4; ++b)
-        detail::nsa_step_check(!detail::overlaps(*outs[a], *outs[b]), fn, names[a],
-                               std::string("overlaps ") + names[b], "disjoint outputs",
-                               "overlapping memory");
+        ATTNREF_CHECK(!detail::overlaps(*outs[a], *outs[b]), std::invalid_argument, fn, names[a],
+                      std::string("overlaps ") + names[b], "disjoint outputs",
+                      "overlapping memory");
     }
   }
 

@@ -75,16 +75,6 @@ struct NsaSelectedAttentionInferOutputs {
   TensorRef<T> output{};  ///< TND [T, N, Dv], BSND [B, S, N, Dv], BSH [B, S, N·Dv]
 };
 
-namespace detail {
-
-inline void nsa_sel_check(bool ok, const std::string& arg, const std::string& what,
-                          const std::string& expected, const std::string& got) {
-  ATTNREF_CHECK(ok, std::invalid_argument, "nsa_selected_attention_infer", arg, what, expected,
-                got);
-}
-
-}  // namespace detail
-
 template <class T>
 void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                                   const NsaSelectedAttentionInferInputs<T>& in,
@@ -92,78 +82,93 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                                   int num_threads = 0) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
-  using detail::nsa_sel_check;
   using detail::shape_str;
   const char* fn = "nsa_selected_attention_infer";
   detail::check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "topk_indices",
                         in.topk_indices, "block_table", in.block_table, "output", out.output);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   const std::int64_t ls = p.select_block_size, k = p.select_block_count;
-  nsa_sel_check(ls > 0 && k > 0, "params.select_block_size / select_block_count", "not positive",
-                "> 0", std::to_string(ls) + ", " + std::to_string(k));
+  ATTNREF_CHECK(ls > 0 && k > 0, std::invalid_argument, "nsa_selected_attention_infer",
+                "params.select_block_size / select_block_count", "not positive", "> 0",
+                std::to_string(ls) + ", " + std::to_string(k));
   if (p.strict)
-    nsa_sel_check(ls >= 16 && ls <= 128 && ls % 16 == 0, "params.select_block_size",
+    ATTNREF_CHECK(ls >= 16 && ls <= 128 && ls % 16 == 0, std::invalid_argument,
+                  "nsa_selected_attention_infer", "params.select_block_size",
                   "not supported" + rule, "16, 32, ..., 128", std::to_string(ls));
-  nsa_sel_check(p.layout == "TND" || p.layout == "BSND" || p.layout == "BSH", "params.layout",
-                "not supported", "TND, BSND or BSH", p.layout);
-  nsa_sel_check(p.sparse_mode == 0, "params.sparse_mode", "not supported (reserved)", "0",
+  ATTNREF_CHECK(p.layout == "TND" || p.layout == "BSND" || p.layout == "BSH", std::invalid_argument,
+                "nsa_selected_attention_infer", "params.layout", "not supported",
+                "TND, BSND or BSH", p.layout);
+  ATTNREF_CHECK(p.sparse_mode == 0, std::invalid_argument, "nsa_selected_attention_infer",
+                "params.sparse_mode", "not supported (reserved)", "0",
                 std::to_string(p.sparse_mode));
-  nsa_sel_check(std::isfinite(p.scale_value), "params.scale_value", "not finite", "a finite value",
+  ATTNREF_CHECK(std::isfinite(p.scale_value), std::invalid_argument, "nsa_selected_attention_infer",
+                "params.scale_value", "not finite", "a finite value",
                 std::to_string(p.scale_value));
   const Index N = p.num_heads, KVN = p.num_key_value_heads;
-  nsa_sel_check(N > 0 && KVN > 0 && N % KVN == 0, "params.num_heads",
+  ATTNREF_CHECK(N > 0 && KVN > 0 && N % KVN == 0, std::invalid_argument,
+                "nsa_selected_attention_infer", "params.num_heads",
                 "not a positive multiple of num_key_value_heads",
                 "a multiple of " + std::to_string(KVN), std::to_string(N));
   const Index G = N / KVN;
   if (p.strict) {
-    nsa_sel_check(G <= 16, "params.num_heads / num_key_value_heads",
-                  "group size not supported" + rule, "<= 16", std::to_string(G));
-    nsa_sel_check(KVN <= 256, "params.num_key_value_heads", "not supported" + rule, "<= 256",
+    ATTNREF_CHECK(G <= 16, std::invalid_argument, "nsa_selected_attention_infer",
+                  "params.num_heads / num_key_value_heads", "group size not supported" + rule,
+                  "<= 16", std::to_string(G));
+    ATTNREF_CHECK(KVN <= 256, std::invalid_argument, "nsa_selected_attention_infer",
+                  "params.num_key_value_heads", "not supported" + rule, "<= 256",
                   std::to_string(KVN));
   }
   // The query and its layout.
   const bool tnd = p.layout == "TND", bsh = p.layout == "BSH";
   const auto& q = in.query;
   const Index q_rank = tnd || bsh ? 3 : 4;
-  nsa_sel_check(!q.absent() && q.rank() == q_rank, "query.shape", "mismatch",
+  ATTNREF_CHECK(!q.absent() && q.rank() == q_rank, std::invalid_argument,
+                "nsa_selected_attention_infer", "query.shape", "mismatch",
                 tnd   ? "[T, N, Dqk]"
                 : bsh ? "[B, S, N * Dqk]"
                       : "[B, S, N, Dqk]",
                 shape_str(q));
   if (!bsh)
-    nsa_sel_check(q.dim(tnd ? 1 : 2) == N, "query.shape", "head count differs from num_heads",
-                  std::to_string(N), shape_str(q));
+    ATTNREF_CHECK(q.dim(tnd ? 1 : 2) == N, std::invalid_argument, "nsa_selected_attention_infer",
+                  "query.shape", "head count differs from num_heads", std::to_string(N),
+                  shape_str(q));
   else
-    nsa_sel_check(q.dim(2) > 0 && q.dim(2) % N == 0, "query.shape[2]",
-                  "not a multiple of num_heads", "N * Dqk", shape_str(q));
+    ATTNREF_CHECK(q.dim(2) > 0 && q.dim(2) % N == 0, std::invalid_argument,
+                  "nsa_selected_attention_infer", "query.shape[2]", "not a multiple of num_heads",
+                  "N * Dqk", shape_str(q));
   const Index Dqk = bsh ? q.dim(2) / N : q.dim(q_rank - 1);
-  nsa_sel_check(Dqk > 0, "query.shape", "empty head dimension", "Dqk > 0", shape_str(q));
+  ATTNREF_CHECK(Dqk > 0, std::invalid_argument, "nsa_selected_attention_infer", "query.shape",
+                "empty head dimension", "Dqk > 0", shape_str(q));
   // Batches and lengths.
   const auto& bt = in.block_table;
-  nsa_sel_check(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, "block_table.shape",
-                "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, std::invalid_argument,
+                "nsa_selected_attention_infer", "block_table.shape", "required: [B, maxBlocks]",
+                "[B, maxBlocks]", shape_str(bt));
   const Index B = bt.dim(0);
   if (p.strict)
-    nsa_sel_check(B <= 3072, "block_table.shape[0]", "batch out of range" + rule, "[1, 3072]",
+    ATTNREF_CHECK(B <= 3072, std::invalid_argument, "nsa_selected_attention_infer",
+                  "block_table.shape[0]", "batch out of range" + rule, "[1, 3072]",
                   std::to_string(B));
-  nsa_sel_check(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, "actual_sel_kv_seq_len",
-                "required, one per batch", std::to_string(B),
-                std::to_string(in.actual_sel_kv_seq_len.size()));
+  ATTNREF_CHECK(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, std::invalid_argument,
+                "nsa_selected_attention_infer", "actual_sel_kv_seq_len", "required, one per batch",
+                std::to_string(B), std::to_string(in.actual_sel_kv_seq_len.size()));
   const Index S = tnd ? 0 : q.dim(1);
-  nsa_sel_check(tnd || q.dim(0) == B, "query.shape[0]", "differs from block_table's batch",
-                std::to_string(B), shape_str(q));
+  ATTNREF_CHECK(tnd || q.dim(0) == B, std::invalid_argument, "nsa_selected_attention_infer",
+                "query.shape[0]", "differs from block_table's batch", std::to_string(B),
+                shape_str(q));
   if (!tnd)
-    nsa_sel_check(S >= 1 && S <= 4, "query.shape[1]", "q_S out of range", "[1, 4]",
-                  std::to_string(S));
+    ATTNREF_CHECK(S >= 1 && S <= 4, std::invalid_argument, "nsa_selected_attention_infer",
+                  "query.shape[1]", "q_S out of range", "[1, 4]", std::to_string(S));
   std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), sel(static_cast<size_t>(B));
   if (!in.actual_q_seq_len.empty()) {
-    nsa_sel_check(static_cast<Index>(in.actual_q_seq_len.size()) == B, "actual_q_seq_len",
-                  "size mismatch", std::to_string(B), std::to_string(in.actual_q_seq_len.size()));
+    ATTNREF_CHECK(static_cast<Index>(in.actual_q_seq_len.size()) == B, std::invalid_argument,
+                  "nsa_selected_attention_infer", "actual_q_seq_len", "size mismatch",
+                  std::to_string(B), std::to_string(in.actual_q_seq_len.size()));
     for (Index b = 0; b < B; ++b) {
       const std::int64_t v = in.actual_q_seq_len[static_cast<size_t>(b)];
-      nsa_sel_check(v >= 1 && v <= 4 && (tnd || v <= S),
-                    "actual_q_seq_len[" + std::to_string(b) + "]", "out of range",
-                    tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
+      ATTNREF_CHECK(v >= 1 && v <= 4 && (tnd || v <= S), std::invalid_argument,
+                    "nsa_selected_attention_infer", "actual_q_seq_len[" + std::to_string(b) + "]",
+                    "out of range", tnd ? "[1, 4]" : "[1, min(4, S)]", std::to_string(v));
       qlen[static_cast<size_t>(b)] = static_cast<Index>(v);
     }
   }
@@ -172,53 +177,61 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     row0[static_cast<size_t>(b) + 1] = row0[static_cast<size_t>(b)] + (tnd ? qlen[b] : S);
   const Index R = row0.back();
   if (tnd)
-    nsa_sel_check(q.dim(0) == R, "query.shape[0]", "differs from the sum of actual_q_seq_len",
-                  std::to_string(R), shape_str(q));
+    ATTNREF_CHECK(q.dim(0) == R, std::invalid_argument, "nsa_selected_attention_infer",
+                  "query.shape[0]", "differs from the sum of actual_q_seq_len", std::to_string(R),
+                  shape_str(q));
   // The paged caches: [numBlocks, pbs, KV_N·D] or [numBlocks, pbs, KV_N, D].
   const auto& kt = in.key;
   const auto& vt = in.value;
   const Index pbs = p.page_block_size;
-  nsa_sel_check(pbs > 0, "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
+  ATTNREF_CHECK(pbs > 0, std::invalid_argument, "nsa_selected_attention_infer",
+                "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
   auto cache_ok = [&](const auto& t, Index D) {
     if (t.absent() || t.dim(1) != pbs) return false;
     return (t.rank() == 3 && t.dim(2) == KVN * D) ||
            (t.rank() == 4 && t.dim(2) == KVN && t.dim(3) == D);
   };
-  nsa_sel_check((kt.rank() == 3 || kt.rank() == 4) && cache_ok(kt, Dqk), "key.shape", "mismatch",
+  ATTNREF_CHECK((kt.rank() == 3 || kt.rank() == 4) && cache_ok(kt, Dqk), std::invalid_argument,
+                "nsa_selected_attention_infer", "key.shape", "mismatch",
                 "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(KVN * Dqk) +
                     "] or [numBlocks, " + std::to_string(pbs) + ", " + std::to_string(KVN) + ", " +
                     std::to_string(Dqk) + "]",
                 shape_str(kt));
-  nsa_sel_check((vt.rank() == 3 || vt.rank() == 4) && !vt.absent() &&
-                    vt.dim(0) == kt.dim(0) && vt.dim(1) == pbs &&
+  ATTNREF_CHECK((vt.rank() == 3 || vt.rank() == 4) && !vt.absent() && vt.dim(0) == kt.dim(0) &&
+                    vt.dim(1) == pbs &&
                     (vt.rank() == 3 ? vt.dim(2) > 0 && vt.dim(2) % KVN == 0
                                     : vt.dim(2) == KVN && vt.dim(3) > 0),
-                "value.shape", "mismatch",
+                std::invalid_argument, "nsa_selected_attention_infer", "value.shape", "mismatch",
                 "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) +
                     ", KV_N * Dv] or [.., KV_N, Dv]",
                 shape_str(vt));
   const Index Dv = vt.rank() == 3 ? vt.dim(2) / KVN : vt.dim(3), nb = kt.dim(0);
   if (p.strict) {
     const Index want_rank = p.layout == "BSND" ? 4 : 3;  // the vendor ties it to the layout
-    nsa_sel_check(kt.rank() == want_rank && vt.rank() == want_rank, "key / value rank",
+    ATTNREF_CHECK(kt.rank() == want_rank && vt.rank() == want_rank, std::invalid_argument,
+                  "nsa_selected_attention_infer", "key / value rank",
                   "not the layout's cache rank" + rule,
                   want_rank == 4 ? "[numBlocks, pbs, KV_N, D] with BSND"
                                  : "[numBlocks, pbs, KV_N * D] with " + p.layout,
                   shape_str(kt) + " / " + shape_str(vt));
-    nsa_sel_check(Dqk == 192 && Dv == 128, "query / value head sizes", "not supported" + rule,
-                  "Dqk 192, Dv 128", "Dqk " + std::to_string(Dqk) + ", Dv " + std::to_string(Dv));
-    nsa_sel_check(pbs == 64 || pbs == 128, "params.page_block_size", "not supported" + rule,
-                  "64 or 128", std::to_string(pbs));
+    ATTNREF_CHECK(Dqk == 192 && Dv == 128, std::invalid_argument, "nsa_selected_attention_infer",
+                  "query / value head sizes", "not supported" + rule, "Dqk 192, Dv 128",
+                  "Dqk " + std::to_string(Dqk) + ", Dv " + std::to_string(Dv));
+    ATTNREF_CHECK(pbs == 64 || pbs == 128, std::invalid_argument, "nsa_selected_attention_infer",
+                  "params.page_block_size", "not supported" + rule, "64 or 128",
+                  std::to_string(pbs));
   }
   for (Index b = 0; b < B; ++b) {
     const std::int64_t v = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
-    nsa_sel_check(v >= 0 && v <= bt.dim(1) * pbs,
+    ATTNREF_CHECK(v >= 0 && v <= bt.dim(1) * pbs, std::invalid_argument,
+                  "nsa_selected_attention_infer",
                   "actual_sel_kv_seq_len[" + std::to_string(b) + "]", "out of range",
                   "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
                   std::to_string(v));
-    nsa_sel_check(v == 0 || qlen[static_cast<size_t>(b)] <= v,
-                  "actual_q_seq_len[" + std::to_string(b) + "]", "above actual_sel_kv_seq_len",
-                  "<= " + std::to_string(v), std::to_string(qlen[static_cast<size_t>(b)]));
+    ATTNREF_CHECK(v == 0 || qlen[static_cast<size_t>(b)] <= v, std::invalid_argument,
+                  "nsa_selected_attention_infer", "actual_q_seq_len[" + std::to_string(b) + "]",
+                  "above actual_sel_kv_seq_len", "<= " + std::to_string(v),
+                  std::to_string(qlen[static_cast<size_t>(b)]));
     sel[static_cast<size_t>(b)] = static_cast<Index>(v);
   }
   // (The docs also bound selectBlockCount · selectBlockSize by max(actualSelKvSeqLen); the host
@@ -232,19 +245,21 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  nsa_sel_check(!tk.absent() && tk.shape == tk_shape, "topk_indices.shape", "mismatch",
+  ATTNREF_CHECK(!tk.absent() && tk.shape == tk_shape, std::invalid_argument,
+                "nsa_selected_attention_infer", "topk_indices.shape", "mismatch",
                 dims_str(tk_shape), shape_str(tk));
   // The output.
   const std::vector<Index> o_shape = tnd   ? std::vector<Index>{R, N, Dv}
                                      : bsh ? std::vector<Index>{B, S, N * Dv}
                                            : std::vector<Index>{B, S, N, Dv};
-  nsa_sel_check(!out.output.absent() && out.output.shape == o_shape, "output.shape",
-                "mismatch", dims_str(o_shape), shape_str(out.output));
-  nsa_sel_check(!detail::overlaps(out.output, q) && !detail::overlaps(out.output, kt) &&
-                    !detail::overlaps(out.output, vt) &&
-                    !detail::overlaps(out.output, tk) && !detail::overlaps(out.output, bt),
-                "output", "overlaps an input", "memory disjoint from the inputs",
-                "overlapping memory");
+  ATTNREF_CHECK(!out.output.absent() && out.output.shape == o_shape, std::invalid_argument,
+                "nsa_selected_attention_infer", "output.shape", "mismatch", dims_str(o_shape),
+                shape_str(out.output));
+  ATTNREF_CHECK(!detail::overlaps(out.output, q) && !detail::overlaps(out.output, kt) &&
+                    !detail::overlaps(out.output, vt) && !detail::overlaps(out.output, tk) &&
+                    !detail::overlaps(out.output, bt),
+                std::invalid_argument, "nsa_selected_attention_infer", "output",
+                "overlaps an input", "memory disjoint from the inputs", "overlapping memory");
   // Index data: block tables, then every live row's top-k entries.
   for (Index b = 0; b < B; ++b)
     for (Index j = 0; j * pbs < sel[static_cast<size_t>(b)]; ++j) {
@@ -272,7 +287,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
         }
         std::sort(seen.begin(), seen.end());
         const auto dup = std::adjacent_find(seen.begin(), seen.end());
-        nsa_sel_check(dup == seen.end(),
+        ATTNREF_CHECK(dup == seen.end(), std::invalid_argument, "nsa_selected_attention_infer",
                       "topk_indices[" + std::to_string(row) + "][" + std::to_string(g) + "]",
                       "repeats a block", "distinct blocks (or -1)",
                       dup == seen.end() ? "" : "block " + std::to_string(*dup) + " twice");
