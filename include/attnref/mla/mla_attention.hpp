@@ -91,6 +91,16 @@ void check_cache_table(const char* fn, const TensorRef<const T>& cache,
   }
 }
 
+/// Checks the decode params; returns the cache row width C + R.
+inline Index decode_width(const char* fn, const MlaDecodeParams& params) {
+  const Index C = params.kv_lora_rank, R = params.rope_dim;
+  ATTNREF_CHECK(C > 0 && R >= 0, std::invalid_argument, fn, "params.kv_lora_rank / rope_dim",
+                "out of range", "C > 0, R >= 0", std::to_string(C) + " / " + std::to_string(R));
+  ATTNREF_CHECK(std::isfinite(params.scale), std::invalid_argument, fn, "params.scale",
+                "not finite", "a finite value", std::to_string(params.scale));
+  return detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
+}
+
 }  // namespace detail::mla
 
 /// out [B, heads, C] = the absorbed MLA decode attention (T: half, bfloat16 or float).
@@ -103,12 +113,7 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
   constexpr const char* fn = "mla_decode";
   detail::check_tensors(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table,
                         "out", out);
-  const Index C = params.kv_lora_rank, R = params.rope_dim;
-  ATTNREF_CHECK(C > 0 && R >= 0, std::invalid_argument, fn, "params.kv_lora_rank / rope_dim",
-                "out of range", "C > 0, R >= 0", std::to_string(C) + " / " + std::to_string(R));
-  const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
-  ATTNREF_CHECK(std::isfinite(params.scale), std::invalid_argument, fn, "params.scale",
-                "not finite", "a finite value", std::to_string(params.scale));
+  const Index C = params.kv_lora_rank, W = decode_width(fn, params);
   ATTNREF_CHECK(!in.q.absent() && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W,
                 std::invalid_argument, fn, "q.shape", "mismatch",
                 "[B, heads, " + std::to_string(W) + "]", detail::shape_str(in.q));
@@ -143,12 +148,7 @@ void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInp
   constexpr const char* fn = "mla_decode_unabsorbed";
   detail::check_tensors(fn, "q_nope", in.q_nope, "q_rope", in.q_rope, "wuk", in.wuk, "kv_cache",
                         in.kv_cache, "block_table", in.block_table, "out", out);
-  const Index C = params.kv_lora_rank, R = params.rope_dim;
-  ATTNREF_CHECK(C > 0 && R >= 0, std::invalid_argument, fn, "params.kv_lora_rank / rope_dim",
-                "out of range", "C > 0, R >= 0", std::to_string(C) + " / " + std::to_string(R));
-  const Index W = detail::checked_add(fn, "params.kv_lora_rank + rope_dim", C, R);
-  ATTNREF_CHECK(std::isfinite(params.scale), std::invalid_argument, fn, "params.scale",
-                "not finite", "a finite value", std::to_string(params.scale));
+  const Index C = params.kv_lora_rank, R = params.rope_dim, W = decode_width(fn, params);
   ATTNREF_CHECK(
       !in.q_nope.absent() && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 && in.q_nope.dim(2) > 0,
       std::invalid_argument, fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]",
