@@ -472,7 +472,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
     ATTNREF_CHECK(mask.size(2) >= pl.max_kv, std::invalid_argument, fn, "mask.shape[2]",
                   "smaller than the longest key sequence", ">= " + std::to_string(pl.max_kv),
                   mask.size(2));
-    check_data(fn, "mask", mask);
+    check_view(fn, "mask", mask);
   }
   if (params.mask_type == P::MaskType::NormCompress) {
     ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask", "missing for NORM_COMPRESS",
@@ -504,7 +504,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
     ATTNREF_CHECK(head_mask.size(3) >= pl.max_kv, std::invalid_argument, fn, "head_mask.shape[3]",
                   "smaller than the longest key sequence", ">= " + std::to_string(pl.max_kv),
                   head_mask.size(3));
-    check_data(fn, "head_mask", head_mask);
+    check_view(fn, "head_mask", head_mask);
   }
   if (alibi_compressed) {
     ATTNREF_CHECK(pl.d <= 128 && pl.dv <= 128, std::invalid_argument, fn, "head size",
@@ -520,7 +520,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
                     std::invalid_argument, fn, "head_mask.shape", "mismatch for ALIBI_COMPRESS",
                     "[1, " + std::to_string(pl.nh) + ", >= " + std::to_string(rows) + ", 128]",
                     shape_str(head_mask));
-      check_data(fn, "head_mask", head_mask);
+      check_view(fn, "head_mask", head_mask);
     } else {
       ATTNREF_CHECK(!mask.absent(), std::invalid_argument, fn, "mask",
                     "missing for a compressed ALiBi mask",
@@ -529,7 +529,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
                                       2 * AlibiCompressHook::kTile};
       ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
                     "mismatch for a compressed ALiBi mask", shape_str<3>(want), shape_str(mask));
-      check_data(fn, "mask", mask);
+      check_view(fn, "mask", mask);
       ATTNREF_CHECK(!slopes.absent(), std::invalid_argument, fn, "slopes",
                     "missing for a compressed ALiBi mask", "[headNum] float", "none");
       ATTNREF_CHECK(slopes.size(0) == pl.nh, std::invalid_argument, fn, "slopes.shape[0]",
@@ -543,7 +543,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
     const std::array<Index, 3> want{1, SwaCompressHook::kSize, SwaCompressHook::kSize};
     ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
                   "mismatch for SLIDING_WINDOW_COMPRESS", shape_str<3>(want), shape_str(mask));
-    check_data(fn, "mask", mask);
+    check_view(fn, "mask", mask);
   }
   if (params.scale_type == P::ScaleType::LogN) {
     ATTNREF_CHECK(!log_n.absent(), std::invalid_argument, fn, "log_n", "missing for LOGN",
@@ -809,13 +809,13 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     const std::array<Index, 3> ks{tokens, pl.nkv, pl.d};
     ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
                   detail::shape_str<3>(ks), detail::shape_str(in.key));
-    detail::check_data(fn, "key", in.key);
+    detail::check_view(fn, "key", in.key);
     extra.push_back(detail::packed(in.key));
     if (!mla) {
       const std::array<Index, 3> vs{tokens, pl.nkv, pl.dv};
       ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
                     detail::shape_str<3>(vs), detail::shape_str(in.value));
-      detail::check_data(fn, "value", in.value);
+      detail::check_view(fn, "value", in.value);
       extra.push_back(detail::packed(in.value));
     }
   }
@@ -892,8 +892,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
       ATTNREF_CHECK(vb.shape() == v0.shape() && vb.strides() == v0.strides(), std::invalid_argument,
                     fn, "value_cache_list" + i, "shape or strides differ from entry 0",
                     detail::shape_str(v0), detail::shape_str(vb));
-      detail::check_data(fn, ("key_cache_list" + i).c_str(), kb);
-      detail::check_data(fn, ("value_cache_list" + i).c_str(), vb);
+      detail::check_view(fn, "key_cache_list" + i, kb);
+      detail::check_view(fn, "value_cache_list" + i, vb);
       for (const auto* x : {&kb, &vb})
         extra.push_back(StridedView<const T, 4>(x->data(), {1, x->size(0), 1, x->size(1)},
                                                 {0, x->stride(0), 0, x->stride(1)}));
@@ -1050,14 +1050,14 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
   const std::array<Index, 3> ks{tokens, pl.nkv, pl.d};
   ATTNREF_CHECK(in.key.shape() == ks, std::invalid_argument, fn, "key.shape", "mismatch",
                 detail::shape_str<3>(ks), detail::shape_str(in.key));
-  detail::check_data(fn, "key", in.key);
+  detail::check_view(fn, "key", in.key);
   std::vector<StridedView<const std::int8_t, 4>> extra{detail::packed(in.query),
                                                        detail::packed(in.key)};
   if (!mla) {
     const std::array<Index, 3> vs{tokens, pl.nkv, pl.dv};
     ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
                   detail::shape_str<3>(vs), detail::shape_str(in.value));
-    detail::check_data(fn, "value", in.value);
+    detail::check_view(fn, "value", in.value);
     extra.push_back(detail::packed(in.value));
   }
   // Per-head scales.
@@ -1156,8 +1156,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdIn
                   detail::shape_str<4>(ks), detail::shape_str(in.key));
     ATTNREF_CHECK(in.value.shape() == vs, std::invalid_argument, fn, "value.shape", "mismatch",
                   detail::shape_str<4>(vs), detail::shape_str(in.value));
-    detail::check_data(fn, "key", in.key);
-    detail::check_data(fn, "value", in.value);
+    detail::check_view(fn, "key", in.key);
+    detail::check_view(fn, "value", in.value);
     e.k = detail::bnsd_to_engine(in.key);
     e.v = detail::bnsd_to_engine(in.value);
     pl.kv_len = in.seq_len;

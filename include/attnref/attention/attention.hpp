@@ -57,11 +57,6 @@ inline void check_cu(const char* fn, const char* name, const std::vector<Index>&
                 std::string("exceeds ") + tokens_name, "<= " + std::to_string(tokens), cu.back());
 }
 
-template <class T, int R>
-inline void check_data(const char* fn, const char* name, const StridedView<T, R>& v) {
-  check_view(fn, name, v);
-}
-
 template <class A, int RA, class B, int RB>
 inline void check_no_overlap(const char* fn, const char* out_name, const StridedView<A, RA>& out,
                              const char* in_name, const StridedView<B, RB>& in) {
