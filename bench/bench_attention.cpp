@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "../tests/reference/naive_attention.hpp"
+#include "reference/naive_attention.hpp"
 
 namespace {
 

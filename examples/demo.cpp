@@ -30,11 +30,11 @@
 #include <random>
 #include <vector>
 
-#include "../tests/reference/mla_attention.hpp"
-#include "../tests/reference/mla_preprocess.hpp"
-#include "../tests/reference/naive_attention.hpp"
-#include "../tests/reference/nsa.hpp"
-#include "../tests/reference/nsa_compress.hpp"
+#include "reference/mla_attention.hpp"
+#include "reference/mla_preprocess.hpp"
+#include "reference/naive_attention.hpp"
+#include "reference/nsa.hpp"
+#include "reference/nsa_compress.hpp"
 
 namespace {
 
