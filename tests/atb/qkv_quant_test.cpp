@@ -1,8 +1,8 @@
 // ATB SelfAttention with qkv full quantization (quantType QKV_OFFLINE / QKV_ONLINE): against
-// the independent int64 / double reference of semantics.md §2.8 over modes, output types, masks,
-// block sizes and odd lengths around the 128-key block; offline == online where the definition
-// says so; thread invariance; the quantized result against float attention on the dequantized
-// data; the quantize_qkv builder; bad input.
+// the independent int64 / double reference of docs/semantics.md §2.8 over modes, output types,
+// masks, block sizes and odd lengths around the 128-key block; offline == online where the
+// definition says so; thread invariance; the quantized result against float attention on the
+// dequantized data; the quantize_qkv builder; bad input.
 
 #include <gtest/gtest.h>
 

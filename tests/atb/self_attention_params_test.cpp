@@ -26,7 +26,7 @@ using P = SelfAttentionParams;
 
 constexpr int kN = attnref::kNumSelfAttentionFeatures;
 
-// The table of shared/spec/coexistence.md, transcribed here a second time (row-major, upper and
+// The vendor table of docs/semantics.md §2.11, transcribed here a second time (row-major, upper and
 // lower triangle as printed there): 'Y' combine, 'N' conflict, '-' diagonal.
 const char* const kSpecTable[kN] = {
     "-YYYYYYNYYNN",  // batchRun

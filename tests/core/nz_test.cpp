@@ -1,4 +1,4 @@
-// FRACTAL_NZ conversions: the element placement of semantics.md §6 computed here as a flat
+// FRACTAL_NZ conversions: the element placement of docs/semantics.md §6 computed here as a flat
 // offset, zero padding, exact round trips for fp16, bf16, int8 and float, and bad shapes.
 
 #include <gtest/gtest.h>

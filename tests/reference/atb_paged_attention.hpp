@@ -1,7 +1,7 @@
 #pragma once
-// Independent reference of ATB PagedAttention (decode), from semantics.md §3: the caller gathers
-// each sequence's keys and values through the block table; scores, softmax and P·V in double.
-// Does not include attnref.
+// Independent reference of ATB PagedAttention (decode), from docs/semantics.md §3: the caller
+// gathers each sequence's keys and values through the block table; scores, softmax and P·V in
+// double. Does not include attnref.
 
 #include <cmath>
 #include <functional>

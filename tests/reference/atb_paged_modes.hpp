@@ -1,5 +1,5 @@
 #pragma once
-// Independent reference of three modes of ATB PagedAttention, written from semantics.md §1, §3
+// Independent reference of three modes of ATB PagedAttention, written from docs/semantics.md §1, §3
 // and the vendor goldens (test_paged_attention_common.py: group_mm_torch, softmax_quant_numpy,
 // softmax_quant_numpy_online, ref_masked_attention; test_paged_attention_lookahead.py):
 //

@@ -1,6 +1,6 @@
 #pragma once
 // Independent reference of ATB SelfAttention's qkv full quantization (quantType QKV_OFFLINE /
-// QKV_ONLINE), written from semantics.md §2.8: int64 products, double accumulation, the fp16 /
+// QKV_ONLINE), written from docs/semantics.md §2.8: int64 products, double accumulation, the fp16 /
 // fp32 rounding steps of the definition emulated explicitly. Does not include attnref.
 //
 // Besides the output it reports, per output row, whether rounding P̂ = exp(s - m) to fp16 fell

@@ -1,5 +1,5 @@
 #pragma once
-// Independent reference of ATB SelfAttention (PA_ENCODER), written from semantics.md §2.2–2.3.
+// Independent reference of ATB SelfAttention (PA_ENCODER), written from docs/semantics.md §2.2–2.3.
 // Double accumulation; the fp16 / fp32 rounding steps of the NPU are emulated explicitly with
 // Eigen's half and with float. Does not include attnref.
 

@@ -1,6 +1,7 @@
 #pragma once
 // Independent reference of CANN PromptFlashAttention (PFA) and IncreFlashAttention (IFA), written
-// from attnref's definition (semantics.md §7 and §10 items 8–9 as settled by the vendor's kernels):
+// from attnref's definition (docs/semantics.md §7 and §10 items 8–9 as settled by the vendor's
+// kernels):
 //
 // PFA, per batch b (S1_b query rows, S2_b keys), query head h (kv head h / (N / KV_N)), row i:
 //   key j < S2_b is EXCLUDED by sparse_mode

@@ -1,5 +1,5 @@
 #pragma once
-// Independent reference of CANN aclnnNsaCompressAttentionInfer (semantics.md §8, §10 item 7,
+// Independent reference of CANN aclnnNsaCompressAttentionInfer (docs/semantics.md §8, §10 item 7,
 // "Five facts" item 5), written from the definition, in double, over one dense array per batch:
 //   q [q_len][N][Dqk], k [cmp][KV_N][Dqk], v [cmp][KV_N][Dv]   (already rounded to the input type)
 //
@@ -28,7 +28,7 @@
 // (compressed_first = 1: array index t is block number t). With the physical 0-based geometry
 // (key t covers [t·d, t·d + l), compressed_first = 0) the overlap is Σ P[a(p+1) - 1 - m - n]:
 // the kernel's (and attnref's) choice is one stride later than the physical overlap — the
-// "p + 1" of semantics.md §10 item 7. index_scores() is the index formula written directly.
+// "p + 1" of docs/semantics.md §10 item 7. index_scores() is the index formula written directly.
 //
 // No include of attnref; Eigen only for the fp16 / bf16 roundings.
 

@@ -1,6 +1,6 @@
 #pragma once
 /// attnref::paged_attention — ATB PagedAttentionOperation (decode over a paged KV cache) on the
-/// attention engine (semantics.md §3).
+/// attention engine (docs/semantics.md §3).
 ///
 /// Implemented: calcType UNDEFINED (one query token per sequence) and SPEC (parallel decoding:
 /// q_seq_lens[b] query tokens per sequence, the last q_seq_lens[b] positions of its context),
@@ -41,7 +41,7 @@
 ///   s_t = q · k_t · qkScale (· logN[b]) + mask + alibi[b][h][t];  p = softmax(s)
 ///   out = Σ_t p_t v_t rounded to the output type
 /// The scores and P stay fp32 (the golden's fp32 reference; its P cast to the data type before
-/// P·V is what the NPU's rounding does, not the definition — semantics.md §1). A sequence with
+/// P·V is what the NPU's rounding does, not the definition — docs/semantics.md §1). A sequence with
 /// context length 0 or batchRunStatus 0 gets zero output rows. Masks are additive (ATB's
 /// -10000 / -inf entries): a row whose keys are all masked is an ordinary softmax over them.
 

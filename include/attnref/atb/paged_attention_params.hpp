@@ -1,6 +1,6 @@
 #pragma once
 /// ATB PagedAttentionOperation parameters (atb::infer::PagedAttentionParam), field for field,
-/// with the vendor's enum values, and the checks of the parameters alone (semantics.md §3).
+/// with the vendor's enum values, and the checks of the parameters alone (docs/semantics.md §3).
 
 #include <cmath>
 #include <cstdint>

@@ -1,6 +1,6 @@
 #pragma once
 /// The probability stage of ATB SelfAttention's int8 Q/K/V path (quantType QKV_OFFLINE = 2 and
-/// QKV_ONLINE = 3, semantics.md §2.8) as the engine's quantize_p hook.
+/// QKV_ONLINE = 3, docs/semantics.md §2.8) as the engine's quantize_p hook.
 ///
 /// Per kv block of `block` keys (128 by default; the engine's kv tile, counted from key 0), for
 /// query row i of head h, with m the running row maximum after the block:

@@ -1,5 +1,5 @@
 #pragma once
-/// attnref::reshape_and_cache — ATB ReshapeAndCacheOperation (semantics.md §4): writes the key
+/// attnref::reshape_and_cache — ATB ReshapeAndCacheOperation (docs/semantics.md §4): writes the key
 /// (and value) rows of new tokens into a paged KV cache at the slots of `slot_mapping`.
 ///
 ///   key            [numTokens, kvHead, headSizeK]

@@ -38,9 +38,9 @@
 ///   log_n        LOGN: float, [maxSeqLen] per query position (PA_ENCODER) or [batch] (DECODER)
 ///   out          [nTokens, headNum, headSizeV]
 /// batchRunStatus (batch_run_status_enable): a sequence with status 0 gets zero output rows and
-/// no cache write (semantics.md §2.7, the choice of §10 item 4).
+/// no cache write (docs/semantics.md §2.7, the choice of §10 item 4).
 ///
-/// Per sequence b, head h, query i, key j (semantics.md §2.2–2.3):
+/// Per sequence b, head h, query i, key j (docs/semantics.md §2.2–2.3):
 ///   s = (q_i · qScale) · k_j  (fp32 accumulation)
 ///   s = s · logN[i] (LOGN) · qkScale
 ///   s = fp16(clamp(s, clampMin, clampMax))      (clampType MIN_MAX)
@@ -101,7 +101,7 @@ struct SelfAttentionInputs {
 };
 
 /// int8 inputs of the qkv full quantization (quantType QKV_OFFLINE / QKV_ONLINE; calcType
-/// PA_ENCODER, BSND; semantics.md §2.8). TO, the type of the output and of the masks, is
+/// PA_ENCODER, BSND; docs/semantics.md §2.8). TO, the type of the output and of the masks, is
 /// params.out_data_type: half (Float16) or bfloat16 (BFloat16).
 template <class TO>
 struct SelfAttentionQuantInputs {
@@ -127,8 +127,8 @@ struct SelfAttentionOutputs {
   StridedView<T, 4> value_cache{};
 };
 
-/// inputLayout TYPE_BNSD (semantics.md §2.10). ENCODER / DECODER / UNDEFINED need kv-bypass (the
-/// caches are read, never written); PA_ENCODER takes q, k, v and no mask.
+/// inputLayout TYPE_BNSD (docs/semantics.md §2.10). ENCODER / DECODER / UNDEFINED need kv-bypass
+/// (the caches are read, never written); PA_ENCODER takes q, k, v and no mask.
 template <class T>
 struct SelfAttentionBnsdInputs {
   StridedView<const T, 4> query;    ///< [batch, headNum, S, headSize], S >= every seq_len
@@ -576,7 +576,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
   // fp16 mask encodings: additive with the DEFAULT kernel, binary x -3e38 otherwise.
   const bool additive_mask =
       std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
-  // The qkv-quantized path always computes its scores in fp16 (semantics.md §2.8).
+  // The qkv-quantized path always computes its scores in fp16 (docs/semantics.md §2.8).
   const bool fp16_scores = additive_mask || quant != nullptr;
   const bool alibi_blocks = alibi_compressed && !head_mask_form;  // the [256, 256] tile
   const bool compressed = params.mask_type == P::MaskType::NormCompress || alibi_compressed;
@@ -997,8 +997,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   detail::sa_run(params, pl, num_threads, extra, write_caches);
 }
 
-/// ATB SelfAttention with qkv full quantization (quantType QkvOffline / QkvOnline), semantics.md
-/// §2.8. Per sequence b, head h (kv head h / G), query i, key j:
+/// ATB SelfAttention with qkv full quantization (quantType QkvOffline / QkvOnline),
+/// docs/semantics.md §2.8. Per sequence b, head h (kv head h / G), query i, key j:
 ///   s = fp16(fp16(int32(q_i · k_j) · qkDescale[h]) · fp16(qkScale)), clamp (fp16), + mask (fp16)
 /// then the online softmax over blocks of params.quant_block_size keys (128) with P quantized to
 /// int8 per block (attnref/atb/qkv_quant.hpp): online with the running row amax / 127, offline
@@ -1107,8 +1107,8 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
       params, pl, num_threads, extra, [] {}, &quant);
 }
 
-/// ATB SelfAttention, inputLayout BNSD (semantics.md §2.10): ENCODER / DECODER / UNDEFINED with
-/// kv-bypass over BNSD caches, or PA_ENCODER over BNSD q / k / v. The output has the query's
+/// ATB SelfAttention, inputLayout BNSD (docs/semantics.md §2.10): ENCODER / DECODER / UNDEFINED
+/// with kv-bypass over BNSD caches, or PA_ENCODER over BNSD q / k / v. The output has the query's
 /// layout; its rows past seq_len[b] (and the rows of inactive sequences) are set to 0.
 template <class T>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,

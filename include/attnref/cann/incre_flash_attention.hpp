@@ -1,6 +1,6 @@
 #pragma once
 /// attnref::incre_flash_attention — CANN IncreFlashAttention (aclnnIncreFlashAttentionV4,
-/// MindSpore ops.incre_flash_attention) on the attention engine (semantics.md §7).
+/// MindSpore ops.incre_flash_attention) on the attention engine (docs/semantics.md §7).
 ///
 /// One query token per batch against its keys t < actual_seq_lengths[b] (default: the kv
 /// tensor's S), contiguous (one tensor with batch B, or B tensors with batch 1) or paged

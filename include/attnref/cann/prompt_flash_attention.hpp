@@ -1,6 +1,6 @@
 #pragma once
 /// attnref::prompt_flash_attention — CANN PromptFlashAttention (aclnnPromptFlashAttentionV3,
-/// MindSpore ops.prompt_flash_attention) on the attention engine (semantics.md §7).
+/// MindSpore ops.prompt_flash_attention) on the attention engine (docs/semantics.md §7).
 ///
 /// Per batch b: S1_b = actual_seq_lengths[b] query rows, S2_b = actual_seq_lengths_kv[b] keys
 /// (empty lists: the full extents; one value broadcasts; TND: cumulative). Key j is excluded
@@ -23,7 +23,7 @@
 /// key 0 against the running row max m: P8 = sat(rint(exp(s - m) · quant_scale1)), O += deq_scale2
 /// · (P8·V8) (exact), l = Σ exp(s - m) unrounded; out = O / l as fp16, or int8. int8 output (any
 /// input type, quant_scale2 per tensor or per channel, quant_offset2 optional): out =
-/// sat(rint(O · quant_scale2 + quant_offset2)), round half to even (semantics.md §10 item 9);
+/// sat(rint(O · quant_scale2 + quant_offset2)), round half to even (docs/semantics.md §10 item 9);
 /// padded rows stay 0, a row with no key left is the quantized 0.
 /// Every check runs before the output is written; results never depend on num_threads.
 

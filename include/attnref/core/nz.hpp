@@ -1,5 +1,5 @@
 #pragma once
-/// The NPU's FRACTAL_NZ layout (semantics.md §6) and conversions to and from ND.
+/// The NPU's FRACTAL_NZ layout (docs/semantics.md §6) and conversions to and from ND.
 ///
 /// A 2-D matrix [M, N] of elements of e bytes is stored as [N1, M1·16, C0] with C0 = 32 / e
 /// (16 for fp16 / bf16, 32 for int8, 8 for float), M1 = ceil(M / 16), N1 = ceil(N / C0):

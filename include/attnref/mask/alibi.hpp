@@ -1,6 +1,6 @@
 #pragma once
-/// The compressed ALiBi masks of ATB's encoders (semantics.md §2.5), expanded block by block as
-/// the NPU kernel does. Blocks are 128 x 128; for query i (shifted by kv_len − q_len with
+/// The compressed ALiBi masks of ATB's encoders (docs/semantics.md §2.5), expanded block by block
+/// as the NPU kernel does. Blocks are 128 x 128; for query i (shifted by kv_len − q_len with
 /// PREFIX_ENCODER) and key j, m = i / 128, n = j / 128, a = i % 128, b = j % 128, and blocks
 /// above the diagonal (n > m) are skipped (NormCompressHook's block structure).
 ///

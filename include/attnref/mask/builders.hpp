@@ -1,7 +1,7 @@
 #pragma once
 /// Builders of the mask tensors ATB's attention operators document, in each dtype form, and the
-/// ALiBi slopes (semantics.md §2.3–2.6, §3). Every builder returns a row-major std::vector of the
-/// shape it names; view it with StridedView.
+/// ALiBi slopes (docs/semantics.md §2.3–2.6, §3). Every builder returns a row-major std::vector of
+/// the shape it names; view it with StridedView.
 ///
 /// Forms (MaskForm): Additive — fp16 with kernelType DEFAULT: 0 = keep, `masked_value` (−10000
 /// by default; the SWA examples use −65536) = masked, added to the score; Binary — bf16, or fp16

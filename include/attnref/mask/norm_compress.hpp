@@ -9,7 +9,7 @@
 /// bottom-right; 0 otherwise), query i and key j fall in block row (i + offset) / 128 and block
 /// column j / 128, and the diagonal block reads tile[(i + offset) % 128][j % 128]. With the
 /// documented triangular tile this is exactly the (bottom-right aligned) causal mask
-/// (semantics.md §2.4). ENCODER / DECODER / UNDEFINED use offset 0, like the top-left slice
+/// (docs/semantics.md §2.4). ENCODER / DECODER / UNDEFINED use offset 0, like the top-left slice
 /// [0, seqLen) x [0, tokenOffset) the vendor's golden takes of a mask: a decoder query (row 0)
 /// then sees key 0 only, so a compressed mask makes no sense there (use maskType UNDEFINED).
 

@@ -1,6 +1,6 @@
 #pragma once
-/// The matmuls of ATB's MlaPreprocess (semantics.md §5 steps 2 and 5): int8 activations × an int8
-/// weight with exact int32 sums, bias and dequantization; the floating-point form of the
+/// The matmuls of ATB's MlaPreprocess (docs/semantics.md §5 steps 2 and 5): int8 activations × an
+/// int8 weight with exact int32 sums, bias and dequantization; the floating-point form of the
 /// Unquant mode; and the weight formats (ND [out, in], ND [in, out], NZ).
 ///
 /// acc[m][n] = Σ_k a[m][k] · W[n][k] (int32, exact), then in fp32, each step rounded once:

@@ -1,5 +1,5 @@
 #pragma once
-/// attnref::mla_preprocess — ATB MlaPreprocessOperation (semantics.md §5): the whole input
+/// attnref::mla_preprocess — ATB MlaPreprocessOperation (docs/semantics.md §5): the whole input
 /// preparation of DeepSeek's Multi-head Latent Attention, composed of the public stages
 ///
 ///   input [N, H0] ─ rms_norm_quant(gamma0, beta0, quantScale0/Offset0) ─ int8_matmul(wdqkv,

@@ -1,6 +1,6 @@
 #pragma once
 /// Parameters of the MLA (Multi-head Latent Attention) pieces: the model dimensions and ATB's
-/// MlaPreprocessParam (semantics.md §5).
+/// MlaPreprocessParam (docs/semantics.md §5).
 
 #include <cstdint>
 

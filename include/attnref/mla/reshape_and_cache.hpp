@@ -1,5 +1,5 @@
 #pragma once
-/// The cache write of ATB's MlaPreprocess (semantics.md §5 step 7): each token's latent key
+/// The cache write of ATB's MlaPreprocess (docs/semantics.md §5 step 7): each token's latent key
 /// row k_nope [C] and rope part k_rope [R] go to slot s = slot_mapping[t] (block s / blockSize,
 /// row s % blockSize; s < 0: the token is skipped; a slot written twice keeps the later token):
 ///   KvCache:     cache [blocks, bs, 1, C + R] = concat(k_nope, k_rope)

@@ -1,5 +1,5 @@
 #pragma once
-/// RmsNorm and RmsNormQuant of ATB's MlaPreprocess (semantics.md §5 steps 1, 3 and 6).
+/// RmsNorm and RmsNormQuant of ATB's MlaPreprocess (docs/semantics.md §5 steps 1, 3 and 6).
 ///
 /// Each row x of n values (fp16 / bf16 / float), every step one fp32 operation rounded once:
 ///   ss = fp32(Σ x²) (summed in double), r = 1 / sqrt(ss / n + eps), y = (x · r) · gamma

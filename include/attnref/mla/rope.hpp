@@ -1,6 +1,6 @@
 #pragma once
 /// RoPE with rotary coefficient 2 (rotate half) as ATB's MlaPreprocess applies it to the query
-/// and key rope parts (semantics.md §5 steps 5 and 6), in the model dtype's arithmetic:
+/// and key rope parts (docs/semantics.md §5 steps 5 and 6), in the model dtype's arithmetic:
 ///   rot = [−x₂, x₁] (the two halves of each head), out = T(T(x · cos) + T(rot · sin))
 /// with each product rounded to T and the sum of the two T values rounded once (through fp32).
 /// sin and cos are per token [N, R], the same for every head.

@@ -1,5 +1,5 @@
 #pragma once
-/// NSA block selection (semantics.md §8 steps 4–6): the importance score of each select block
+/// NSA block selection (docs/semantics.md §8 steps 4–6): the importance score of each select block
 /// from the compressed branch's probabilities, the forced blocks and the top-k.
 ///
 /// With compress block l, stride d, select block l' (a = l'/d, c = l/d) and cmp_len compressed
