@@ -1,5 +1,5 @@
 #pragma once
-/// The matmuls of ATB's MlaPreprocess (docs/semantics.md §5 steps 2 and 5): int8 activations × an
+/// The matmuls of ATB's MlaPreprocess (docs/semantics.md §5 steps 2 and 3): int8 activations × an
 /// int8 weight with exact int32 sums, bias and dequantization; the floating-point form of the
 /// Unquant mode; and the weight formats (ND [out, in], ND [in, out], NZ).
 ///
