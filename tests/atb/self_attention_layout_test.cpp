@@ -647,14 +647,15 @@ TEST(SelfAttentionLayouts, BadInputIsRejectedBeforeWriting) {
     for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
   };
   table[1] = 4;
-  expect(std::out_of_range(""), "block_table[0][1] out of range: expected [0, 4), got 4");
+  expect(std::out_of_range(""),
+         "self_attention: block_tables[0][1] out of range: expected [0, 4), got 4");
   table[1] = 1;
   in.kv_seq_len = {1, 3};
   expect(std::invalid_argument(""), "kv_seq_len[0] smaller than seq_len");
   in.kv_seq_len = {20};
   expect(std::invalid_argument(""), "kv_seq_len size mismatch");
   in.kv_seq_len = {33, 3};
-  expect(std::invalid_argument(""), "seq.kv[0] exceeds block_table.shape[1] * block_size");
+  expect(std::invalid_argument(""), "kv_seq_len[0] exceeds block_tables.shape[1] * blockSize");
   in.kv_seq_len = {20, 3};
   in.block_tables = {};
   expect(std::invalid_argument(""), "block_tables missing for PrefixEncoder");

@@ -10,16 +10,19 @@
 //               result, a touched output, another exception type. (A crash or a sanitizer
 //               report ends the run, which fails it as well.)
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -89,16 +92,18 @@ inline std::string rejection_defect(const std::string& op, bool valid, const std
   return "";
 }
 
-/// Runs `call` and classifies the outcome (see the top of the file). `untouched` tells whether
-/// every output / cache / input still holds what it held before; `verify` returns "" when an
-/// accepted result is right, else what is wrong.
+/// Runs `call` and classifies the outcome (see the top of the file) under the label `entry`;
+/// rejections must name `op`, the operator called. `untouched` tells whether every output /
+/// cache / input still holds what it held before; `verify` returns "" when an accepted result is
+/// right, else what is wrong.
 template <class Call, class Untouched, class Verify>
-void classify(Run& run, const std::string& entry, std::uint64_t seed, const char* perturbation,
-              bool must_reject, Call&& call, Untouched&& untouched, Verify&& verify) {
+void classify(Run& run, const std::string& entry, const std::string& op, std::uint64_t seed,
+              const char* perturbation, bool must_reject, Call&& call, Untouched&& untouched,
+              Verify&& verify) {
   Tally& t = run.tally[entry];
   const bool valid = perturbation == nullptr;
   if (valid) ++t.valid;
-  std::string defect;
+  std::string defect, outcome = "accepted";  // outcome: for --verbose
   const std::string label = valid ? "valid" : perturbation;
   try {
     call();
@@ -109,11 +114,13 @@ void classify(Run& run, const std::string& entry, std::uint64_t seed, const char
       if (defect.empty()) ++t.accepted;
     }
   } catch (const std::invalid_argument& e) {
-    defect = rejection_defect(entry, valid, e.what(), untouched());
+    defect = rejection_defect(op, valid, e.what(), untouched());
     if (defect.empty()) ++t.rejected;
+    outcome = e.what();
   } catch (const std::out_of_range& e) {
-    defect = rejection_defect(entry, valid, e.what(), untouched());
+    defect = rejection_defect(op, valid, e.what(), untouched());
     if (defect.empty()) ++t.rejected;
+    outcome = e.what();
   } catch (const std::exception& e) {
     defect = std::string("wrong exception type: ") + e.what();
   }
@@ -125,7 +132,7 @@ void classify(Run& run, const std::string& entry, std::uint64_t seed, const char
   }
   if (run.verbose)
     std::printf("%s seed %llu [%s]: %s\n", entry.c_str(), static_cast<unsigned long long>(seed),
-                label.c_str(), defect.empty() ? "ok" : defect.c_str());
+                label.c_str(), (defect.empty() ? "ok, " + outcome : defect).c_str());
 }
 
 /// Bitwise equality of two buffers (NaN == NaN when the bits agree).
@@ -153,6 +160,25 @@ bool same_bits_all(const Tuple& a, const Tuple& b, std::index_sequence<I...>) {
   return (same_bits(std::get<I>(a), std::get<I>(b)) && ...);
 }
 
+/// A fixed label for run_case; rejections must name the operator `op` (the label when null: an
+/// entry per mode of one operator, e.g. "self_attention_decoder", sets op "self_attention").
+struct Named {
+  const char* name;
+  const char* op = nullptr;
+  template <class Config>
+  std::string operator()(const Config&) const {
+    return name;
+  }
+};
+
+/// The operator a label's rejections must name.
+template <class Label, class Config>
+std::string op_of(const Label& label, const Config& c) {
+  if constexpr (std::is_same_v<Label, Named>)
+    if (label.op != nullptr) return label.op;
+  return label(c);
+}
+
 /// One case of an entry point: builds a configuration from the seed, applies one perturbation
 /// of `list` (or none), snapshots the buffers `watched` names (inputs, outputs and caches), calls
 /// the operator and classifies the outcome under the label `entry(c)`.
@@ -167,7 +193,8 @@ void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Confi
   const Perturbation<Config>* pert = pi < 0 ? nullptr : &list[static_cast<size_t>(pi)];
   const auto before = std::make_tuple((c.*watched)...);
   classify(
-      run, entry(c), seed, pert ? pert->name : nullptr, pert && pert->reject, [&] { call(c); },
+      run, entry(c), op_of(entry, c), seed, pert ? pert->name : nullptr, pert && pert->reject,
+      [&] { call(c); },
       [&] {
         return same_bits_all(before, std::make_tuple((c.*watched)...),
                              std::index_sequence_for<Buf...>{});
@@ -175,14 +202,71 @@ void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Confi
       [&] { return verify(c); });
 }
 
-/// A fixed label for run_case.
-struct Named {
-  const char* name;
-  template <class Config>
-  std::string operator()(const Config&) const {
-    return name;
+/// A perturbation that applies `change` when `ok` (null: always) holds of the configuration.
+template <class Config>
+Perturbation<Config> edit(const char* name, bool reject, bool (*ok)(const Config&),
+                          void (*change)(Config&, Rng&)) {
+  return {name, reject, [ok, change](Config& c, Rng& r) {
+            if (ok != nullptr && !ok(c)) return false;
+            change(c, r);
+            return true;
+          }};
+}
+
+/// A paged K/V pool: len[b] random tokens of widths wk / wv per sequence in shuffled blocks of pbs
+/// rows, NaN in every row no sequence owns (so reading one shows); table [B, mb] padded with -1
+/// (mb: the longest sequence's blocks, sometimes one more); a spare block or two.
+struct Pool {
+  Index pbs = 1, mb = 0, nb = 0, wk = 1, wv = 1;
+  std::vector<std::int32_t> table;
+  std::vector<float> k, v;  // [nb, pbs, wk] / [nb, pbs, wv]
+  /// The cache row of token t of sequence b.
+  Index at(Index b, Index t) const {
+    return table[static_cast<size_t>(b * mb + t / pbs)] * pbs + t % pbs;
+  }
+  /// The blocks a sequence of `len` tokens uses.
+  Index blocks(Index len) const { return (len + pbs - 1) / pbs; }
+  /// Token rows [0, len) of sequence b, each `width` wide, from k (or v) as doubles.
+  std::vector<double> dense(Index b, Index len, bool values) const {
+    const std::vector<float>& x = values ? v : k;
+    const Index w = values ? wv : wk;
+    std::vector<double> out;
+    for (Index t = 0; t < len; ++t)
+      out.insert(out.end(), x.begin() + at(b, t) * w, x.begin() + (at(b, t) + 1) * w);
+    return out;
   }
 };
+
+inline void make_pool(Pool& p, Rng& r, const std::vector<Index>& len, Index pbs, Index wk,
+                      Index wv) {
+  p.pbs = pbs, p.wk = wk, p.wv = wv;
+  Index used = 0;
+  for (Index l : len) used += p.blocks(l), p.mb = std::max(p.mb, p.blocks(l));
+  p.mb += r.range(0, 1);
+  p.nb = used + r.range(0, 2);
+  std::vector<std::int32_t> ids(static_cast<size_t>(p.nb));
+  for (Index i = 0; i < p.nb; ++i) ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), r.g);
+  p.table.assign(len.size() * static_cast<size_t>(p.mb), -1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  p.k.assign(static_cast<size_t>(p.nb * pbs * wk), nan);
+  p.v.assign(static_cast<size_t>(p.nb * pbs * wv), nan);
+  Index next = 0;
+  for (size_t b = 0; b < len.size(); ++b)
+    for (Index t = 0; t < len[b]; ++t) {
+      if (t % pbs == 0)
+        p.table[b * static_cast<size_t>(p.mb) + static_cast<size_t>(t / pbs)] =
+            ids[static_cast<size_t>(next++)];
+      const Index row = p.at(static_cast<Index>(b), t);
+      for (Index e = 0; e < wk; ++e) p.k[static_cast<size_t>(row * wk + e)] = r.normal();
+      for (Index e = 0; e < wv; ++e) p.v[static_cast<size_t>(row * wv + e)] = r.normal();
+    }
+}
+
+/// A pool is watched whole by run_case.
+inline bool same_bits(const Pool& a, const Pool& b) {
+  return same_bits(a.table, b.table) && same_bits(a.k, b.k) && same_bits(a.v, b.v);
+}
 
 using Entry = std::function<void(Run&, std::uint64_t seed)>;
 

@@ -984,7 +984,7 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
   // The selected / window branches' rules, checked before the compressed branch writes.
   reject_step(
       c, [](Step<half>& s, DP&, DIn&, DOut&) { s.bt[z(s.mb + 3)] = s.nb; },
-      "nsa_selected_attention_infer: block_table[1][3]", true);
+      "nsa_decode_step: block_table[1][3] out of range (in nsa_selected_attention_infer)", true);
   reject_step(
       c, [](Step<half>&, DP&, DIn& in, DOut&) { in.key.shape[1] = 16; }, "key.shape");
   reject_step(
@@ -1010,7 +1010,7 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
       "nsa_decode_step: cmp_block_table.shape");
   reject_step(
       c, [](Step<half>&, DP& p, DIn&, DOut&) { p.compress_block_size = 24; },
-      "nsa_compress_attention_infer: params.compress_block_stride");
+      "nsa_decode_step: params.compress_block_stride");
 }
 
 // A tiny step for the overlap and padding rules: one batch, TND, N = KV_N = 1, D 16, sel 64.

@@ -789,6 +789,14 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   const bool prefix = params.calc_type == P::CalcType::PrefixEncoder;
   const bool bypass = params.kvcache_cfg == P::KvCacheCfg::KBypassVBypass;
   const bool mla = params.mla_v_head_size > 0;
+  if (!(pa || prefix || bypass || kv_list)) {  // the new tokens are written into the caches
+    for (const auto* c : {&out.key_cache, &out.value_cache})
+      detail::check_out_overlaps(fn, c == &out.key_cache ? "key_cache" : "value_cache", *c, "query",
+                                 in.query, "key", in.key, "value", in.value, "mask", in.mask,
+                                 "log_n", in.log_n, "head_mask", in.head_mask, "slopes", in.slopes);
+    ATTNREF_CHECK(!detail::overlaps(out.key_cache, out.value_cache), std::invalid_argument, fn,
+                  "value_cache", "overlaps key_cache", "disjoint caches", "overlapping memory");
+  }
 
   detail::SelfAttentionPlan<T> pl;
   pl.decoder = params.calc_type == P::CalcType::Decoder;
@@ -859,6 +867,26 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
                     in.kv_seq_len[static_cast<size_t>(b)]);
     ATTNREF_CHECK(!in.block_tables.absent(), std::invalid_argument, fn, "block_tables",
                   "missing for PrefixEncoder", "[batch, maxBlocks]", "none");
+    // The paged caches under PrefixEncoder's names (the engine would name its own arguments).
+    const Index bs = in.key.size(1);
+    ATTNREF_CHECK(bs > 0, std::invalid_argument, fn, "key.shape[1] (blockSize)", "not positive",
+                  ">= 1", bs);
+    ATTNREF_CHECK(in.block_tables.size(0) == pl.batch, std::invalid_argument, fn,
+                  "block_tables.shape[0]", "mismatch with the batch", pl.batch,
+                  in.block_tables.size(0));
+    const Index capacity =
+        detail::checked_mul(fn, "block_tables.shape[1] * blockSize", in.block_tables.size(1), bs);
+    for (Index b = 0; b < pl.batch; ++b) {
+      const Index len = in.kv_seq_len[static_cast<size_t>(b)];
+      ATTNREF_CHECK(
+          len <= capacity, std::invalid_argument, fn, "kv_seq_len[" + std::to_string(b) + "]",
+          "exceeds block_tables.shape[1] * blockSize", "<= " + std::to_string(capacity), len);
+      for (Index j = 0; j * bs < len; ++j)
+        ATTNREF_CHECK(
+            in.block_tables(b, j) >= 0 && in.block_tables(b, j) < in.key.size(0), std::out_of_range,
+            fn, "block_tables[" + std::to_string(b) + "][" + std::to_string(j) + "]",
+            "out of range", "[0, " + std::to_string(in.key.size(0)) + ")", in.block_tables(b, j));
+    }
     e.k = detail::split_hidden(in.key, pl.nkv, pl.d);
     e.v = detail::split_hidden(in.value, pl.nkv, pl.dv);
     e.block_table = in.block_tables;

@@ -1,7 +1,7 @@
 #pragma once
-/// attnref::nsa_compress_attention_infer — CANN aclnnNsaCompressAttentionInfer (semantics.md §8):
-/// the compressed branch of Native Sparse Attention for decode, fused with the importance score
-/// and the top-k block selection.
+/// attnref::nsa_compress_attention_infer — CANN aclnnNsaCompressAttentionInfer (docs/semantics.md
+/// §8): the compressed branch of Native Sparse Attention for decode, fused with the importance
+/// score and the top-k block selection.
 ///
 /// Per batch b (cmp_len_b compressed keys in a paged cache, q_len_b <= 4 query tokens), query
 /// token i, head h (kv head h / G):
@@ -249,12 +249,13 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                   "16, 32, ..., 128", std::to_string(pbs));
   }
   Index max_cmp = 0, max_sel_blocks = 0;
+  const Index capacity = detail::checked_mul(
+      "nsa_compress_attention_infer", "block_table.shape[1] * page_block_size", bt.dim(1), pbs);
   for (Index b = 0; b < B; ++b) {
     const std::int64_t v = in.actual_cmp_kv_seq_len[static_cast<size_t>(b)];
-    ATTNREF_CHECK(v >= 0 && v <= bt.dim(1) * pbs, std::invalid_argument,
-                  "nsa_compress_attention_infer",
+    ATTNREF_CHECK(v >= 0 && v <= capacity, std::invalid_argument, "nsa_compress_attention_infer",
                   "actual_cmp_kv_seq_len[" + std::to_string(b) + "]", "out of range",
-                  "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
+                  "[0, maxBlocks * pageBlockSize = " + std::to_string(capacity) + "]",
                   std::to_string(v));
     if (p.strict)
       ATTNREF_CHECK(v <= 8192, std::invalid_argument, "nsa_compress_attention_infer",

@@ -146,6 +146,28 @@ NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDec
   return d;
 }
 
+/// Runs `f`, a call of the operator of one branch, and rethrows its rejection under the step's
+/// name `fn`: "attnref::<branch op>: <argument> <what>: expected .." becomes
+/// "attnref::<fn>: <argument> <what> (in <branch op>): expected ..".
+template <class F>
+void nsa_as_step(const char* fn, F&& f) {
+  const auto rename = [fn](const std::string& what) {
+    const std::string head = "attnref::";
+    const size_t colon = what.find(": "), expected = what.rfind(": expected ");
+    if (what.rfind(head, 0) != 0 || colon == std::string::npos || expected == std::string::npos)
+      return what;
+    return head + fn + what.substr(colon, expected - colon) + " (in " +
+           what.substr(head.size(), colon - head.size()) + ")" + what.substr(expected);
+  };
+  try {
+    f();
+  } catch (const std::out_of_range& e) {
+    throw std::out_of_range(rename(e.what()));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(rename(e.what()));
+  }
+}
+
 inline std::string nsa_dims_str(const std::vector<Index>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -209,7 +231,7 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
   w.ep.num_threads = num_threads;
   w.eo.o = tnd ? StridedView<T, 4>(out.data, {1, d.rows, d.N, d.Dv})
                : StridedView<T, 4>(out.data, {d.B, d.S, d.N, d.Dv});
-  validate(e, w.ep, w.eo);  // lengths, block table entries, overlaps
+  (void)resolve(fn, e, w.ep, w.eo);  // lengths, block table entries, overlaps, named by fn
   return w;
 }
 
@@ -322,14 +344,16 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   ATTNREF_CHECK(!cbt.absent() && cbt.rank() == 2 && cbt.dim(0) == d.B, std::invalid_argument, fn,
                 "cmp_block_table.shape", "mismatch", "[" + std::to_string(d.B) + ", maxCmpBlocks]",
                 detail::shape_str(cbt));
+  const Index cmp_capacity =
+      detail::checked_mul(fn, "cmp_block_table.shape[1] * cmp_page_block_size", cbt.dim(1), cpbs);
   std::vector<std::int64_t> cmp_len;
   for (Index b = 0; b < d.B; ++b) {
     const Index sel = static_cast<Index>(in.actual_sel_kv_seq_len[static_cast<size_t>(b)]);
     const Index c = nsa_compressed_count(sel, l, d_);
-    ATTNREF_CHECK(c <= cbt.dim(1) * cpbs, std::invalid_argument, fn,
+    ATTNREF_CHECK(c <= cmp_capacity, std::invalid_argument, fn,
                   "actual_sel_kv_seq_len[" + std::to_string(b) + "]",
                   "needs more compressed tokens than cmp_block_table holds",
-                  "(sel - l) / d + 1 <= " + std::to_string(cbt.dim(1) * cpbs),
+                  "(sel - l) / d + 1 <= " + std::to_string(cmp_capacity),
                   std::to_string(sel) + " (" + std::to_string(c) + " compressed)");
     for (Index j = 0; j * cpbs < c; ++j) {
       const std::int32_t id = cbt.data[b * cbt.dim(1) + j];
@@ -423,7 +447,7 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   si.query = in.query;
   si.key = in.key;
   si.value = in.value;
-  if (!tnd) {  // the selected operator takes 4-d caches with BSND
+  if (!tnd && in.key.rank() == 3) {  // the selected operator takes 4-d caches with BSND
     si.key.shape = {in.key.dim(0), in.key.dim(1), d.KVN, d.Dqk};
     si.value.shape = {in.value.dim(0), in.value.dim(1), d.KVN, d.Dv};
   }
@@ -440,11 +464,13 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
     NsaSelectedAttentionInferInputs<T> probe = si;
     probe.topk_indices = TensorRef<const std::int32_t>(none.data(), t_shape);
     std::vector<T> sink(static_cast<size_t>(n_o));
-    nsa_selected_attention_infer(sp, probe, {TensorRef<T>(sink.data(), o_shape)}, 1);
+    detail::nsa_as_step(fn, [&] {
+      nsa_selected_attention_infer(sp, probe, {TensorRef<T>(sink.data(), o_shape)}, 1);
+    });
   }
   const detail::NsaWindowProblem<T> win = detail::nsa_window_problem(fn, p, in, o_win, num_threads);
-  nsa_compress_attention_infer(cp, ci, co, num_threads);
-  nsa_selected_attention_infer(sp, si, {o_sel}, num_threads);
+  detail::nsa_as_step(fn, [&] { nsa_compress_attention_infer(cp, ci, co, num_threads); });
+  detail::nsa_as_step(fn, [&] { nsa_selected_attention_infer(sp, si, {o_sel}, num_threads); });
   detail::nsa_window_run(win);
   nsa_gated_sum<T>(in.gates, o_cmp, o_sel, o_win, out.output);
   if (!tnd)  // padded rows are 0 whatever their gates

@@ -221,12 +221,13 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                   "params.page_block_size", "not supported" + rule, "64 or 128",
                   std::to_string(pbs));
   }
+  const Index capacity =
+      detail::checked_mul(fn, "block_table.shape[1] * page_block_size", bt.dim(1), pbs);
   for (Index b = 0; b < B; ++b) {
     const std::int64_t v = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
-    ATTNREF_CHECK(v >= 0 && v <= bt.dim(1) * pbs, std::invalid_argument,
-                  "nsa_selected_attention_infer",
+    ATTNREF_CHECK(v >= 0 && v <= capacity, std::invalid_argument, "nsa_selected_attention_infer",
                   "actual_sel_kv_seq_len[" + std::to_string(b) + "]", "out of range",
-                  "[0, maxBlocks * pageBlockSize = " + std::to_string(bt.dim(1) * pbs) + "]",
+                  "[0, maxBlocks * pageBlockSize = " + std::to_string(capacity) + "]",
                   std::to_string(v));
     ATTNREF_CHECK(v == 0 || qlen[static_cast<size_t>(b)] <= v, std::invalid_argument,
                   "nsa_selected_attention_infer", "actual_q_seq_len[" + std::to_string(b) + "]",
@@ -270,7 +271,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     }
   std::vector<std::int32_t> seen;
   for (Index b = 0; b < B; ++b) {
-    const Index n_sel = (sel[static_cast<size_t>(b)] + ls - 1) / ls;
+    const Index n_sel = sel[static_cast<size_t>(b)] / ls + (sel[static_cast<size_t>(b)] % ls != 0);
     for (Index i = 0; i < qlen[static_cast<size_t>(b)]; ++i)
       for (Index g = 0; g < KVN; ++g) {
         const Index row = row0[static_cast<size_t>(b)] + i;
@@ -331,7 +332,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
         kv_len[static_cast<size_t>(e)] = n;
       }
     }
-  Index max_len = 1;
+  Index max_len = 0;  // 0 when nothing is selected: an empty cache may have null data
   for (Index v : kv_len) max_len = std::max(max_len, v);
   AttentionInputs<T, T> ein;
   ein.q = StridedView<const T, 4>(q.data, {E, 1, G, Dqk});
