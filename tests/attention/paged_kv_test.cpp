@@ -85,7 +85,7 @@ TEST(PagedKv, ChecksNameTheEntry) {
   expect([&] { (void)cache.locate(0, 12); }, "t out of range: expected [0, 12), got 12", true);
   cache.context_lens = {13, 0};
   expect([&] { cache.validate(); },
-         "context_lens[0] longer than maxBlocksPerSeq * blockSize: expected <= 12, got 13", false);
+         "context_lens[0] exceeds block_table.shape[1] * blockSize: expected <= 12, got 13", false);
   attnref::CsrBlockTable bad{{0, 2}, {1, 2}, {5}};
   expect([&] { (void)attnref::from_csr(bad, 4); },
          "last_page_len[0] out of range: expected [1, 4], got 5", false);

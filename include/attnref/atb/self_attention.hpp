@@ -854,9 +854,11 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     for (Index hs : {pl.d, pl.dv})
       ATTNREF_CHECK(hs <= 128 && hs % 16 == 0, std::invalid_argument, fn, "head size",
                     "not supported by PrefixEncoder", "a multiple of 16, <= 128", hs);
-    ATTNREF_CHECK(in.key.size(1) * pl.d <= 128 * 128, std::invalid_argument, fn,
+    const Index block_elems =
+        detail::checked_mul(fn, "key.shape[1] (blockSize) * headSize", in.key.size(1), pl.d);
+    ATTNREF_CHECK(block_elems <= 128 * 128, std::invalid_argument, fn,
                   "key.shape[1] (blockSize) * headSize", "above PrefixEncoder's limit", "<= 16384",
-                  in.key.size(1) * pl.d);
+                  block_elems);
     ATTNREF_CHECK(static_cast<Index>(in.kv_seq_len.size()) == pl.batch, std::invalid_argument, fn,
                   "kv_seq_len", "size mismatch", pl.batch, in.kv_seq_len.size());
     for (Index b = 0; b < pl.batch; ++b)
@@ -868,25 +870,9 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     ATTNREF_CHECK(!in.block_tables.absent(), std::invalid_argument, fn, "block_tables",
                   "missing for PrefixEncoder", "[batch, maxBlocks]", "none");
     // The paged caches under PrefixEncoder's names (the engine would name its own arguments).
-    const Index bs = in.key.size(1);
-    ATTNREF_CHECK(bs > 0, std::invalid_argument, fn, "key.shape[1] (blockSize)", "not positive",
-                  ">= 1", bs);
-    ATTNREF_CHECK(in.block_tables.size(0) == pl.batch, std::invalid_argument, fn,
-                  "block_tables.shape[0]", "mismatch with the batch", pl.batch,
-                  in.block_tables.size(0));
-    const Index capacity =
-        detail::checked_mul(fn, "block_tables.shape[1] * blockSize", in.block_tables.size(1), bs);
-    for (Index b = 0; b < pl.batch; ++b) {
-      const Index len = in.kv_seq_len[static_cast<size_t>(b)];
-      ATTNREF_CHECK(
-          len <= capacity, std::invalid_argument, fn, "kv_seq_len[" + std::to_string(b) + "]",
-          "exceeds block_tables.shape[1] * blockSize", "<= " + std::to_string(capacity), len);
-      for (Index j = 0; j * bs < len; ++j)
-        ATTNREF_CHECK(
-            in.block_tables(b, j) >= 0 && in.block_tables(b, j) < in.key.size(0), std::out_of_range,
-            fn, "block_tables[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-            "out of range", "[0, " + std::to_string(in.key.size(0)) + ")", in.block_tables(b, j));
-    }
+    detail::check_block_table(
+        fn, {"block_tables", "kv_seq_len", "key.shape[1] (blockSize)", "blockSize"},
+        in.block_tables, in.kv_seq_len, in.key.size(0), in.key.size(1));
     e.k = detail::split_hidden(in.key, pl.nkv, pl.d);
     e.v = detail::split_hidden(in.value, pl.nkv, pl.dv);
     e.block_table = in.block_tables;

@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "attnref/attention/paged_kv.hpp"
 #include "attnref/attention/params.hpp"
 #include "attnref/attention/variant.hpp"
 #include "attnref/core/error.hpp"
@@ -186,20 +187,10 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
                   "mismatch with the batch", g.batch, bt.size(0));
     ATTNREF_CHECK(!seq.kv.empty(), std::invalid_argument, fn, "seq.kv",
                   "missing with a block table", "the kv length of every sequence", "empty");
-    ATTNREF_CHECK(k.size(1) > 0, std::invalid_argument, fn, "k.shape[1] (block_size)",
-                  "not positive", ">= 1", k.size(1));
-    check_lengths(fn, "seq.kv", seq.kv, g.batch,
-                  checked_mul(fn, "block_table.shape[1] * block_size", bt.size(1), k.size(1)),
-                  "block_table.shape[1] * block_size");
-    for (Index b = 0; b < g.batch; ++b) {
-      const Index blocks = (seq.kv[static_cast<size_t>(b)] + k.size(1) - 1) / k.size(1);
-      for (Index j = 0; j < blocks; ++j) {
-        const Index id = bt(b, j);
-        ATTNREF_CHECK(id >= 0 && id < k.size(0), std::out_of_range, fn,
-                      "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                      "out of range", "[0, " + std::to_string(k.size(0)) + ")", id);
-      }
-    }
+    ATTNREF_CHECK(static_cast<Index>(seq.kv.size()) == g.batch, std::invalid_argument, fn, "seq.kv",
+                  "size mismatch", g.batch, seq.kv.size());
+    check_block_table(fn, {"block_table", "seq.kv", "k.shape[1] (block_size)", "block_size"}, bt,
+                      seq.kv, k.size(0), k.size(1));
   } else if (kv_packed) {
     ATTNREF_CHECK(k.size(0) == 1, std::invalid_argument, fn, "k.shape[0]",
                   "must be 1 for packed (TND) kv with kv_cu", 1, k.size(0));

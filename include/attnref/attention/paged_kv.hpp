@@ -25,6 +25,52 @@
 
 namespace attnref {
 
+namespace detail {
+
+/// What a paged K/V input's pieces are called by its caller, for messages.
+struct PagedNames {
+  const char* table;       ///< the block table, e.g. "block_table" or "block_tables"
+  const char* lens;        ///< the per-sequence lengths, e.g. "seq.kv" or "context_lens"
+  const char* block_size;  ///< the block size's argument, e.g. "k.shape[1] (blockSize)"
+  const char* bs_word;     ///< the block size in a product, e.g. "block_size" or "blockSize"
+};
+
+/// The block-table rules of every paged K/V input, written once: the engine, PagedKvCache and
+/// the operators that take a paged cache call this under their own argument names. A positive
+/// block size; a table `[batch, maxBlocks]` with one row per length; each length in
+/// [0, maxBlocks · blockSize] (checked product); every entry a sequence uses (the first
+/// ceil(len / blockSize)) a block id in [0, numBlocks), else std::out_of_range. Entries past
+/// them are never read (ATB pads with anything, -1 by convention).
+template <class Len>
+void check_block_table(const char* fn, const PagedNames& names,
+                       const StridedView<const std::int32_t, 2>& table,
+                       const std::vector<Len>& lens, Index num_blocks, Index block_size) {
+  const std::string t = names.table;
+  ATTNREF_CHECK(block_size > 0, std::invalid_argument, fn, names.block_size, "not positive", ">= 1",
+                block_size);
+  ATTNREF_CHECK(table.size(0) == static_cast<Index>(lens.size()), std::invalid_argument, fn,
+                t + ".shape[0]", std::string("mismatch with ") + names.lens, lens.size(),
+                table.size(0));
+  const std::string product = t + ".shape[1] * " + names.bs_word;
+  const Index capacity = checked_mul(fn, product.c_str(), table.size(1), block_size);
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const std::string arg = std::string(names.lens) + "[" + std::to_string(b) + "]";
+    const Index len = static_cast<Index>(lens[b]);
+    ATTNREF_CHECK(len >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", len);
+    ATTNREF_CHECK(len <= capacity, std::invalid_argument, fn, arg, "exceeds " + product,
+                  "<= " + std::to_string(capacity), len);
+    const Index bi = static_cast<Index>(b);
+    for (Index j = 0; j * block_size < len; ++j) {
+      const Index id = table(bi, j);
+      ATTNREF_CHECK(id >= 0 && id < num_blocks, std::out_of_range, fn,
+                    t + "[" + std::to_string(b) + "][" + std::to_string(j) + "]", "out of range",
+                    "[0, " + std::to_string(num_blocks) + ")", id);
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Where token t of a sequence lives.
 struct PagedSlot {
   Index block;
@@ -66,30 +112,14 @@ struct PagedKvCache {
     detail::check_view(fn, "k", k);
     detail::check_view(fn, "v", v);
     detail::check_view(fn, "block_table", block_table);
-    ATTNREF_CHECK(k.size(1) > 0, std::invalid_argument, fn, "k.shape[1] (blockSize)",
-                  "not positive", ">= 1", k.size(1));
     ATTNREF_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
                   std::invalid_argument, fn, "v.shape", "mismatch with k",
                   "[" + std::to_string(k.size(0)) + ", " + std::to_string(k.size(1)) + ", " +
                       std::to_string(k.size(2)) + ", headSizeV]",
                   detail::shape_str(v));
-    ATTNREF_CHECK(block_table.size(0) == batch(), std::invalid_argument, fn, "block_table.shape[0]",
-                  "mismatch with context_lens", batch(), block_table.size(0));
-    const Index capacity =
-        detail::checked_mul(fn, "maxBlocksPerSeq * blockSize", block_table.size(1), block_size());
-    for (Index b = 0; b < batch(); ++b) {
-      const std::string arg = "context_lens[" + std::to_string(b) + "]";
-      ATTNREF_CHECK(length(b) >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", length(b));
-      ATTNREF_CHECK(length(b) <= capacity, std::invalid_argument, fn, arg,
-                    "longer than maxBlocksPerSeq * blockSize", "<= " + std::to_string(capacity),
-                    length(b));
-      for (Index j = 0; j < blocks_used(b); ++j) {
-        const Index id = block_table(b, j);
-        ATTNREF_CHECK(id >= 0 && id < num_blocks(), std::out_of_range, fn,
-                      "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                      "out of range", "[0, " + std::to_string(num_blocks()) + ")", id);
-      }
-    }
+    detail::check_block_table(
+        fn, {"block_table", "context_lens", "k.shape[1] (blockSize)", "blockSize"}, block_table,
+        context_lens, num_blocks(), block_size());
   }
 };
 

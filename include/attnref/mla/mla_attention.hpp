@@ -73,22 +73,10 @@ void check_cache_table(const char* fn, const TensorRef<const T>& cache,
                 detail::shape_str(table));
   ATTNREF_CHECK(static_cast<Index>(lens.size()) == B, std::invalid_argument, fn, "context_lens",
                 "size mismatch", std::to_string(B), std::to_string(lens.size()));
-  const Index bs = cache.dim(1);
-  const Index capacity =
-      detail::checked_mul(fn, "block_table.shape[1] * blockSize", table.dim(1), bs);
-  for (Index b = 0; b < B; ++b) {
-    const Index l = lens[static_cast<size_t>(b)];
-    ATTNREF_CHECK(l >= 0 && l <= capacity, std::invalid_argument, fn,
-                  "context_lens[" + std::to_string(b) + "]", "out of range",
-                  "[0, " + std::to_string(capacity) + "]", std::to_string(l));
-    for (Index j = 0; j * bs < l; ++j) {
-      const std::int32_t id = table.data[b * table.dim(1) + j];
-      ATTNREF_CHECK(id >= 0 && id < cache.dim(0), std::out_of_range, fn,
-                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                    "out of range", "[0, " + std::to_string(cache.dim(0)) + ")",
-                    std::to_string(id));
-    }
-  }
+  detail::check_block_table(
+      fn, {"block_table", "context_lens", "cache.shape[1] (blockSize)", "blockSize"},
+      StridedView<const std::int32_t, 2>(table.data, {B, table.dim(1)}), lens, cache.dim(0),
+      cache.dim(1));
 }
 
 /// Checks the decode params; returns the cache row width C + R.

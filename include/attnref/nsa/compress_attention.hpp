@@ -279,13 +279,12 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                       std::to_string(k));
       }
     }
-    for (Index j = 0; j * pbs < v; ++j) {
-      const std::int32_t id = bt.data[b * bt.dim(1) + j];
-      ATTNREF_CHECK(id >= 0 && id < nb, std::out_of_range, "nsa_compress_attention_infer",
-                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                    "out of range", "[0, " + std::to_string(nb) + ")", std::to_string(id));
-    }
   }
+  detail::check_block_table(
+      "nsa_compress_attention_infer",
+      {"block_table", "actual_cmp_kv_seq_len", "params.page_block_size", "page_block_size"},
+      StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)}), in.actual_cmp_kv_seq_len, nb,
+      pbs);
   // The multi-token mask.
   const bool mask = !in.atten_mask.absent() && max_q > 1;
   std::vector<Index> tail(static_cast<size_t>(B), 0);

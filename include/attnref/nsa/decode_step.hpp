@@ -355,14 +355,11 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
                   "needs more compressed tokens than cmp_block_table holds",
                   "(sel - l) / d + 1 <= " + std::to_string(cmp_capacity),
                   std::to_string(sel) + " (" + std::to_string(c) + " compressed)");
-    for (Index j = 0; j * cpbs < c; ++j) {
-      const std::int32_t id = cbt.data[b * cbt.dim(1) + j];
-      ATTNREF_CHECK(id >= 0 && id < ck.dim(0), std::out_of_range, fn,
-                    "cmp_block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                    "out of range", "[0, " + std::to_string(ck.dim(0)) + ")", std::to_string(id));
-    }
     cmp_len.push_back(c);
   }
+  detail::check_block_table(
+      fn, {"cmp_block_table", "compressed lengths", "cmp_page_block_size", "cmp_page_block_size"},
+      StridedView<const std::int32_t, 2>(cbt.data, {d.B, cbt.dim(1)}), cmp_len, ck.dim(0), cpbs);
   // Outputs: disjoint from every input and from each other.
   {
     auto clash = [&](const auto& o, const char* name) {

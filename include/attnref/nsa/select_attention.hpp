@@ -262,13 +262,9 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                 std::invalid_argument, "nsa_selected_attention_infer", "output",
                 "overlaps an input", "memory disjoint from the inputs", "overlapping memory");
   // Index data: block tables, then every live row's top-k entries.
-  for (Index b = 0; b < B; ++b)
-    for (Index j = 0; j * pbs < sel[static_cast<size_t>(b)]; ++j) {
-      const std::int32_t id = bt.data[b * bt.dim(1) + j];
-      ATTNREF_CHECK(id >= 0 && id < nb, std::out_of_range, fn,
-                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                    "out of range", "[0, " + std::to_string(nb) + ")", std::to_string(id));
-    }
+  detail::check_block_table(
+      fn, {"block_table", "actual_sel_kv_seq_len", "params.page_block_size", "page_block_size"},
+      StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)}), sel, nb, pbs);
   std::vector<std::int32_t> seen;
   for (Index b = 0; b < B; ++b) {
     const Index n_sel = sel[static_cast<size_t>(b)] / ls + (sel[static_cast<size_t>(b)] % ls != 0);
