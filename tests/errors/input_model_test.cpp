@@ -530,6 +530,61 @@ TEST(InputModel, NsaDecodeStepRejectionsNameTheStep) {
   EXPECT_TRUE(all_equal(s.out, 7.0f));
 }
 
+TEST(InputModel, NsaCompressAttentionAndGatedSumOutputsMustNotAliasInputs) {
+  // Both wrote over their inputs without a word; now rejected before any write.
+  constexpr Index D = 16;
+  std::vector<float> q(D, 0.5f), kc(16 * D, 0.1f), vc(16 * D, 2.0f), out(D, 7.0f);
+  std::vector<std::int32_t> topk(1, 9), bt{0};
+  attnref::NsaCompressAttentionInferParams p;
+  p.select_block_count = 1, p.page_block_size = 16, p.strict = false;
+  attnref::NsaCompressAttentionInferInputs<float> in;
+  in.query = TensorRef<const float>(q.data(), {1, 1, D});
+  in.key = TensorRef<const float>(kc.data(), {1, 16, D});
+  in.value = TensorRef<const float>(vc.data(), {1, 16, D});
+  in.block_table = TensorRef<const std::int32_t>(bt.data(), {1, 1});
+  in.actual_cmp_kv_seq_len = {3};
+  const attnref::NsaCompressAttentionInferOutputs<float> ok{
+      TensorRef<float>(out.data(), {1, 1, D}), TensorRef<std::int32_t>(topk.data(), {1, 1, 1})};
+  EXPECT_NO_THROW(attnref::nsa_compress_attention_infer(p, in, ok));
+  std::fill(out.begin(), out.end(), 7.0f);
+  topk[0] = 9;
+  const std::vector<float> kc0 = kc, vc0 = vc;
+  // output over the values the branch reads, probs over the query.
+  attnref::NsaCompressAttentionInferOutputs<float> bad = ok;
+  bad.output = TensorRef<float>(vc.data() + D, {1, 1, D});
+  expect_reject<std::invalid_argument>([&] { attnref::nsa_compress_attention_infer(p, in, bad); },
+                                       "nsa_compress_attention_infer",
+                                       {"output overlaps an input"});
+  bad = ok;
+  bad.probs = TensorRef<float>(q.data(), {1, 1, 3});
+  expect_reject<std::invalid_argument>([&] { attnref::nsa_compress_attention_infer(p, in, bad); },
+                                       "nsa_compress_attention_infer", {"probs overlaps an input"});
+  bad = ok;
+  bad.head_scores = TensorRef<float>(out.data(), {1, 1, 1});
+  expect_reject<std::invalid_argument>([&] { attnref::nsa_compress_attention_infer(p, in, bad); },
+                                       "nsa_compress_attention_infer",
+                                       {"output overlaps head_scores"});
+  EXPECT_TRUE(all_equal(out, 7.0f));
+  EXPECT_EQ(kc, kc0);
+  EXPECT_EQ(vc, vc0);
+  EXPECT_EQ(topk[0], 9);
+  // The gated sum: out shifted by one element over a branch output.
+  std::vector<float> gates{0.25f, 0.25f, 0.5f}, a(D + 1, 1.0f), b(D, 2.0f), c(D, 3.0f);
+  const std::vector<float> a0 = a;
+  auto gated = [&](float* o) {
+    attnref::nsa_gated_sum<float>(
+        TensorRef<const float>(gates.data(), {1, 1, 3}),
+        TensorRef<const float>(a.data(), {1, 1, D}), TensorRef<const float>(b.data(), {1, 1, D}),
+        TensorRef<const float>(c.data(), {1, 1, D}), TensorRef<float>(o, {1, 1, D}));
+  };
+  expect_reject<std::invalid_argument>([&] { gated(a.data() + 1); }, "nsa_gated_sum",
+                                       {"out overlaps o_cmp"});
+  EXPECT_EQ(a, a0);
+  std::vector<float> o(D, 7.0f);
+  EXPECT_NO_THROW(gated(o.data()));
+  EXPECT_FLOAT_EQ(o[0], 0.25f * 1 + 0.25f * 2 + 0.5f * 3);
+}
+
 TEST(InputModel, NsaSelectedEmptyCacheHugeSelectBlockAndTableWidth) {
   attnref::NsaSelectedAttentionInferParams p;
   p.strict = false, p.layout = "TND", p.select_block_size = 4, p.select_block_count = 1;

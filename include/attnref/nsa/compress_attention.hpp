@@ -336,6 +336,32 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   debug(out.probs, "probs", N, max_cmp);
   debug(out.head_scores, "head_scores", N, max_sel_blocks);
   debug(out.group_scores, "group_scores", KVN, max_sel_blocks);
+  // Outputs: disjoint from every input and from each other.
+  {
+    const char* names[] = {"output", "topk", "probs", "head_scores", "group_scores"};
+    auto clash = [&](const auto& o, int at) {
+      const bool bad = detail::overlaps(o, in.query) || detail::overlaps(o, in.key) ||
+                       detail::overlaps(o, in.value) || detail::overlaps(o, in.atten_mask) ||
+                       detail::overlaps(o, in.block_table);
+      ATTNREF_CHECK(!bad, std::invalid_argument, "nsa_compress_attention_infer", names[at],
+                    "overlaps an input", "memory disjoint from the inputs", "overlapping memory");
+      auto pair = [&](const auto& other, int other_at) {
+        ATTNREF_CHECK(!detail::overlaps(o, other), std::invalid_argument,
+                      "nsa_compress_attention_infer", names[at],
+                      std::string("overlaps ") + names[other_at], "disjoint outputs",
+                      "overlapping memory");
+      };
+      if (at < 1) pair(out.topk, 1);
+      if (at < 2) pair(out.probs, 2);
+      if (at < 3) pair(out.head_scores, 3);
+      if (at < 4) pair(out.group_scores, 4);
+    };
+    clash(out.output, 0);
+    clash(out.topk, 1);
+    clash(out.probs, 2);
+    clash(out.head_scores, 3);
+    clash(out.group_scores, 4);
+  }
   // Nothing has been written yet.
 
   // The engine: P of every (batch, head, query token) over its compressed keys.

@@ -279,6 +279,13 @@ void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>
                 std::invalid_argument, fn, "gates.shape", "mismatch",
                 "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
                 detail::shape_str(gates));
+  // out may not overlap an input (an element-wise alias would be defined, a shifted one not).
+  const char* names[] = {"gates", "o_cmp", "o_sel", "o_win"};
+  const bool hit[] = {detail::overlaps(out, gates), detail::overlaps(out, o_cmp),
+                      detail::overlaps(out, o_sel), detail::overlaps(out, o_win)};
+  for (int i = 0; i < 4; ++i)
+    ATTNREF_CHECK(!hit[i], std::invalid_argument, fn, "out", std::string("overlaps ") + names[i],
+                  "memory disjoint from the inputs", "overlapping memory");
   for (Index r = 0; r < rows * N; ++r) {
     const float* g = gates.data + r * 3;
     for (Index j = 0; j < Dv; ++j) {
