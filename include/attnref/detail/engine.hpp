@@ -100,7 +100,7 @@ inline void store_row(const Acc* src, Acc mul, Index n, TO* dst, Index stride) {
     else
       Dst(dst, n) = (Src(src, n) * mul).template cast<TO>();
   } else {
-    for (Index i = 0; i < n; ++i) dst[i] = to_output<TO>(src[i] * mul);
+    for (Index i = 0; i < n; ++i) dst[i * stride] = to_output<TO>(src[i] * mul);
   }
 }
 
