@@ -24,7 +24,7 @@
 namespace {
 
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 
 constexpr Index kHeads = 32, kKvHeads = 8, kD = 128;
 
@@ -53,22 +53,22 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
   p.num_key_value_heads = kKvHeads;
   p.input_layout = "BSND";
   p.scale_value = 0.088;
-  attnref::PromptFlashAttentionInputs<T> in{TensorRef<const T>(q.data(), {1, s, kHeads, kD}),
-                                            TensorRef<const T>(k.data(), {1, s, kKvHeads, kD}),
-                                            TensorRef<const T>(v.data(), {1, s, kKvHeads, kD})};
+  attnref::PromptFlashAttentionInputs<T> in{StridedView<const T>(q.data(), {1, s, kHeads, kD}),
+                                            StridedView<const T>(k.data(), {1, s, kKvHeads, kD}),
+                                            StridedView<const T>(v.data(), {1, s, kKvHeads, kD})};
   if (causal) {
     p.sparse_mode = 3;
     mask.assign(2048 * 2048, 0);
     for (Index i = 0; i < 2048; ++i)
       for (Index j = i + 1; j < 2048; ++j) mask[static_cast<size_t>(i * 2048 + j)] = 1;
-    in.atten_mask = TensorRef<const std::uint8_t>(mask.data(), {2048, 2048});
+    in.atten_mask = StridedView<const std::uint8_t>(mask.data(), {2048, 2048});
   }
   if (kInt8) {
-    in.deq_scale1 = TensorRef<const float>(&deq1, {1});
-    in.quant_scale1 = TensorRef<const float>(&qs1, {1});
-    in.deq_scale2 = TensorRef<const float>(&deq2, {1});
+    in.deq_scale1 = StridedView<const float>(&deq1, {1});
+    in.quant_scale1 = StridedView<const float>(&qs1, {1});
+    in.deq_scale2 = StridedView<const float>(&deq2, {1});
   }
-  const attnref::PromptFlashAttentionOutputs<TO> out{TensorRef<TO>(o.data(), {1, s, kHeads, kD})};
+  const attnref::PromptFlashAttentionOutputs<TO> out{StridedView<TO>(o.data(), {1, s, kHeads, kD})};
   for (auto _ : state) {
     attnref::prompt_flash_attention(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());
@@ -94,30 +94,31 @@ void ifa(benchmark::State& state, Index batch, Index kv, Index block, int thread
   p.input_layout = "BSND";
   p.scale_value = 0.088;
   attnref::IncreFlashAttentionInputs<T, KV> in;
-  in.query = TensorRef<const T>(q.data(), {batch, 1, kHeads, kD});
+  in.query = StridedView<const T>(q.data(), {batch, 1, kHeads, kD});
   std::vector<std::int32_t> table;
   if (block) {
     const Index per_seq = (kv + block - 1) / block, blocks = batch * per_seq;
     table.resize(static_cast<size_t>(blocks));
     for (Index i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
     std::shuffle(table.begin(), table.end(), std::mt19937(4));
-    in.key = {TensorRef<const KV>(k.data(), {blocks, block, kKvHeads * kD})};
-    in.value = {TensorRef<const KV>(v.data(), {blocks, block, kKvHeads * kD})};
-    in.block_table = TensorRef<const std::int32_t>(table.data(), {batch, per_seq});
+    in.key = {StridedView<const KV>(k.data(), {blocks, block, kKvHeads * kD})};
+    in.value = {StridedView<const KV>(v.data(), {blocks, block, kKvHeads * kD})};
+    in.block_table = StridedView<const std::int32_t>(table.data(), {batch, per_seq});
     in.actual_seq_lengths = {kv};
     p.block_size = block;
   } else {
-    in.key = {TensorRef<const KV>(k.data(), {batch, kv, kKvHeads, kD})};
-    in.value = {TensorRef<const KV>(v.data(), {batch, kv, kKvHeads, kD})};
+    in.key = {StridedView<const KV>(k.data(), {batch, kv, kKvHeads, kD})};
+    in.value = {StridedView<const KV>(v.data(), {batch, kv, kKvHeads, kD})};
   }
   std::vector<T> scale, offset;
   if constexpr (std::is_same_v<KV, std::int8_t>) {
     scale.assign(static_cast<size_t>(2 * kKvHeads * kD), T(0.02f));
     offset.assign(scale.size(), T(1.0f));
-    in.antiquant_scale = TensorRef<const T>(scale.data(), {2, kKvHeads, kD});
-    in.antiquant_offset = TensorRef<const T>(offset.data(), {2, kKvHeads, kD});
+    in.antiquant_scale = StridedView<const T>(scale.data(), {2, kKvHeads, kD});
+    in.antiquant_offset = StridedView<const T>(offset.data(), {2, kKvHeads, kD});
   }
-  const attnref::IncreFlashAttentionOutputs<T> out{TensorRef<T>(o.data(), {batch, 1, kHeads, kD})};
+  const attnref::IncreFlashAttentionOutputs<T> out{
+      StridedView<T>(o.data(), {batch, 1, kHeads, kD})};
   for (auto _ : state) {
     attnref::incre_flash_attention(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());

@@ -23,7 +23,7 @@ namespace {
 
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 
 template <class E>
 std::vector<E> random_values(size_t n, unsigned seed, float scale) {
@@ -113,11 +113,11 @@ void decode(benchmark::State& state, Index heads, Index kv, int threads) {
   std::shuffle(table.begin(), table.end(), std::mt19937(3));
   std::vector<half> o(static_cast<size_t>(heads * C));
   attnref::MlaDecodeParams p;
-  const attnref::MlaDecodeInputs<half> in{TensorRef<const half>(q.data(), {1, heads, W}),
-                                          TensorRef<const half>(cache.data(), {nb, bs, 1, W}),
-                                          TensorRef<const std::int32_t>(table.data(), {1, nb}),
+  const attnref::MlaDecodeInputs<half> in{StridedView<const half>(q.data(), {1, heads, W}),
+                                          StridedView<const half>(cache.data(), {nb, bs, 1, W}),
+                                          StridedView<const std::int32_t>(table.data(), {1, nb}),
                                           {kv}};
-  const TensorRef<half> out(o.data(), {1, heads, C});
+  const StridedView<half> out(o.data(), {1, heads, C});
   for (auto _ : state) {
     attnref::mla_decode(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());

@@ -25,7 +25,7 @@ namespace {
 
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 
 void compress_attention(benchmark::State& state, Index batch, Index cmp, int threads) {
   constexpr Index N = 64, KVN = 4, Dqk = 192, Dv = 128, pbs = 128;
@@ -50,16 +50,16 @@ void compress_attention(benchmark::State& state, Index batch, Index cmp, int thr
   for (Index i = 0; i < nb; ++i) table[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
   std::shuffle(table.begin(), table.end(), rng);
   attnref::NsaCompressAttentionInferInputs<half> in{
-      TensorRef<const half>(q.data(), {batch, N, Dqk}),
-      TensorRef<const half>(k.data(), {nb, pbs, KVN * Dqk}),
-      TensorRef<const half>(v.data(), {nb, pbs, KVN * Dv})};
-  in.block_table = TensorRef<const std::int32_t>(table.data(), {batch, per});
+      StridedView<const half>(q.data(), {batch, N, Dqk}),
+      StridedView<const half>(k.data(), {nb, pbs, KVN * Dqk}),
+      StridedView<const half>(v.data(), {nb, pbs, KVN * Dv})};
+  in.block_table = StridedView<const std::int32_t>(table.data(), {batch, per});
   in.actual_cmp_kv_seq_len.assign(static_cast<size_t>(batch), cmp);
   std::vector<half> o(static_cast<size_t>(batch * N * Dv));
   std::vector<std::int32_t> topk(static_cast<size_t>(batch * KVN * 16));
   const attnref::NsaCompressAttentionInferOutputs<half> out{
-      TensorRef<half>(o.data(), {batch, N, Dv}),
-      TensorRef<std::int32_t>(topk.data(), {batch, KVN, 16})};
+      StridedView<half>(o.data(), {batch, N, Dv}),
+      StridedView<std::int32_t>(topk.data(), {batch, KVN, 16})};
   for (auto _ : state) {
     attnref::nsa_compress_attention_infer(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());
@@ -114,14 +114,14 @@ void select_attention(benchmark::State& state, Index batch, Index len, int threa
   p.scale_value = 0.072;
   p.layout = "TND";
   attnref::NsaSelectedAttentionInferInputs<half> in;
-  in.query = TensorRef<const half>(q.data(), {batch, N, Dqk});
-  in.key = TensorRef<const half>(c.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
-  in.value = TensorRef<const half>(c.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
-  in.topk_indices = TensorRef<const std::int32_t>(topk.data(), {batch, KVN, k});
-  in.block_table = TensorRef<const std::int32_t>(c.table.data(), {batch, c.per});
+  in.query = StridedView<const half>(q.data(), {batch, N, Dqk});
+  in.key = StridedView<const half>(c.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
+  in.value = StridedView<const half>(c.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
+  in.topk_indices = StridedView<const std::int32_t>(topk.data(), {batch, KVN, k});
+  in.block_table = StridedView<const std::int32_t>(c.table.data(), {batch, c.per});
   in.actual_sel_kv_seq_len.assign(static_cast<size_t>(batch), len);
   const attnref::NsaSelectedAttentionInferOutputs<half> out{
-      TensorRef<half>(o.data(), {batch, N, Dv})};
+      StridedView<half>(o.data(), {batch, N, Dv})};
   for (auto _ : state) {
     attnref::nsa_selected_attention_infer(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());
@@ -159,17 +159,17 @@ void decode_step(benchmark::State& state, Index batch, Index len, int threads) {
   p.window_size = 512;
   p.scale_value = 0.072;
   attnref::NsaDecodeInputs<half> in;
-  in.query = TensorRef<const half>(q.data(), {batch, N, Dqk});
-  in.key = TensorRef<const half>(c.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
-  in.value = TensorRef<const half>(c.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
-  in.block_table = TensorRef<const std::int32_t>(c.table.data(), {batch, c.per});
-  in.cmp_key = TensorRef<const half>(ck.data(), {cnb, cpbs, KVN * Dqk});
-  in.cmp_value = TensorRef<const half>(cv.data(), {cnb, cpbs, KVN * Dv});
-  in.cmp_block_table = TensorRef<const std::int32_t>(ctable.data(), {batch, cper});
-  in.gates = TensorRef<const float>(gates.data(), {batch, N, 3});
+  in.query = StridedView<const half>(q.data(), {batch, N, Dqk});
+  in.key = StridedView<const half>(c.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
+  in.value = StridedView<const half>(c.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
+  in.block_table = StridedView<const std::int32_t>(c.table.data(), {batch, c.per});
+  in.cmp_key = StridedView<const half>(ck.data(), {cnb, cpbs, KVN * Dqk});
+  in.cmp_value = StridedView<const half>(cv.data(), {cnb, cpbs, KVN * Dv});
+  in.cmp_block_table = StridedView<const std::int32_t>(ctable.data(), {batch, cper});
+  in.gates = StridedView<const float>(gates.data(), {batch, N, 3});
   in.actual_sel_kv_seq_len.assign(static_cast<size_t>(batch), len);
   attnref::NsaDecodeOutputs<half> out;
-  out.output = TensorRef<half>(o.data(), {batch, N, Dv});
+  out.output = StridedView<half>(o.data(), {batch, N, Dv});
   for (auto _ : state) {
     attnref::nsa_decode_step(p, in, out, threads);
     benchmark::DoNotOptimize(o.data());

@@ -353,7 +353,7 @@ bool paged_serving_run(std::mt19937& rng) {
 
 /// DeepSeek-V3 MLA: MlaPreprocess of a prompt into the latent cache, then decode steps.
 bool mla_run(std::mt19937& rng) {
-  using attnref::TensorRef;
+  using attnref::StridedView;
   attnref::MlaPreprocessParams p;  // DeepSeek-V3 dims, PER_TENSOR_QUANT_ASYMM, KvCache
   p.epsilon = 1e-6f;
   const attnref::MlaDims d = p.dims;
@@ -477,12 +477,12 @@ bool mla_run(std::mt19937& rng) {
     // Decode: the newest token's absorbed query over every cached token.
     std::vector<half> o(static_cast<size_t>(H * C));
     const attnref::MlaDecodeInputs<half> din{
-        TensorRef<const half>(q_out.data() + (n - 1) * H * W, {1, H, W}),
-        TensorRef<const half>(cache.data(), {blocks, bs, 1, W}),
-        TensorRef<const std::int32_t>(table.data(), {1, blocks}),
+        StridedView<const half>(q_out.data() + (n - 1) * H * W, {1, H, W}),
+        StridedView<const half>(cache.data(), {blocks, bs, 1, W}),
+        StridedView<const std::int32_t>(table.data(), {1, blocks}),
         {first}};
     t0 = Clock::now();
-    attnref::mla_decode(dp, din, TensorRef<half>(o.data(), {1, H, C}));
+    attnref::mla_decode(dp, din, StridedView<half>(o.data(), {1, H, C}));
     t_dec += seconds_since(t0);
     ref_q.assign(static_cast<size_t>(H * W), 0.0);
     for (Index h = 0; h < H; ++h)
@@ -512,7 +512,7 @@ bool mla_run(std::mt19937& rng) {
 /// in a shuffled paged cache, nsa_compress into a paged compressed cache, nsa_decode_step; the
 /// compression, top-k, every branch and the gated output are checked against the references.
 bool nsa_run(std::mt19937& rng) {
-  using attnref::TensorRef;
+  using attnref::StridedView;
   constexpr Index N = 16, KVN = 2, Dqk = 192, Dv = 128, l = 32, d = 16, ls = 64, k = 6, w = 128;
   constexpr Index pbs = 64, cpbs = 64;
   const std::vector<Index> len = {700, 1043};

@@ -17,7 +17,6 @@
 #include "attnref/core/nz.hpp"
 #include "attnref/core/quant.hpp"
 #include "attnref/core/softmax.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
 #include "attnref/mask/alibi.hpp"

@@ -31,6 +31,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/views.hpp"
 
 namespace flash_attention_test {
 
@@ -38,7 +39,6 @@ using attnref::bfloat16;
 using attnref::half;
 using attnref::Index;
 using attnref::StridedView;
-using attnref::TensorRef;
 using i8 = std::int8_t;
 using u8 = std::uint8_t;
 using ref::cann::Seqs;
@@ -326,7 +326,7 @@ template <class T, class TM>
 struct PfaCall {
   attnref::PromptFlashAttentionParams p;
   attnref::PromptFlashAttentionInputs<T, TM> in;
-  TensorRef<T> o;
+  StridedView<T> o;
 };
 template <class T, class TM>
 using PfaEdit = std::function<void(PfaCall<T, TM>&)>;
@@ -344,7 +344,7 @@ void run(PfaBuilt<T, TM>& r, const PfaEdit<T, TM>& edit = {}, int threads = 0) {
   if (c.pse) x.in.pse_shift = {r.pse.data(), r.pshape};
   x.in.actual_seq_lengths = r.qlist;
   x.in.actual_seq_lengths_kv = r.kvlist;
-  x.o = TensorRef<T>(r.out.data(), r.od.shape());
+  x.o = StridedView<T>(r.out.data(), r.od.shape());
   if (edit) edit(x);
   attnref::prompt_flash_attention(x.p, x.in, attnref::PromptFlashAttentionOutputs<T>{x.o}, threads);
 }
@@ -580,44 +580,47 @@ TEST(PromptFlashAttention, Rejections) {
   static const Array<u8>& cm = compressed_mask<u8>(false);
   // mode 0 with a [3, 21, 22] mask, pse [3, 4, 20, 21], KV_N 2, q / kv extents 19.
   const PfaCase c{0, Mask::Holes, 1, 1, 2, 3, kInf, 0, {17, 7, 1}, {17, 16, 7}};
-  pfa_rejected(c, {{[](X& x) { x.p.input_layout = "SH"; }, "input_layout"},
-                   {[](X& x) { x.p.input_layout = "NSD"; }, "input_layout"},
-                   {[](X& x) { x.in.query.shape = shp(3, 19, 64); }, "query"},
-                   {[](X& x) { x.p.num_heads = 0; }, "num_heads"},
-                   {[](X& x) { x.p.num_key_value_heads = -1; }, "num_key_value_heads"},
-                   {[](X& x) { x.p.num_key_value_heads = 3; }, "params.num_"},
-                   {[](X& x) { x.p.num_key_value_heads = 4; }, "key"},
-                   {[](X& x) { x.in.value.shape[2] = 1; }, "value"},
-                   {[](X& x) { x.p.sparse_mode = 5; }, "not supported by PromptFlashAttention"},
-                   {[](X& x) { x.p.sparse_mode = 8; }, "not supported by PromptFlashAttention"},
-                   {[](X& x) { x.p.sparse_mode = 9; }, "sparse_mode"},
-                   {[](X& x) { x.p.sparse_mode = -1; }, "sparse_mode"},
-                   {[](X& x) { x.p.sparse_mode = 1, x.in.atten_mask = {}; }, "atten_mask"},
-                   {[](X& x) { x.p.sparse_mode = 3, x.in.atten_mask = {}; }, "atten_mask"},
-                   {[](X& x) { x.p.sparse_mode = 2; }, "atten_mask"},  // not 2048 x 2048
-                   {[](X& x) {
-                      x.p.sparse_mode = 4,
-                      x.in.atten_mask = TensorRef<const u8>(cm.data(), shp(2, 1024, 2048));
-                    },
-                    "atten_mask"},
-                   {[](X& x) { x.in.atten_mask.shape[0] = 2; }, "atten_mask"},
-                   {[](X& x) { x.in.atten_mask.shape = shp(3, 2, 21, 11); }, "atten_mask"},
-                   {[](X& x) { x.in.atten_mask.shape[1] = 18; }, "atten_mask"},
-                   {[](X& x) { x.in.atten_mask.shape[2] = 18; }, "atten_mask"},
-                   {[](X& x) { x.p.pre_tokens = x.p.next_tokens = -1; }, "pre_tokens"},
-                   {[](X& x) { x.p.pre_tokens = -5, x.p.next_tokens = 3; }, "pre_tokens"},
-                   {[](X& x) { x.in.actual_seq_lengths = lens(17, 7); }, "actual_seq_lengths"},
-                   {[](X& x) { x.in.actual_seq_lengths[1] = 20; }, "actual_seq_lengths"},
-                   {[](X& x) { x.in.actual_seq_lengths[0] = -1; }, "actual_seq_lengths"},
-                   {[](X& x) { x.in.actual_seq_lengths_kv = lens(20); }, "actual_seq_lengths_kv"},
-                   {[](X& x) { x.in.pse_shift.shape = shp(3, 4, 20 * 21); }, "pse_shift"},
-                   {[](X& x) { x.in.pse_shift.shape[0] = 2; }, "pse_shift"},
-                   {[](X& x) { x.in.pse_shift.shape[1] = 2; }, "pse_shift"},
-                   {[](X& x) { x.in.pse_shift.shape[2] = 18; }, "pse_shift"},
-                   {[](X& x) { x.in.pse_shift.shape[3] = 18; }, "pse_shift"},
-                   {[](X& x) { x.p.inner_precise = 4; }, "inner_precise"},
-                   {[](X& x) { x.p.inner_precise = -1; }, "inner_precise"},
-                   {[](X& x) { x.o.shape[3] = 8; }, "attention_out"}});
+  pfa_rejected(
+      c, {{[](X& x) { x.p.input_layout = "SH"; }, "input_layout"},
+          {[](X& x) { x.p.input_layout = "NSD"; }, "input_layout"},
+          {[](X& x) { x.in.query = support::reshaped(x.in.query, shp(3, 19, 64)); }, "query"},
+          {[](X& x) { x.p.num_heads = 0; }, "num_heads"},
+          {[](X& x) { x.p.num_key_value_heads = -1; }, "num_key_value_heads"},
+          {[](X& x) { x.p.num_key_value_heads = 3; }, "params.num_"},
+          {[](X& x) { x.p.num_key_value_heads = 4; }, "key"},
+          {[](X& x) { x.in.value = support::resized(x.in.value, 2, 1); }, "value"},
+          {[](X& x) { x.p.sparse_mode = 5; }, "not supported by PromptFlashAttention"},
+          {[](X& x) { x.p.sparse_mode = 8; }, "not supported by PromptFlashAttention"},
+          {[](X& x) { x.p.sparse_mode = 9; }, "sparse_mode"},
+          {[](X& x) { x.p.sparse_mode = -1; }, "sparse_mode"},
+          {[](X& x) { x.p.sparse_mode = 1, x.in.atten_mask = {}; }, "atten_mask"},
+          {[](X& x) { x.p.sparse_mode = 3, x.in.atten_mask = {}; }, "atten_mask"},
+          {[](X& x) { x.p.sparse_mode = 2; }, "atten_mask"},  // not 2048 x 2048
+          {[](X& x) {
+             x.p.sparse_mode = 4,
+             x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2, 1024, 2048));
+           },
+           "atten_mask"},
+          {[](X& x) { x.in.atten_mask = support::resized(x.in.atten_mask, 0, 2); }, "atten_mask"},
+          {[](X& x) { x.in.atten_mask = support::reshaped(x.in.atten_mask, shp(3, 2, 21, 11)); },
+           "atten_mask"},
+          {[](X& x) { x.in.atten_mask = support::resized(x.in.atten_mask, 1, 18); }, "atten_mask"},
+          {[](X& x) { x.in.atten_mask = support::resized(x.in.atten_mask, 2, 18); }, "atten_mask"},
+          {[](X& x) { x.p.pre_tokens = x.p.next_tokens = -1; }, "pre_tokens"},
+          {[](X& x) { x.p.pre_tokens = -5, x.p.next_tokens = 3; }, "pre_tokens"},
+          {[](X& x) { x.in.actual_seq_lengths = lens(17, 7); }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths[1] = 20; }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths[0] = -1; }, "actual_seq_lengths"},
+          {[](X& x) { x.in.actual_seq_lengths_kv = lens(20); }, "actual_seq_lengths_kv"},
+          {[](X& x) { x.in.pse_shift = support::reshaped(x.in.pse_shift, shp(3, 4, 20 * 21)); },
+           "pse_shift"},
+          {[](X& x) { x.in.pse_shift = support::resized(x.in.pse_shift, 0, 2); }, "pse_shift"},
+          {[](X& x) { x.in.pse_shift = support::resized(x.in.pse_shift, 1, 2); }, "pse_shift"},
+          {[](X& x) { x.in.pse_shift = support::resized(x.in.pse_shift, 2, 18); }, "pse_shift"},
+          {[](X& x) { x.in.pse_shift = support::resized(x.in.pse_shift, 3, 18); }, "pse_shift"},
+          {[](X& x) { x.p.inner_precise = 4; }, "inner_precise"},
+          {[](X& x) { x.p.inner_precise = -1; }, "inner_precise"},
+          {[](X& x) { x.o = support::resized(x.o, 3, 8); }, "attention_out"}});
   PfaCase big{0, Mask::None, 1, 0, 6, 3, kInf, kInf, {2}, {2}};  // head limits and sizes
   big.N = 258;                                                   // > 256 (ratio 43)
   pfa_rejected(big, {{nullptr, "num_heads"}});
@@ -640,12 +643,16 @@ TEST(PromptFlashAttention, Rejections) {
           {[](X& x) { x.in.actual_seq_lengths = lens(17, 10, 25); }, "actual_seq_lengths"},
           {[](X& x) { x.in.actual_seq_lengths_kv = lens(17, 33, 39); }, "actual_seq_lengths_kv"},
           {[](X& x) {
-             x.p.sparse_mode = 1, x.in.atten_mask = TensorRef<const u8>(cm.data(), shp(2048, 2048));
+             x.p.sparse_mode = 1,
+             x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048));
            },
            "sparse_mode"},
-          {[](X& x) { x.in.atten_mask = TensorRef<const u8>(cm.data(), shp(2048, 2048)); },
+          {[](X& x) { x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048)); },
            "sparse_mode"},
-          {[](X& x) { x.in.pse_shift = TensorRef<const half>(x.in.query.data, shp(1, 4, 25, 40)); },
+          {[](X& x) {
+             static const std::vector<half> pse(1 * 4 * 25 * 40, half(0.0f));  // its own memory
+             x.in.pse_shift = StridedView<const half>(pse.data(), shp(1, 4, 25, 40));
+           },
            "pse_shift"}});
 }
 
@@ -841,7 +848,7 @@ template <class T, class TKV, class TM>
 struct IfaCall {
   attnref::IncreFlashAttentionParams p;
   attnref::IncreFlashAttentionInputs<T, TKV, TM> in;
-  TensorRef<T> o;
+  StridedView<T> o;
 };
 template <class T, class TKV, class TM>
 using IfaEdit = std::function<void(IfaCall<T, TKV, TM>&)>;
@@ -870,7 +877,7 @@ void run(IfaBuilt<T, TKV, TM>& r, const IfaEdit<T, TKV, TM>& edit = {}) {
   }
   if (c.pad != kNoPad) x.in.kv_padding_size = {&r.pad, {}};
   if (c.paged()) x.in.block_table = {r.table.data(), {c.B(), r.maxb}};
-  x.o = TensorRef<T>(r.out.data(), r.qshape);
+  x.o = StridedView<T>(r.out.data(), r.qshape);
   if (edit) edit(x);
   attnref::incre_flash_attention(x.p, x.in, attnref::IncreFlashAttentionOutputs<T>{x.o});
 }
@@ -950,8 +957,8 @@ TEST(IncreFlashAttention, KvListOfDifferentLengthsWithTheOutputRightAfterAShortT
     std::vector<half> arena(r.ks[0]);
     arena.resize(arena.size() + r.out.size(), half(7.0f));
     EXPECT_NO_THROW(run(r, IfaEdit<half, half, u8>([&](auto& x) {
-                          x.in.key[0].data = arena.data();
-                          x.o.data = arena.data() + r.ks[0].size();
+                          x.in.key[0] = support::with_data(x.in.key[0], arena.data());
+                          x.o = support::with_data(x.o, arena.data() + r.ks[0].size());
                         })))
         << lay;
     EXPECT_TRUE(
@@ -1148,47 +1155,56 @@ TEST(IncreFlashAttention, Rejections) {
   IfaCase c{0, 2, 1, 2, Quant::None, 0, {40, 40, 40}, {40, 17, 1}};
   ifa_rejected<half>(
       c,
-      {{[](X& x) { x.in.query.shape = shp(3, 2, 8, 32); }, "query"},
+      {{[](X& x) { x.in.query = support::reshaped(x.in.query, shp(3, 2, 8, 32)); }, "query"},
        {[](X& x) { x.p.input_layout = "TND"; }, "input_layout"},
        {[](X& x) { x.p.input_layout = "BNSD_BSND"; }, "input_layout"},
        {[](X& x) { x.p.num_heads = 4; }, "query"},
        {[](X& x) { x.p.num_key_value_heads = 16; }, "params.num_"},
        {[](X& x) { x.p.num_key_value_heads = -1; }, "num_key_value_heads"},
        {[](X& x) { x.in.key.push_back(x.in.key[0]), x.in.value.push_back(x.in.value[0]); }, "key"},
-       {[](X& x) { x.in.value[0].shape[1] = 39; }, "value"},
+       {[](X& x) { x.in.value[0] = support::resized(x.in.value[0], 1, 39); }, "value"},
        {[](X& x) { x.in.actual_seq_lengths = lens(40, 41, 1); }, "actual_seq_lengths"},
        {[](X& x) { x.in.actual_seq_lengths = lens(-1); }, "actual_seq_lengths"},
        {[](X& x) { x.in.actual_seq_lengths = lens(40, 17); }, "actual_seq_lengths"},
-       {[](X& x) { x.in.atten_mask.shape = shp(1, 43); }, "atten_mask"},
-       {[](X& x) { x.in.atten_mask.shape = shp(3, 20); }, "atten_mask"},
-       {[](X& x) { x.in.pse_shift.shape[1] = 4; }, "pse_shift"},
-       {[](X& x) { x.in.pse_shift.shape = shp(3, 8, 2, 21); }, "pse_shift"},
-       {[](X& x) { x.in.antiquant_scale = TensorRef<const half>(aq, shp(2)); }, "antiquant"},
+       {[](X& x) { x.in.atten_mask = support::reshaped(x.in.atten_mask, shp(1, 43)); },
+        "atten_mask"},
+       {[](X& x) { x.in.atten_mask = support::reshaped(x.in.atten_mask, shp(3, 20)); },
+        "atten_mask"},
+       {[](X& x) { x.in.pse_shift = support::resized(x.in.pse_shift, 1, 4); }, "pse_shift"},
+       {[](X& x) { x.in.pse_shift = support::reshaped(x.in.pse_shift, shp(3, 8, 2, 21)); },
+        "pse_shift"},
+       {[](X& x) { x.in.antiquant_scale = StridedView<const half>(aq, shp(2)); }, "antiquant"},
        {[](X& x) { x.p.inner_precise = 2; }, "inner_precise"},
        {[](X& x) { x.p.inner_precise = -1; }, "inner_precise"}});
   IfaCase l = c;  // B tensors
   l.store = 1;
-  ifa_rejected<half>(l, {{[](X& x) { x.in.key.pop_back(); }, "key"},
-                         {[](X& x) { x.in.value[2].shape[3] = 16; }, "value"}});
+  ifa_rejected<half>(
+      l, {{[](X& x) { x.in.key.pop_back(); }, "key"},
+          {[](X& x) { x.in.value[2] = support::resized(x.in.value[2], 3, 16); }, "value"}});
   IfaCase pg = c;  // paged, block size 16, table [3, 4], mask [3, 64]
   pg.store = 16;
   pg.S.clear();
   ifa_rejected<half>(
       pg, {{[](X& x) { x.in.actual_seq_lengths.clear(); }, "actual_seq_lengths"},
            {[](X& x) { x.p.block_size = 32; }, "block_size"},
-           {[](X& x) { x.in.atten_mask.shape = shp(3, 63); }, "atten_mask"},
+           {[](X& x) { x.in.atten_mask = support::reshaped(x.in.atten_mask, shp(3, 63)); },
+            "atten_mask"},
            {[](X& x) { x.in.key.push_back(x.in.key[0]), x.in.value.push_back(x.in.value[0]); },
             "key"}});
   static std::vector<std::int32_t> tbl;
   auto r = build_ifa<half, half, u8>(pg);
   tbl = r.table;
   tbl[z(1 * r.maxb + 1)] = r.blocks;  // batch 1 (17 tokens) uses two blocks
-  ifa_rejected<half>(pg, {{[](X& x) { x.in.block_table.data = tbl.data(); }, "block_table[1][1]"}},
-                     true);
+  ifa_rejected<half>(
+      pg,
+      {{[](X& x) { x.in.block_table = support::with_data(x.in.block_table, tbl.data()); },
+        "block_table[1][1]"}},
+      true);
   tbl = r.table;
   tbl[z(1 * r.maxb + 2)] = 1 << 20;  // past the used blocks: never read
-  EXPECT_NO_THROW(
-      run(r, IfaEdit<half, half, u8>([](X& x) { x.in.block_table.data = tbl.data(); })));
+  EXPECT_NO_THROW(run(r, IfaEdit<half, half, u8>([](X& x) {
+                        x.in.block_table = support::with_data(x.in.block_table, tbl.data());
+                      })));
   EXPECT_TRUE(matches(expected(r), r.out));
   IfaCase p4 = pg;  // [blockNum, KV_N, blockSize, D] needs BNSD
   p4.flags = kCache4d;
@@ -1203,11 +1219,18 @@ TEST(IncreFlashAttention, Rejections) {
   q8.aq = 2;
   q8.flags = kOffset;
   ifa_rejected<i8>(
-      q8, {{[](X8& x) { x.in.antiquant_scale = {}; }, "antiquant_scale"},
-           {[](X8& x) { x.in.antiquant_scale.shape = shp(2, 8, 8); }, "antiquant_scale"},
-           {[](X8& x) { x.in.antiquant_scale.shape = shp(3); }, "antiquant_scale"},
-           {[](X8& x) { x.in.antiquant_scale.shape = shp(2, 2, 2, 16); }, "antiquant_scale"},
-           {[](X8& x) { x.in.antiquant_offset.shape = shp(2, 64); }, "antiquant_offset"}});
+      q8,
+      {{[](X8& x) { x.in.antiquant_scale = {}; }, "antiquant_scale"},
+       {[](X8& x) { x.in.antiquant_scale = support::reshaped(x.in.antiquant_scale, shp(2, 8, 8)); },
+        "antiquant_scale"},
+       {[](X8& x) { x.in.antiquant_scale = support::reshaped(x.in.antiquant_scale, shp(3)); },
+        "antiquant_scale"},
+       {[](X8& x) {
+          x.in.antiquant_scale = support::reshaped(x.in.antiquant_scale, shp(2, 2, 2, 16));
+        },
+        "antiquant_scale"},
+       {[](X8& x) { x.in.antiquant_offset = support::reshaped(x.in.antiquant_offset, shp(2, 64)); },
+        "antiquant_offset"}});
   q8.store = 16;  // int8 K / V in blocks of 16
   q8.S.clear();
   ifa_rejected<i8>(q8, {{nullptr, "block_size"}});
@@ -1217,17 +1240,33 @@ TEST(IncreFlashAttention, Rejections) {
   ifa_rejected<i8>(
       tk, {{[](X8& x) { x.p.antiquant_mode = 2; }, "antiquant_mode"},
            {[](X8& x) { x.p.antiquant_mode = 0; }, "antiquant_scale_per_token"},
-           {[](X8& x) { x.in.antiquant_scale = TensorRef<const half>(aq, shp(2)); }, "antiquant"},
-           {[](X8& x) { x.in.antiquant_scale_per_token.shape = shp(2, 3, 39); }, "per_token"},
-           {[](X8& x) { x.in.antiquant_scale_per_token.shape = shp(2, 1, 129); }, "per_token"},
-           {[](X8& x) { x.in.antiquant_scale_per_token.shape = shp(1, 3, 43); }, "per_token"},
-           {[](X8& x) { x.in.antiquant_offset_per_token.shape = shp(2, 3, 42); }, "offset_per"},
+           {[](X8& x) { x.in.antiquant_scale = StridedView<const half>(aq, shp(2)); }, "antiquant"},
+           {[](X8& x) {
+              x.in.antiquant_scale_per_token =
+                  support::reshaped(x.in.antiquant_scale_per_token, shp(2, 3, 39));
+            },
+            "per_token"},
+           {[](X8& x) {
+              x.in.antiquant_scale_per_token =
+                  support::reshaped(x.in.antiquant_scale_per_token, shp(2, 1, 129));
+            },
+            "per_token"},
+           {[](X8& x) {
+              x.in.antiquant_scale_per_token =
+                  support::reshaped(x.in.antiquant_scale_per_token, shp(1, 3, 43));
+            },
+            "per_token"},
+           {[](X8& x) {
+              x.in.antiquant_offset_per_token =
+                  support::reshaped(x.in.antiquant_offset_per_token, shp(2, 3, 42));
+            },
+            "offset_per"},
            {[](X8& x) { x.in.antiquant_scale_per_token = {}; }, "antiquant_scale_per_token"}});
   static std::int64_t pad = 2;
   static const float tks[2] = {1.0f, 1.0f};
   ifa_rejected<half>(
       c, {{[](X& x) { x.p.antiquant_mode = 1; }, "antiquant_mode"},
-          {[](X& x) { x.in.antiquant_scale_per_token = TensorRef<const float>(tks, shp(2)); },
+          {[](X& x) { x.in.antiquant_scale_per_token = StridedView<const float>(tks, shp(2)); },
            "antiquant_scale_per_token"},
           {[](X& x) {
              x.in.kv_padding_size = {&pad, shp(2)};
@@ -1238,7 +1277,8 @@ TEST(IncreFlashAttention, Rejections) {
            },
            "kv_padding_size"},
           {[](X& x) {
-             x.in.kv_padding_size = {&pad, {}}, x.in.atten_mask.shape = shp(3, 37);
+             x.in.kv_padding_size = {&pad, {}},
+             x.in.atten_mask = support::reshaped(x.in.atten_mask, shp(3, 37));
            },
            "atten_mask"}});
   ifa_rejected<half>(l, {{[](X& x) { x.in.kv_padding_size = {&pad, shp(1)}; }, "kv_padding_size"}});

@@ -25,7 +25,7 @@ namespace quant_test {
 
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::z;
 using i8 = std::int8_t;
 
@@ -91,17 +91,18 @@ void run_case(const QCase& c) {
   std::vector<std::uint8_t> mask;
   const auto ql = to_layout(q, c, c.heads), kl = to_layout(k, c, c.kv_heads),
              vl = to_layout(v, c, c.kv_heads);
-  attnref::PromptFlashAttentionInputs<i8> in{TensorRef<const i8>(ql.data(), shape(c, c.heads)),
-                                             TensorRef<const i8>(kl.data(), shape(c, c.kv_heads)),
-                                             TensorRef<const i8>(vl.data(), shape(c, c.kv_heads))};
+  attnref::PromptFlashAttentionInputs<i8> in{
+      StridedView<const i8>(ql.data(), shape(c, c.heads)),
+      StridedView<const i8>(kl.data(), shape(c, c.kv_heads)),
+      StridedView<const i8>(vl.data(), shape(c, c.kv_heads))};
   if (c.causal) {
     p.sparse_mode = 3;
     mask.assign(2048 * 2048, 0);
-    in.atten_mask = TensorRef<const std::uint8_t>(mask.data(), {2048, 2048});
+    in.atten_mask = StridedView<const std::uint8_t>(mask.data(), {2048, 2048});
   }
-  in.deq_scale1 = TensorRef<const float>(&rp.deq1, {1});
-  in.quant_scale1 = TensorRef<const float>(&rp.qs1, {1});
-  in.deq_scale2 = TensorRef<const float>(&rp.deq2, {1});
+  in.deq_scale1 = StridedView<const float>(&rp.deq1, {1});
+  in.quant_scale1 = StridedView<const float>(&rp.qs1, {1});
+  in.deq_scale2 = StridedView<const float>(&rp.deq2, {1});
   const std::string what =
       c.layout + " S " + std::to_string(c.seq) + " block " + std::to_string(c.block) +
       (c.causal ? " causal" : "") +
@@ -118,7 +119,7 @@ void run_case(const QCase& c) {
     std::vector<half> o(n_out, half(7.0f));
     attnref::prompt_flash_attention(
         p, in,
-        attnref::PromptFlashAttentionOutputs<half>{TensorRef<half>(o.data(), shape(c, c.heads))});
+        attnref::PromptFlashAttentionOutputs<half>{StridedView<half>(o.data(), shape(c, c.heads))});
     int bad = 0;
     for (size_t idx = 0; idx < n_out; ++idx) {
       const size_t r = at(idx);
@@ -135,11 +136,12 @@ void run_case(const QCase& c) {
     qs2[i] = 20.0f + static_cast<float>(i % 7);
     qo2[i] = static_cast<float>(static_cast<int>(i % 5) - 2);
   }
-  in.quant_scale2 = TensorRef<const float>(qs2.data(), {static_cast<Index>(qs2.size())});
-  in.quant_offset2 = TensorRef<const float>(qo2.data(), {static_cast<Index>(qo2.size())});
+  in.quant_scale2 = StridedView<const float>(qs2.data(), {static_cast<Index>(qs2.size())});
+  in.quant_offset2 = StridedView<const float>(qo2.data(), {static_cast<Index>(qo2.size())});
   std::vector<i8> o(n_out, i8{7});
   attnref::prompt_flash_attention(
-      p, in, attnref::PromptFlashAttentionOutputs<i8>{TensorRef<i8>(o.data(), shape(c, c.heads))});
+      p, in,
+      attnref::PromptFlashAttentionOutputs<i8>{StridedView<i8>(o.data(), shape(c, c.heads))});
   int bad = 0;
   for (size_t idx = 0; idx < n_out; ++idx) {
     const size_t r = at(idx);
@@ -197,15 +199,15 @@ TEST(PromptFlashAttentionQuant, Fp16InputWithInt8Output) {
   attnref::PromptFlashAttentionParams p;
   p.num_heads = N;
   p.input_layout = "BSND";
-  attnref::PromptFlashAttentionInputs<half> in{TensorRef<const half>(q.data(), {B, S, N, D}),
-                                               TensorRef<const half>(k.data(), {B, S, N, D}),
-                                               TensorRef<const half>(v.data(), {B, S, N, D})};
+  attnref::PromptFlashAttentionInputs<half> in{StridedView<const half>(q.data(), {B, S, N, D}),
+                                               StridedView<const half>(k.data(), {B, S, N, D}),
+                                               StridedView<const half>(v.data(), {B, S, N, D})};
   const float qs2 = 10.0f, qo2 = -3.0f;
-  in.quant_scale2 = TensorRef<const float>(&qs2, {1});
-  in.quant_offset2 = TensorRef<const float>(&qo2, {1});
+  in.quant_scale2 = StridedView<const float>(&qs2, {1});
+  in.quant_offset2 = StridedView<const float>(&qo2, {1});
   std::vector<i8> o(q.size(), i8{7});
   attnref::prompt_flash_attention(
-      p, in, attnref::PromptFlashAttentionOutputs<i8>{TensorRef<i8>(o.data(), {B, S, N, D})});
+      p, in, attnref::PromptFlashAttentionOutputs<i8>{StridedView<i8>(o.data(), {B, S, N, D})});
   for (Index h = 0; h < N; ++h)
     for (Index e = 0; e < D; ++e) {
       double mean = 0;
@@ -228,15 +230,16 @@ TEST(PromptFlashAttentionQuant, BadInputThrowsBeforeWriting) {
   p.input_layout = "BSND";
   using In = attnref::PromptFlashAttentionInputs<i8>;
   auto base = [&] {
-    In in{TensorRef<const i8>(q.data(), {B, S, N, D}), TensorRef<const i8>(k.data(), {B, S, N, D}),
-          TensorRef<const i8>(v.data(), {B, S, N, D})};
-    in.deq_scale1 = TensorRef<const float>(&one, {1});
-    in.quant_scale1 = TensorRef<const float>(&one, {1});
-    in.deq_scale2 = TensorRef<const float>(&one, {1});
+    In in{StridedView<const i8>(q.data(), {B, S, N, D}),
+          StridedView<const i8>(k.data(), {B, S, N, D}),
+          StridedView<const i8>(v.data(), {B, S, N, D})};
+    in.deq_scale1 = StridedView<const float>(&one, {1});
+    in.quant_scale1 = StridedView<const float>(&one, {1});
+    in.deq_scale2 = StridedView<const float>(&one, {1});
     return in;
   };
-  const attnref::PromptFlashAttentionOutputs<half> out{TensorRef<half>(o.data(), {B, S, N, D})};
-  const attnref::PromptFlashAttentionOutputs<i8> out8{TensorRef<i8>(o8.data(), {B, S, N, D})};
+  const attnref::PromptFlashAttentionOutputs<half> out{StridedView<half>(o.data(), {B, S, N, D})};
+  const attnref::PromptFlashAttentionOutputs<i8> out8{StridedView<i8>(o8.data(), {B, S, N, D})};
   auto expect = [&](auto edit, const std::string& what, bool int8_out) {
     In in = base();
     auto pp = p;
@@ -249,29 +252,29 @@ TEST(PromptFlashAttentionQuant, BadInputThrowsBeforeWriting) {
   expect([](In& in, auto&) { in.deq_scale1 = {}; }, "deq_scale1 per-tensor scale required", false);
   expect([](In& in, auto&) { in.quant_scale1 = {}; }, "quant_scale1 per-tensor scale required",
          false);
-  expect([&](In& in, auto&) { in.deq_scale2 = TensorRef<const float>(two.data(), {2}); },
+  expect([&](In& in, auto&) { in.deq_scale2 = StridedView<const float>(two.data(), {2}); },
          "deq_scale2 per-tensor scale required", false);
-  expect([&](In& in, auto&) { in.quant_scale2 = TensorRef<const float>(&one, {1}); },
+  expect([&](In& in, auto&) { in.quant_scale2 = StridedView<const float>(&one, {1}); },
          "quant_scale2 / quant_offset2 given without int8 output", false);
   expect([](In&, auto& pp) { pp.quant_block_size = 0; }, "params.quant_block_size out of range",
          false);
   expect([](In&, auto&) {}, "quant_scale2 required for int8 output", true);
-  expect([&](In& in, auto&) { in.quant_scale2 = TensorRef<const float>(three.data(), {3}); },
+  expect([&](In& in, auto&) { in.quant_scale2 = StridedView<const float>(three.data(), {3}); },
          "quant_scale2 required for int8 output", true);
   expect(
       [&](In& in, auto&) {
-        in.quant_scale2 = TensorRef<const float>(&one, {1});
-        in.quant_offset2 = TensorRef<const float>(two.data(), {2});
+        in.quant_scale2 = StridedView<const float>(&one, {1});
+        in.quant_offset2 = StridedView<const float>(two.data(), {2});
       },
       "quant_offset2.shape differs from quant_scale2's", true);
   for (const half& x : o) EXPECT_EQ(static_cast<float>(x), 7.0f);
   for (i8 x : o8) EXPECT_EQ(x, 7);
   // fp16 data with int8 path scales.
   std::vector<half> qh(q.size(), half(0.5f));
-  attnref::PromptFlashAttentionInputs<half> hin{TensorRef<const half>(qh.data(), {B, S, N, D}),
-                                                TensorRef<const half>(qh.data(), {B, S, N, D}),
-                                                TensorRef<const half>(qh.data(), {B, S, N, D})};
-  hin.deq_scale1 = TensorRef<const float>(&one, {1});
+  attnref::PromptFlashAttentionInputs<half> hin{StridedView<const half>(qh.data(), {B, S, N, D}),
+                                                StridedView<const half>(qh.data(), {B, S, N, D}),
+                                                StridedView<const half>(qh.data(), {B, S, N, D})};
+  hin.deq_scale1 = StridedView<const float>(&one, {1});
   support::expect_throw([&] { attnref::prompt_flash_attention(p, hin, out); },
                         "deq_scale1 given without int8 query / key / value", false);
 }
@@ -289,26 +292,26 @@ void ifa_int8_out(bool per_channel) {
   p.num_key_value_heads = KV;
   p.input_layout = "BSND";
   attnref::IncreFlashAttentionInputs<half, TKV> in;
-  in.query = TensorRef<const half>(q.data(), {B, 1, N, D});
-  in.key = {TensorRef<const TKV>(k.data(), {B, S, KV, D})};
-  in.value = {TensorRef<const TKV>(v.data(), {B, S, KV, D})};
+  in.query = StridedView<const half>(q.data(), {B, 1, N, D});
+  in.key = {StridedView<const TKV>(k.data(), {B, S, KV, D})};
+  in.value = {StridedView<const TKV>(v.data(), {B, S, KV, D})};
   in.actual_seq_lengths = {7, 0};
   std::vector<half> aq{half(0.5f), half(0.75f)}, ao{half(2.0f), half(-1.0f)};
   constexpr bool kInt8 = std::is_same_v<TKV, i8>;
   if (kInt8) {
-    in.antiquant_scale = TensorRef<const half>(aq.data(), {2});
-    in.antiquant_offset = TensorRef<const half>(ao.data(), {2});
+    in.antiquant_scale = StridedView<const half>(aq.data(), {2});
+    in.antiquant_offset = StridedView<const half>(ao.data(), {2});
   }
   std::vector<float> qs2(per_channel ? z(N * D) : 1), qo2(qs2.size());
   for (size_t i = 0; i < qs2.size(); ++i) {
     qs2[i] = 3.0f + static_cast<float>(i % 4);
     qo2[i] = static_cast<float>(i % 3);
   }
-  in.quant_scale2 = TensorRef<const float>(qs2.data(), {static_cast<Index>(qs2.size())});
-  in.quant_offset2 = TensorRef<const float>(qo2.data(), {static_cast<Index>(qo2.size())});
+  in.quant_scale2 = StridedView<const float>(qs2.data(), {static_cast<Index>(qs2.size())});
+  in.quant_offset2 = StridedView<const float>(qo2.data(), {static_cast<Index>(qo2.size())});
   std::vector<i8> o(q.size(), i8{7});
   attnref::incre_flash_attention(
-      p, in, attnref::IncreFlashAttentionOutputs<i8>{TensorRef<i8>(o.data(), {B, 1, N, D})});
+      p, in, attnref::IncreFlashAttentionOutputs<i8>{StridedView<i8>(o.data(), {B, 1, N, D})});
   for (Index h = 0; h < N; ++h)
     for (Index e = 0; e < D; ++e) {
       double mean = 0;
@@ -345,19 +348,19 @@ TEST(IncreFlashAttentionQuant, BadInputThrowsBeforeWriting) {
   p.num_heads = N;
   p.input_layout = "BSND";
   attnref::IncreFlashAttentionInputs<half> in;
-  in.query = TensorRef<const half>(q.data(), {B, 1, N, D});
-  in.key = {TensorRef<const half>(k.data(), {B, S, N, D})};
+  in.query = StridedView<const half>(q.data(), {B, 1, N, D});
+  in.key = {StridedView<const half>(k.data(), {B, S, N, D})};
   in.value = in.key;
-  const attnref::IncreFlashAttentionOutputs<i8> out8{TensorRef<i8>(o8.data(), {B, 1, N, D})};
-  const attnref::IncreFlashAttentionOutputs<half> out{TensorRef<half>(o.data(), {B, 1, N, D})};
+  const attnref::IncreFlashAttentionOutputs<i8> out8{StridedView<i8>(o8.data(), {B, 1, N, D})};
+  const attnref::IncreFlashAttentionOutputs<half> out{StridedView<half>(o.data(), {B, 1, N, D})};
   support::expect_throw([&] { attnref::incre_flash_attention(p, in, out8); },
                         "quant_scale2 required for int8 output", false);
   auto wrong = in;
-  wrong.quant_scale2 = TensorRef<const float>(three.data(), {3});
+  wrong.quant_scale2 = StridedView<const float>(three.data(), {3});
   support::expect_throw([&] { attnref::incre_flash_attention(p, wrong, out8); },
                         "quant_scale2 required for int8 output: per tensor or per channel", false);
   auto extra = in;
-  extra.quant_scale2 = TensorRef<const float>(&one, {1});
+  extra.quant_scale2 = StridedView<const float>(&one, {1});
   support::expect_throw([&] { attnref::incre_flash_attention(p, extra, out); },
                         "quant_scale2 / quant_offset2 given without int8 output", false);
   for (i8 x : o8) EXPECT_EQ(x, 7);

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "reference/naive_attention.hpp"
+#include "support/views.hpp"
 
 namespace input_model_test {
 
 using attnref::Index;
 using attnref::StridedView;
-using attnref::TensorRef;
 
 constexpr Index kHuge = Index(1) << 33;
 
@@ -365,9 +365,9 @@ TEST(InputModel, OutputOverlapsNameTheOperator) {
   p.compress_stride = 8;
   expect_reject<std::invalid_argument>(
       [&] {
-        attnref::nsa_compress<float>(p, TensorRef<const float>(x.data(), {40, 1, 16}),
-                                     TensorRef<const float>(w.data(), {8, 1}), {40},
-                                     TensorRef<float>(x.data() + 16, {5, 1, 16}));
+        attnref::nsa_compress<float>(p, StridedView<const float>(x.data(), {40, 1, 16}),
+                                     StridedView<const float>(w.data(), {8, 1}), {40},
+                                     StridedView<float>(x.data() + 16, {5, 1, 16}));
       },
       "nsa_compress", {"output", "overlaps an input"});
   EXPECT_TRUE(all_equal(x, 1.0f));
@@ -384,31 +384,31 @@ TEST(InputModel, PromptFlashAttentionNegativeBatchAndHugeMask) {
   auto run = [&](const attnref::PromptFlashAttentionInputs<half>& in) {
     attnref::prompt_flash_attention(
         p, in,
-        attnref::PromptFlashAttentionOutputs<half>{TensorRef<half>(o.data(), {2, 4, 2, 16})});
+        attnref::PromptFlashAttentionOutputs<half>{StridedView<half>(o.data(), {2, 4, 2, 16})});
   };
   attnref::PromptFlashAttentionInputs<half> in;
-  in.query = TensorRef<const half>(q.data(), {2, 4, 2, 16});
+  in.query = StridedView<const half>(q.data(), {2, 4, 2, 16});
   in.key = in.query;
   in.value = in.query;
   EXPECT_NO_THROW(run(in));
   std::fill(o.begin(), o.end(), half(7.0f));
   {
     auto bad = in;  // a negative batch was a std::length_error from a vector constructor
-    bad.query = TensorRef<const half>(q.data(), {-2, 4, 2, 16});
+    bad.query = StridedView<const half>(q.data(), {-2, 4, 2, 16});
     expect_reject<std::invalid_argument>([&] { run(bad); }, "prompt_flash_attention",
                                          {"query.shape[0]", "negative"});
   }
   {
     auto bad = in;
     const std::uint8_t m = 0;
-    bad.atten_mask = TensorRef<const std::uint8_t>(&m, {kHuge, kHuge});
+    bad.atten_mask = StridedView<const std::uint8_t>(&m, {kHuge, kHuge});
     expect_reject<std::invalid_argument>([&] { run(bad); }, "prompt_flash_attention",
                                          {"atten_mask.shape", "size overflows"});
   }
   {
     auto bad = in;
     const half ps(0.0f);
-    bad.pse_shift = TensorRef<const half>(&ps, {1, 2, Index(1) << 40, Index(1) << 40});
+    bad.pse_shift = StridedView<const half>(&ps, {1, 2, Index(1) << 40, Index(1) << 40});
     expect_reject<std::invalid_argument>([&] { run(bad); }, "prompt_flash_attention",
                                          {"pse_shift.shape", "size overflows"});
   }
@@ -422,11 +422,11 @@ TEST(InputModel, MlaDecodeOverflowingWidthAndNullCache) {
   p.kv_lora_rank = 6;
   p.rope_dim = 2;
   attnref::MlaDecodeInputs<float> in;
-  in.q = TensorRef<const float>(q.data(), {1, 2, 8});
-  in.kv_cache = TensorRef<const float>(cache.data(), {2, 4, 1, 8});
-  in.block_table = TensorRef<const std::int32_t>(table.data(), {1, 2});
+  in.q = StridedView<const float>(q.data(), {1, 2, 8});
+  in.kv_cache = StridedView<const float>(cache.data(), {2, 4, 1, 8});
+  in.block_table = StridedView<const std::int32_t>(table.data(), {1, 2});
   in.context_lens = {5};
-  const TensorRef<float> o(out.data(), {1, 2, 6});
+  const StridedView<float> o(out.data(), {1, 2, 6});
   EXPECT_NO_THROW(attnref::mla_decode(p, in, o));
   std::fill(out.begin(), out.end(), 7.0f);
   {
@@ -437,13 +437,13 @@ TEST(InputModel, MlaDecodeOverflowingWidthAndNullCache) {
   }
   {
     auto bad = in;
-    bad.kv_cache = TensorRef<const float>(nullptr, {2, 4, 1, 8});
+    bad.kv_cache = StridedView<const float>(nullptr, {2, 4, 1, 8});
     expect_reject<std::invalid_argument>([&] { attnref::mla_decode(p, bad, o); }, "mla_decode",
                                          {"kv_cache", "data is null"});
   }
   {
     auto bad = in;
-    bad.block_table = TensorRef<const std::int32_t>(table.data(), {1, Index(1) << 61});
+    bad.block_table = StridedView<const std::int32_t>(table.data(), {1, Index(1) << 61});
     expect_reject<std::invalid_argument>([&] { attnref::mla_decode(p, bad, o); }, "mla_decode",
                                          {"size overflows"});
   }
@@ -467,18 +467,18 @@ struct NsaStep {
     p.compress_block_size = 32, p.compress_block_stride = 16, p.select_block_size = 64;
     p.select_block_count = 1, p.window_size = 4, p.page_block_size = 64;
     p.cmp_page_block_size = 16, p.strict = false;
-    in.query = TensorRef<const float>(q.data(), {1, 1, D});
-    in.key = TensorRef<const float>(k.data(), {1, 64, D});
-    in.value = TensorRef<const float>(v.data(), {1, 64, D});
-    in.block_table = TensorRef<const std::int32_t>(bt.data(), {1, 1});
-    in.cmp_key = TensorRef<const float>(kc.data(), {1, 16, D});
-    in.cmp_value = TensorRef<const float>(vc.data(), {1, 16, D});
-    in.cmp_block_table = TensorRef<const std::int32_t>(cbt.data(), {1, 1});
-    in.gates = TensorRef<const float>(gates.data(), {1, 1, 3});
+    in.query = StridedView<const float>(q.data(), {1, 1, D});
+    in.key = StridedView<const float>(k.data(), {1, 64, D});
+    in.value = StridedView<const float>(v.data(), {1, 64, D});
+    in.block_table = StridedView<const std::int32_t>(bt.data(), {1, 1});
+    in.cmp_key = StridedView<const float>(kc.data(), {1, 16, D});
+    in.cmp_value = StridedView<const float>(vc.data(), {1, 16, D});
+    in.cmp_block_table = StridedView<const std::int32_t>(cbt.data(), {1, 1});
+    in.gates = StridedView<const float>(gates.data(), {1, 1, 3});
     in.actual_sel_kv_seq_len = {64};
   }
   void run(const attnref::NsaDecodeParams& pp, const attnref::NsaDecodeInputs<float>& ii) {
-    attnref::nsa_decode_step<float>(pp, ii, {TensorRef<float>(out.data(), {1, 1, D})});
+    attnref::nsa_decode_step<float>(pp, ii, {StridedView<float>(out.data(), {1, 1, D})});
   }
 };
 
@@ -498,21 +498,24 @@ TEST(InputModel, NsaDecodeStepRejectionsNameTheStep) {
   expect_reject<std::invalid_argument>([&] { s.run(p, s.in); }, "nsa_decode_step",
                                        {"params.compress_block_stride", "nsa_compress_attention"});
   // The compressed table's width times its page size past 64 bits: was signed overflow.
+  // (The table is really 128 entries wide: a view claiming more memory than it has would
+  // overlap the output, a rejection of its own.)
   auto in = s.in;
   p = s.p;
-  p.cmp_page_block_size = Index(1) << 30;
-  in.cmp_key.shape = {0, Index(1) << 30, 16};
-  in.cmp_value.shape = {0, Index(1) << 30, 16};
-  in.cmp_block_table.shape = {1, Index(1) << 40};
+  p.cmp_page_block_size = Index(1) << 56;
+  const std::vector<std::int32_t> wide_table(128, 0);
+  in.cmp_key = support::reshaped(in.cmp_key, {0, Index(1) << 56, 16});
+  in.cmp_value = support::reshaped(in.cmp_value, {0, Index(1) << 56, 16});
+  in.cmp_block_table = StridedView<const std::int32_t>(wide_table.data(), {1, 128});
   expect_reject<std::invalid_argument>([&] { s.run(p, in); }, "nsa_decode_step",
                                        {"cmp_block_table.shape[1] * cmp_page_block_size"});
   // BSND with a raw key that is not [numBlocks, pbs, KV_N * D]: its shape was read past its end.
   p = s.p;
   p.layout = "BSND";
   in = s.in;
-  in.query.shape = {1, 1, 1, 16};
-  in.key.shape = {64 * 16};
-  const attnref::NsaDecodeOutputs<float> o{TensorRef<float>(s.out.data(), {1, 1, 1, 16})};
+  in.query = support::reshaped(in.query, {1, 1, 1, 16});
+  in.key = support::reshaped(in.key, {64 * 16});
+  const attnref::NsaDecodeOutputs<float> o{StridedView<float>(s.out.data(), {1, 1, 1, 16})};
   expect_reject<std::invalid_argument>([&] { attnref::nsa_decode_step<float>(p, in, o); },
                                        "nsa_decode_step", {"key.shape"});
   in.key = {};
@@ -524,7 +527,7 @@ TEST(InputModel, NsaDecodeStepRejectionsNameTheStep) {
   expect_reject<std::out_of_range>(
       [&] {
         attnref::nsa_sliding_window_attention<float>(s.p, s.in,
-                                                     TensorRef<float>(s.out.data(), {1, 1, 16}));
+                                                     StridedView<float>(s.out.data(), {1, 1, 16}));
       },
       "nsa_sliding_window_attention", {"block_table[0][0]"});
   EXPECT_TRUE(all_equal(s.out, 7.0f));
@@ -538,29 +541,29 @@ TEST(InputModel, NsaCompressAttentionAndGatedSumOutputsMustNotAliasInputs) {
   attnref::NsaCompressAttentionInferParams p;
   p.select_block_count = 1, p.page_block_size = 16, p.strict = false;
   attnref::NsaCompressAttentionInferInputs<float> in;
-  in.query = TensorRef<const float>(q.data(), {1, 1, D});
-  in.key = TensorRef<const float>(kc.data(), {1, 16, D});
-  in.value = TensorRef<const float>(vc.data(), {1, 16, D});
-  in.block_table = TensorRef<const std::int32_t>(bt.data(), {1, 1});
+  in.query = StridedView<const float>(q.data(), {1, 1, D});
+  in.key = StridedView<const float>(kc.data(), {1, 16, D});
+  in.value = StridedView<const float>(vc.data(), {1, 16, D});
+  in.block_table = StridedView<const std::int32_t>(bt.data(), {1, 1});
   in.actual_cmp_kv_seq_len = {3};
   const attnref::NsaCompressAttentionInferOutputs<float> ok{
-      TensorRef<float>(out.data(), {1, 1, D}), TensorRef<std::int32_t>(topk.data(), {1, 1, 1})};
+      StridedView<float>(out.data(), {1, 1, D}), StridedView<std::int32_t>(topk.data(), {1, 1, 1})};
   EXPECT_NO_THROW(attnref::nsa_compress_attention_infer(p, in, ok));
   std::fill(out.begin(), out.end(), 7.0f);
   topk[0] = 9;
   const std::vector<float> kc0 = kc, vc0 = vc;
   // output over the values the branch reads, probs over the query.
   attnref::NsaCompressAttentionInferOutputs<float> bad = ok;
-  bad.output = TensorRef<float>(vc.data() + D, {1, 1, D});
+  bad.output = StridedView<float>(vc.data() + D, {1, 1, D});
   expect_reject<std::invalid_argument>([&] { attnref::nsa_compress_attention_infer(p, in, bad); },
                                        "nsa_compress_attention_infer",
                                        {"output overlaps an input"});
   bad = ok;
-  bad.probs = TensorRef<float>(q.data(), {1, 1, 3});
+  bad.probs = StridedView<float>(q.data(), {1, 1, 3});
   expect_reject<std::invalid_argument>([&] { attnref::nsa_compress_attention_infer(p, in, bad); },
                                        "nsa_compress_attention_infer", {"probs overlaps an input"});
   bad = ok;
-  bad.head_scores = TensorRef<float>(out.data(), {1, 1, 1});
+  bad.head_scores = StridedView<float>(out.data(), {1, 1, 1});
   expect_reject<std::invalid_argument>([&] { attnref::nsa_compress_attention_infer(p, in, bad); },
                                        "nsa_compress_attention_infer",
                                        {"output overlaps head_scores"});
@@ -572,13 +575,14 @@ TEST(InputModel, NsaCompressAttentionAndGatedSumOutputsMustNotAliasInputs) {
   std::vector<float> gates{0.25f, 0.25f, 0.5f}, a(D + 1, 1.0f), b(D, 2.0f), c(D, 3.0f);
   const std::vector<float> a0 = a;
   auto gated = [&](float* o) {
-    attnref::nsa_gated_sum<float>(
-        TensorRef<const float>(gates.data(), {1, 1, 3}),
-        TensorRef<const float>(a.data(), {1, 1, D}), TensorRef<const float>(b.data(), {1, 1, D}),
-        TensorRef<const float>(c.data(), {1, 1, D}), TensorRef<float>(o, {1, 1, D}));
+    attnref::nsa_gated_sum<float>(StridedView<const float>(gates.data(), {1, 1, 3}),
+                                  StridedView<const float>(a.data(), {1, 1, D}),
+                                  StridedView<const float>(b.data(), {1, 1, D}),
+                                  StridedView<const float>(c.data(), {1, 1, D}),
+                                  StridedView<float>(o, {1, 1, D}));
   };
   expect_reject<std::invalid_argument>([&] { gated(a.data() + 1); }, "nsa_gated_sum",
-                                       {"out overlaps o_cmp"});
+                                       {"out overlaps an input", "the memory of o_cmp"});
   EXPECT_EQ(a, a0);
   std::vector<float> o(D, 7.0f);
   EXPECT_NO_THROW(gated(o.data()));
@@ -593,24 +597,28 @@ TEST(InputModel, NsaSelectedEmptyCacheHugeSelectBlockAndTableWidth) {
   for (size_t i = 0; i < k.size(); ++i) k[i] = 0.1f * static_cast<float>(i), v[i] = k[i] - 1.0f;
   std::vector<std::int32_t> bt{-1}, topk{-1};
   attnref::NsaSelectedAttentionInferInputs<float> in;
-  in.query = TensorRef<const float>(q.data(), {1, 1, 2});
-  in.key = TensorRef<const float>(nullptr, {0, 4, 2});  // an empty pool: null data is fine
-  in.value = TensorRef<const float>(nullptr, {0, 4, 2});
-  in.block_table = TensorRef<const std::int32_t>(bt.data(), {1, 1});
-  in.topk_indices = TensorRef<const std::int32_t>(topk.data(), {1, 1, 1});
+  in.query = StridedView<const float>(q.data(), {1, 1, 2});
+  in.key = StridedView<const float>(nullptr, {0, 4, 2});  // an empty pool: null data is fine
+  in.value = StridedView<const float>(nullptr, {0, 4, 2});
+  in.block_table = StridedView<const std::int32_t>(bt.data(), {1, 1});
+  in.topk_indices = StridedView<const std::int32_t>(topk.data(), {1, 1, 1});
   in.actual_sel_kv_seq_len = {0};
-  const attnref::NsaSelectedAttentionInferOutputs<float> out{TensorRef<float>(o.data(), {1, 1, 2})};
+  const attnref::NsaSelectedAttentionInferOutputs<float> out{
+      StridedView<float>(o.data(), {1, 1, 2})};
   // Nothing to select from an empty cache: output 0 (was rejected by the engine, as
   // "attnref::attention_with: k data is null").
   EXPECT_NO_THROW(attnref::nsa_selected_attention_infer<float>(p, in, out));
   EXPECT_TRUE(all_equal(o, 0.0f));
-  // block_table.shape[1] * page_block_size past 64 bits: was signed overflow, then accepted.
+  // block_table.size(1) * page_block_size past 64 bits: was signed overflow, then accepted.
   std::fill(o.begin(), o.end(), 7.0f);
+  // (2^58 · 32 = 2^63 with a table really 32 entries wide.)
   auto wide = in;
   auto pw = p;
-  pw.page_block_size = Index(1) << 30;
-  wide.key.shape = wide.value.shape = {0, Index(1) << 30, 2};
-  wide.block_table.shape = {1, Index(1) << 40};
+  pw.page_block_size = Index(1) << 58;
+  const std::vector<std::int32_t> wide_table(32, -1);
+  wide.key = support::reshaped(wide.key, {0, Index(1) << 58, 2});
+  wide.value = support::reshaped(wide.value, {0, Index(1) << 58, 2});
+  wide.block_table = StridedView<const std::int32_t>(wide_table.data(), {1, 32});
   expect_reject<std::invalid_argument>(
       [&] { attnref::nsa_selected_attention_infer<float>(pw, wide, out); },
       "nsa_selected_attention_infer", {"block_table.shape[1] * page_block_size", "size overflows"});
@@ -618,8 +626,8 @@ TEST(InputModel, NsaSelectedEmptyCacheHugeSelectBlockAndTableWidth) {
   // A select block longer than every length: one block holds them all (its count was
   // (sel + l' - 1) / l', signed overflow at l' = 2^63 - 1).
   bt[0] = 0, topk[0] = 0;
-  in.key = TensorRef<const float>(k.data(), {1, 4, 2});
-  in.value = TensorRef<const float>(v.data(), {1, 4, 2});
+  in.key = StridedView<const float>(k.data(), {1, 4, 2});
+  in.value = StridedView<const float>(v.data(), {1, 4, 2});
   in.actual_sel_kv_seq_len = {3};
   attnref::nsa_selected_attention_infer<float>(p, in, out);
   const std::vector<float> want = o;
@@ -627,13 +635,13 @@ TEST(InputModel, NsaSelectedEmptyCacheHugeSelectBlockAndTableWidth) {
   std::fill(o.begin(), o.end(), 7.0f);
   attnref::nsa_selected_attention_infer<float>(p, in, out);
   for (size_t i = 0; i < o.size(); ++i) EXPECT_NEAR(o[i], want[i], 1e-6) << i;
-  // The compressed branch had the same overflow in block_table.shape[1] * page_block_size.
+  // The compressed branch had the same overflow in block_table.size(1) * page_block_size.
   attnref::NsaCompressAttentionInferParams cp;
   cp.strict = false, cp.select_block_size = 4, cp.select_block_count = 1;
-  cp.compress_block_size = 4, cp.compress_block_stride = 4, cp.page_block_size = Index(1) << 30;
+  cp.compress_block_size = 4, cp.compress_block_stride = 4, cp.page_block_size = Index(1) << 58;
   attnref::NsaCompressAttentionInferInputs<float> ci;
   ci.query = in.query;
-  ci.key = ci.value = TensorRef<const float>(nullptr, {0, Index(1) << 30, 2});
+  ci.key = ci.value = StridedView<const float>(nullptr, {0, Index(1) << 58, 2});
   ci.block_table = wide.block_table;
   ci.actual_cmp_kv_seq_len = {0};
   std::vector<std::int32_t> tk{9};
@@ -642,7 +650,8 @@ TEST(InputModel, NsaSelectedEmptyCacheHugeSelectBlockAndTableWidth) {
       [&] {
         attnref::nsa_compress_attention_infer<float>(
             cp, ci,
-            {TensorRef<float>(o.data(), {1, 1, 2}), TensorRef<std::int32_t>(tk.data(), {1, 1, 1})});
+            {StridedView<float>(o.data(), {1, 1, 2}),
+             StridedView<std::int32_t>(tk.data(), {1, 1, 1})});
       },
       "nsa_compress_attention_infer", {"block_table.shape[1] * page_block_size", "size overflows"});
   EXPECT_TRUE(all_equal(o, 7.0f));

@@ -7,11 +7,12 @@
 
 #include "fuzz/fuzz.hpp"
 #include "reference/naive_attention.hpp"
+#include "support/views.hpp"
 
 namespace fuzz_cann {
 
 using attnref::half;
-using attnref::TensorRef;
+using attnref::StridedView;
 using fuzz::Index;
 using fuzz::kHuge;
 
@@ -31,7 +32,7 @@ struct Pfa {
   std::vector<std::uint8_t> mask;
   attnref::PromptFlashAttentionParams p;
   attnref::PromptFlashAttentionInputs<half> in;
-  TensorRef<half> out;
+  StridedView<half> out;
 };
 
 // The vendor shape of a (B, S, heads, width) tensor in the layout (TND: S = total tokens).
@@ -79,10 +80,10 @@ void build(Pfa& c, fuzz::Rng& r) {
   c.p.num_key_value_heads = c.KVN;
   c.p.input_layout = c.layout;
   c.p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.D));
-  c.in.query = TensorRef<const half>(c.q.data(), shape(c.layout, c.B, c.S1, c.N, c.D));
-  c.in.key = TensorRef<const half>(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
-  c.in.value = TensorRef<const half>(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.Dv));
-  c.out = TensorRef<half>(c.o.data(), shape(c.layout, c.B, c.S1, c.N, c.Dv));
+  c.in.query = StridedView<const half>(c.q.data(), shape(c.layout, c.B, c.S1, c.N, c.D));
+  c.in.key = StridedView<const half>(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
+  c.in.value = StridedView<const half>(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.Dv));
+  c.out = StridedView<half>(c.o.data(), shape(c.layout, c.B, c.S1, c.N, c.Dv));
   if (tnd || r.chance(0.5)) {
     std::int64_t qa = 0, ka = 0;
     for (Index b = 0; b < c.B; ++b) {
@@ -161,26 +162,26 @@ const std::vector<PP>& pfa_perturbations() {
   static const std::vector<PP> list{
       {"query dim negative", true,
        [](Pfa& c, fuzz::Rng&) {
-         c.in.query.shape[0] = -c.in.query.shape[0] - 1;
+         c.in.query = support::resized(c.in.query, 0, -c.in.query.size(0) - 1);
          return true;
        }},
       {"atten_mask size overflows", true,
        [](Pfa& c, fuzz::Rng&) {
          c.mask.assign(1, 0);
-         c.in.atten_mask = TensorRef<const std::uint8_t>(c.mask.data(), {kHuge, kHuge});
+         c.in.atten_mask = StridedView<const std::uint8_t>(c.mask.data(), {kHuge, kHuge});
          return true;
        }},
       {"atten_mask rank 4 with S1 of 1", true,
        [](Pfa& c, fuzz::Rng&) {  // [1, 1, 1, S2] covers one query row only
          if (c.S1 < 2 || c.layout == "TND") return false;
          c.mask.assign(static_cast<size_t>(c.S2), 0);
-         c.in.atten_mask = TensorRef<const std::uint8_t>(c.mask.data(), {1, 1, 1, c.S2});
+         c.in.atten_mask = StridedView<const std::uint8_t>(c.mask.data(), {1, 1, 1, c.S2});
          return true;
        }},
       {"key null", true,
        [](Pfa& c, fuzz::Rng&) {
          if (c.k.empty()) return false;
-         c.in.key.data = nullptr;
+         c.in.key = support::with_data(c.in.key, nullptr);
          return true;
        }},
       {"unknown layout", true,
@@ -229,20 +230,22 @@ const std::vector<PP>& pfa_perturbations() {
        }},
       {"output shape mismatch", true,
        [](Pfa& c, fuzz::Rng&) {
-         c.out.shape.back() += 1;
+         c.out = support::resized(c.out, c.out.rank() - 1, c.out.shape().back() + 1);
          c.o.resize(c.o.size() * 2, half(555.0f));  // room for the claimed shape
-         c.out.data = c.o.data();
+         c.out = support::with_data(c.out, c.o.data());
          return true;
        }},
       {"value batch mismatch", true,
        [](Pfa& c, fuzz::Rng&) {
          if (c.layout == "TND" || c.B < 2) return false;
-         c.in.value.shape[0] = c.B - 1;
+         c.in.value = support::resized(c.in.value, 0, c.B - 1);
          return true;
        }},
   };
   return list;
 }
+
+void restride_inputs(Pfa& c, support::Restrider& r) { c.in.for_each_view(r); }
 
 void run_pfa(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
@@ -265,7 +268,7 @@ struct Mla {
   std::vector<std::int32_t> table;
   attnref::MlaDecodeParams p;
   attnref::MlaDecodeInputs<float> in;
-  TensorRef<float> out;
+  StridedView<float> out;
 };
 
 void build(Mla& c, fuzz::Rng& r) {
@@ -292,10 +295,10 @@ void build(Mla& c, fuzz::Rng& r) {
   c.p.kv_lora_rank = c.C;
   c.p.rope_dim = c.R;
   c.p.scale = 1.0 / std::sqrt(static_cast<double>(W));
-  c.in.q = TensorRef<const float>(c.q.data(), {c.B, c.H, W});
-  c.in.kv_cache = TensorRef<const float>(c.cache.data(), {c.blocks, c.bs, 1, W});
-  c.in.block_table = TensorRef<const std::int32_t>(c.table.data(), {c.B, c.maxb});
-  c.out = TensorRef<float>(c.o.data(), {c.B, c.H, c.C});
+  c.in.q = StridedView<const float>(c.q.data(), {c.B, c.H, W});
+  c.in.kv_cache = StridedView<const float>(c.cache.data(), {c.blocks, c.bs, 1, W});
+  c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, c.maxb});
+  c.out = StridedView<float>(c.o.data(), {c.B, c.H, c.C});
 }
 
 std::string verify_mla(const Mla& c) {  // one latent kv head: K = the whole row, V = its first C
@@ -332,7 +335,7 @@ const std::vector<PM>& mla_perturbations() {
   static const std::vector<PM> list{
       {"kv_cache null", true,
        [](Mla& c, fuzz::Rng&) {
-         c.in.kv_cache.data = nullptr;
+         c.in.kv_cache = support::with_data(c.in.kv_cache, nullptr);
          return true;
        }},
       {"block table entry out of range", true,
@@ -360,13 +363,13 @@ const std::vector<PM>& mla_perturbations() {
        }},
       {"block table size overflows", true,
        [](Mla& c, fuzz::Rng&) {
-         c.in.block_table.shape = {c.B, Index(1) << 61};
+         c.in.block_table = support::reshaped(c.in.block_table, {c.B, Index(1) << 61});
          return true;
        }},
       {"out shape mismatch", true,
        [](Mla& c, fuzz::Rng&) {
          if (c.C < 2) return false;
-         c.out.shape = {c.B, c.H, c.C - 1};
+         c.out = support::reshaped(c.out, {c.B, c.H, c.C - 1});
          return true;
        }},
       {"scale NaN", true,
@@ -377,6 +380,8 @@ const std::vector<PM>& mla_perturbations() {
   };
   return list;
 }
+
+void restride_inputs(Mla& c, support::Restrider& r) { c.in.for_each_view(r); }
 
 void run_mla(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(

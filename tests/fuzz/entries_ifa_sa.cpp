@@ -7,12 +7,12 @@
 
 #include "fuzz/fuzz.hpp"
 #include "reference/naive_attention.hpp"
+#include "support/views.hpp"
 
 namespace fuzz_ifa_sa {
 
 using attnref::half;
 using attnref::StridedView;
-using attnref::TensorRef;
 using fuzz::Index;
 using fuzz::kHuge;
 
@@ -26,7 +26,7 @@ struct Ifa {
   std::vector<half> q, k, v, o;
   attnref::IncreFlashAttentionParams p;
   attnref::IncreFlashAttentionInputs<half> in;
-  TensorRef<half> out;
+  StridedView<half> out;
 };
 
 std::vector<Index> shape(const std::string& layout, Index B, Index S, Index n, Index d) {
@@ -60,8 +60,8 @@ void build(Ifa& c, fuzz::Rng& r) {
   c.p.num_key_value_heads = c.KVN;
   c.p.input_layout = c.layout;
   c.p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.D));
-  c.in.query = TensorRef<const half>(c.q.data(), shape(c.layout, c.B, 1, c.N, c.D));
-  c.out = TensorRef<half>(c.o.data(), c.in.query.shape);
+  c.in.query = StridedView<const half>(c.q.data(), shape(c.layout, c.B, 1, c.N, c.D));
+  c.out = StridedView<half>(c.o.data(), c.in.query.shape());
   if (c.list) {
     for (Index b = 0; b < c.B; ++b) {
       const Index at = b * c.S * c.KVN * c.D;
@@ -123,9 +123,9 @@ const std::vector<PI>& ifa_perturbations() {
       {"query sequence not 1", true,
        [](Ifa& c, fuzz::Rng&) {
          if (c.layout == "BNSD") return false;
-         c.in.query.shape[1] = 2;
+         c.in.query = support::resized(c.in.query, 1, 2);
          c.q.resize(c.q.size() * 2, half(0.0f));
-         c.in.query.data = c.q.data();
+         c.in.query = support::with_data(c.in.query, c.q.data());
          return true;
        }},
       {"key / value lists of different lengths", true,
@@ -135,18 +135,18 @@ const std::vector<PI>& ifa_perturbations() {
        }},
       {"value null", true,
        [](Ifa& c, fuzz::Rng&) {
-         c.in.value[0].data = nullptr;
+         c.in.value[0] = support::with_data(c.in.value[0], nullptr);
          return true;
        }},
       {"key dim negative", true,
        [](Ifa& c, fuzz::Rng&) {
-         c.in.key[0].shape[0] = -1;
+         c.in.key[0] = support::resized(c.in.key[0], 0, -1);
          return true;
        }},
       {"key size overflows", true,
        [](Ifa& c, fuzz::Rng&) {
-         c.in.key[0].shape[0] = kHuge;
-         c.in.key[0].shape[1] = kHuge;
+         c.in.key[0] = support::resized(c.in.key[0], 0, kHuge);
+         c.in.key[0] = support::resized(c.in.key[0], 1, kHuge);
          return true;
        }},
       {"actual_seq_lengths past S", true,
@@ -178,14 +178,14 @@ const std::vector<PI>& ifa_perturbations() {
       {"block table without block size", true,
        [](Ifa& c, fuzz::Rng&) {
          static const std::int32_t t[1] = {0};
-         c.in.block_table = TensorRef<const std::int32_t>(t, {1, 1});
+         c.in.block_table = StridedView<const std::int32_t>(t, {1, 1});
          return true;
        }},
       {"output shape mismatch", true,
        [](Ifa& c, fuzz::Rng&) {
-         c.out.shape.back() += 1;
+         c.out = support::resized(c.out, c.out.rank() - 1, c.out.shape().back() + 1);
          c.o.resize(c.o.size() * 2, half(444.0f));
-         c.out.data = c.o.data();
+         c.out = support::with_data(c.out, c.o.data());
          return true;
        }},
       {"atten_mask narrower than the keys", true,
@@ -194,12 +194,14 @@ const std::vector<PI>& ifa_perturbations() {
          Index longest = 0;
          for (Index l : c.kv_len) longest = std::max(longest, l);
          if (longest < 2) return false;  // a [B, 1] mask covers the keys then
-         c.in.atten_mask = TensorRef<const std::uint8_t>(m, {c.B, 1});
+         c.in.atten_mask = StridedView<const std::uint8_t>(m, {c.B, 1});
          return true;
        }},
   };
   return list;
 }
+
+void restride_inputs(Ifa& c, support::Restrider& r) { c.in.for_each_view(r); }
 
 void run_ifa(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
@@ -356,7 +358,7 @@ const fuzz::Register reg_sa("self_attention", run_sa);
 
 namespace fuzz_nsa_compress {
 
-using attnref::TensorRef;
+using attnref::StridedView;
 using fuzz::Index;
 
 struct Nc {
@@ -364,8 +366,8 @@ struct Nc {
   std::vector<std::int64_t> cu;
   std::vector<float> x, w, o;
   attnref::NsaCompressParams p;
-  TensorRef<const float> input, weight;
-  TensorRef<float> out;
+  StridedView<const float> input, weight;
+  StridedView<float> out;
 };
 
 Index count(Index len, Index l, Index d) { return len < l ? 0 : (len - l) / d + 1; }
@@ -389,9 +391,9 @@ void build(Nc& c, fuzz::Rng& r) {
   c.o.assign(static_cast<size_t>(total * c.N * c.D), 111.0f);
   c.p.compress_block_size = c.l;
   c.p.compress_stride = c.d;
-  c.input = TensorRef<const float>(c.x.data(), {c.T, c.N, c.D});
-  c.weight = TensorRef<const float>(c.w.data(), {c.l, c.N});
-  c.out = TensorRef<float>(c.o.data(), {total, c.N, c.D});
+  c.input = StridedView<const float>(c.x.data(), {c.T, c.N, c.D});
+  c.weight = StridedView<const float>(c.w.data(), {c.l, c.N});
+  c.out = StridedView<float>(c.o.data(), {total, c.N, c.D});
 }
 
 std::string verify_nc(const Nc& c) {
@@ -418,9 +420,9 @@ const std::vector<PN>& perturbations() {
   static const std::vector<PN> list{
       {"weight shape mismatch", true,
        [](Nc& c, fuzz::Rng&) {
-         c.weight.shape = {c.l + 1, c.N};
+         c.weight = support::reshaped(c.weight, {c.l + 1, c.N});
          c.w.resize(c.w.size() + static_cast<size_t>(c.N));
-         c.weight.data = c.w.data();
+         c.weight = support::with_data(c.weight, c.w.data());
          return true;
        }},
       {"act_seq_len not cumulative", true,
@@ -448,29 +450,34 @@ const std::vector<PN>& perturbations() {
       {"input null", true,
        [](Nc& c, fuzz::Rng&) {
          if (c.T == 0) return false;
-         c.input.data = nullptr;
+         c.input = support::with_data(c.input, nullptr);
          return true;
        }},
       {"input size overflows", true,
        [](Nc& c, fuzz::Rng&) {
-         c.input.shape = {fuzz::kHuge, fuzz::kHuge, c.D};
+         c.input = support::reshaped(c.input, {fuzz::kHuge, fuzz::kHuge, c.D});
          return true;
        }},
       {"output rows mismatch", true,
        [](Nc& c, fuzz::Rng&) {
-         c.out.shape[0] += 1;
+         c.out = support::resized(c.out, 0, c.out.size(0) + (1));
          c.o.resize(c.o.size() + static_cast<size_t>(c.N * c.D), 111.0f);
-         c.out.data = c.o.data();
+         c.out = support::with_data(c.out, c.o.data());
          return true;
        }},
       {"output overlaps the input", true,
        [](Nc& c, fuzz::Rng&) {
          if (c.o.empty() || c.x.size() < c.o.size()) return false;
-         c.out.data = c.x.data();
+         c.out = support::with_data(c.out, c.x.data());
          return true;
        }},
   };
   return list;
+}
+
+void restride_inputs(Nc& c, support::Restrider& r) {
+  r("input", c.input);
+  r("weight", c.weight);
 }
 
 void run(fuzz::Run& run, std::uint64_t seed) {

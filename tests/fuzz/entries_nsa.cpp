@@ -9,10 +9,11 @@
 
 #include "fuzz/fuzz.hpp"
 #include "reference/nsa_select.hpp"
+#include "support/views.hpp"
 
 namespace fuzz_nsa {
 
-using attnref::TensorRef;
+using attnref::StridedView;
 using fuzz::Index;
 using fuzz::kHuge;
 using R = fuzz::Rng;
@@ -84,7 +85,7 @@ struct Sel : Rows {
   std::vector<i32> topk;
   attnref::NsaSelectedAttentionInferParams p;
   attnref::NsaSelectedAttentionInferInputs<float> in;
-  TensorRef<float> out;
+  StridedView<float> out;
   Index n_sel(Index b) const {  // select blocks of batch b
     return sel[z(b)] / p.select_block_size + (sel[z(b)] % p.select_block_size != 0);
   }
@@ -124,16 +125,16 @@ void build(Sel& c, R& r) {
   c.p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.Dqk));
   const bool four = r.chance(0.5);  // 4-d caches [nb, pbs, KV_N, D]
   const Index nb = c.pool.nb, pbs = c.pool.pbs;
-  c.in.query = TensorRef<const float>(c.q.data(), c.lay(c.N, c.Dqk, true));
-  c.in.key = TensorRef<const float>(
+  c.in.query = StridedView<const float>(c.q.data(), c.lay(c.N, c.Dqk, true));
+  c.in.key = StridedView<const float>(
       c.pool.k.data(), four ? Shape{nb, pbs, c.KVN, c.Dqk} : Shape{nb, pbs, c.KVN * c.Dqk});
-  c.in.value = TensorRef<const float>(
+  c.in.value = StridedView<const float>(
       c.pool.v.data(), four ? Shape{nb, pbs, c.KVN, c.Dv} : Shape{nb, pbs, c.KVN * c.Dv});
-  c.in.topk_indices = TensorRef<const i32>(c.topk.data(), c.lay(c.KVN, c.k));
-  c.in.block_table = TensorRef<const i32>(c.pool.table.data(), {c.B, c.pool.mb});
+  c.in.topk_indices = StridedView<const i32>(c.topk.data(), c.lay(c.KVN, c.k));
+  c.in.block_table = StridedView<const i32>(c.pool.table.data(), {c.B, c.pool.mb});
   if (give_q) c.in.actual_q_seq_len.assign(c.qlen.begin(), c.qlen.end());
   c.in.actual_sel_kv_seq_len.assign(c.sel.begin(), c.sel.end());
-  c.out = TensorRef<float>(c.o.data(), c.lay(c.N, c.Dv, true));
+  c.out = StridedView<float>(c.o.data(), c.lay(c.N, c.Dv, true));
 }
 
 std::string verify_sel(const Sel& c) {
@@ -217,20 +218,23 @@ const std::vector<PS>& sel_perturbations() {
       must(
           "num_key_value_heads not dividing", [](const Sel& c) { return c.N > 2; },
           [](Sel& c, R&) { c.p.num_key_value_heads = c.N - 1; }),
-      must("query null", [](Sel& c, R&) { c.in.query.data = nullptr; }),
-      must("key extent negative", [](Sel& c, R& r) { c.in.key.shape[z(r.range(0, 1))] = -1; }),
+      must("query null", [](Sel& c, R&) { c.in.query = support::with_data(c.in.query, nullptr); }),
+      must("key extent negative",
+           [](Sel& c, R& r) {
+             c.in.key = support::resized(c.in.key, static_cast<int>(r.range(0, 1)), -1);
+           }),
       must("block_table size overflows",
            [](Sel& c, R&) {
-             c.in.block_table.shape = {kHuge, kHuge};
+             c.in.block_table = support::reshaped(c.in.block_table, {kHuge, kHuge});
            }),
       must("block_table width times page size overflows",
            [](Sel& c, R&) {  // no length reads the table: only its extents are wrong
              c.in.actual_sel_kv_seq_len.assign(z(c.B), 0);
              std::fill(c.topk.begin(), c.topk.end(), -1);
              c.p.page_block_size = kHuge;
-             c.in.key.shape = {0, kHuge, c.KVN * c.Dqk};
-             c.in.value.shape = {0, kHuge, c.KVN * c.Dv};
-             c.in.block_table.shape = {c.B, Index(1) << 24};
+             c.in.key = support::reshaped(c.in.key, {0, kHuge, c.KVN * c.Dqk});
+             c.in.value = support::reshaped(c.in.value, {0, kHuge, c.KVN * c.Dv});
+             c.in.block_table = support::reshaped(c.in.block_table, {c.B, Index(1) << 24});
            }),
       must("block_table missing", [](Sel& c, R&) { c.in.block_table = {}; }),
       must("select_block_count differs from topk", [](Sel& c, R&) { c.p.select_block_count += 1; }),
@@ -240,8 +244,8 @@ const std::vector<PS>& sel_perturbations() {
       must("value blocks differ from key",
            [](Sel& c, R&) {
              c.pool.v.resize(c.pool.v.size() + z(c.pool.pbs * c.pool.wv), kNaN);
-             c.in.value.data = c.pool.v.data();
-             c.in.value.shape[0] += 1;
+             c.in.value = support::with_data(c.in.value, c.pool.v.data());
+             c.in.value = support::resized(c.in.value, 0, c.in.value.size(0) + (1));
            }),
       must("unknown layout", [](Sel& c, R& r) { c.p.layout = r.chance(0.5) ? "BNSD" : "tnd"; }),
       must("sparse_mode not 0", [](Sel& c, R&) { c.p.sparse_mode = 1; }),
@@ -250,8 +254,8 @@ const std::vector<PS>& sel_perturbations() {
       must("output shape mismatch",
            [](Sel& c, R&) {
              c.o.resize(c.o.size() * 2, kSentinel);
-             c.out.data = c.o.data();
-             c.out.shape.back() += 1;
+             c.out = support::with_data(c.out, c.o.data());
+             c.out = support::resized(c.out, c.out.rank() - 1, c.out.shape().back() + 1);
            }),
       must(
           "output overlaps an input", [](const Sel& c) { return c.pool.v.size() >= c.o.size(); },
@@ -259,7 +263,7 @@ const std::vector<PS>& sel_perturbations() {
             std::vector<float*> at{c.pool.v.data()};
             if (c.q.size() >= c.o.size()) at.push_back(c.q.data());
             if (c.topk.size() >= c.o.size()) at.push_back(reinterpret_cast<float*>(c.topk.data()));
-            c.out.data = at[z(r.range(0, static_cast<Index>(at.size()) - 1))];
+            c.out = support::with_data(c.out, at[z(r.range(0, static_cast<Index>(at.size()) - 1))]);
           }),
       // Unusual but defined.
       fine("garbage in the padded rows' topk", padded,
@@ -285,6 +289,8 @@ const std::vector<PS>& sel_perturbations() {
   };
   return list;
 }
+
+void restride_inputs(Sel& c, support::Restrider& r) { c.in.for_each_view(r); }
 
 void run_sel(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
@@ -338,22 +344,22 @@ void build(Dec& c, R& r) {
   p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.Dqk)), p.layout = c.layout;
   p.strict = false;
   auto& in = c.in;
-  in.query = TensorRef<const float>(c.q.data(), c.lay(c.N, c.Dqk));
-  in.key = TensorRef<const float>(c.raw.k.data(), {c.raw.nb, c.raw.pbs, c.KVN * c.Dqk});
-  in.value = TensorRef<const float>(c.raw.v.data(), {c.raw.nb, c.raw.pbs, c.KVN * c.Dv});
-  in.block_table = TensorRef<const i32>(c.raw.table.data(), {c.B, c.raw.mb});
-  in.cmp_key = TensorRef<const float>(c.cp.k.data(), {c.cp.nb, c.cp.pbs, c.KVN * c.Dqk});
-  in.cmp_value = TensorRef<const float>(c.cp.v.data(), {c.cp.nb, c.cp.pbs, c.KVN * c.Dv});
-  in.cmp_block_table = TensorRef<const i32>(c.cp.table.data(), {c.B, c.cp.mb});
-  in.gates = TensorRef<const float>(c.gates.data(), {c.Q, c.N, 3});
+  in.query = StridedView<const float>(c.q.data(), c.lay(c.N, c.Dqk));
+  in.key = StridedView<const float>(c.raw.k.data(), {c.raw.nb, c.raw.pbs, c.KVN * c.Dqk});
+  in.value = StridedView<const float>(c.raw.v.data(), {c.raw.nb, c.raw.pbs, c.KVN * c.Dv});
+  in.block_table = StridedView<const i32>(c.raw.table.data(), {c.B, c.raw.mb});
+  in.cmp_key = StridedView<const float>(c.cp.k.data(), {c.cp.nb, c.cp.pbs, c.KVN * c.Dqk});
+  in.cmp_value = StridedView<const float>(c.cp.v.data(), {c.cp.nb, c.cp.pbs, c.KVN * c.Dv});
+  in.cmp_block_table = StridedView<const i32>(c.cp.table.data(), {c.B, c.cp.mb});
+  in.gates = StridedView<const float>(c.gates.data(), {c.Q, c.N, 3});
   if (give_q) in.actual_q_seq_len.assign(c.qlen.begin(), c.qlen.end());
   in.actual_sel_kv_seq_len.assign(c.sel.begin(), c.sel.end());
   const Shape os = c.lay(c.N, c.Dv);
-  c.out.output = TensorRef<float>(c.o.data(), os);
-  if (r.chance(0.6)) c.out.topk = TensorRef<i32>(c.topk.data(), c.lay(c.KVN, c.k));
-  if (r.chance(0.6)) c.out.cmp_out = TensorRef<float>(c.o_cmp.data(), os);
-  if (r.chance(0.6)) c.out.sel_out = TensorRef<float>(c.o_sel.data(), os);
-  if (r.chance(0.6)) c.out.win_out = TensorRef<float>(c.o_win.data(), os);
+  c.out.output = StridedView<float>(c.o.data(), os);
+  if (r.chance(0.6)) c.out.topk = StridedView<i32>(c.topk.data(), c.lay(c.KVN, c.k));
+  if (r.chance(0.6)) c.out.cmp_out = StridedView<float>(c.o_cmp.data(), os);
+  if (r.chance(0.6)) c.out.sel_out = StridedView<float>(c.o_sel.data(), os);
+  if (r.chance(0.6)) c.out.win_out = StridedView<float>(c.o_win.data(), os);
 }
 
 // The step must equal its pieces called directly: nsa_compress_attention_infer (with the
@@ -376,26 +382,27 @@ std::string verify_dec(const Dec& c) {
     attnref::NsaCompressAttentionInferInputs<float> ci;
     const std::uint8_t flag = 1;
     ci.query = c.in.query, ci.key = c.in.cmp_key, ci.value = c.in.cmp_value;
-    ci.atten_mask = TensorRef<const std::uint8_t>(&flag, {1});
+    ci.atten_mask = StridedView<const std::uint8_t>(&flag, {1});
     ci.block_table = c.in.cmp_block_table, ci.actual_q_seq_len = c.in.actual_q_seq_len;
     ci.actual_sel_kv_seq_len = c.in.actual_sel_kv_seq_len;
     ci.actual_cmp_kv_seq_len.assign(c.cmp.begin(), c.cmp.end());
     attnref::nsa_compress_attention_infer<float>(
-        cp, ci, {TensorRef<float>(oc.data(), os), TensorRef<i32>(tk.data(), ts)});
+        cp, ci, {StridedView<float>(oc.data(), os), StridedView<i32>(tk.data(), ts)});
     attnref::NsaSelectedAttentionInferParams sp;
     sp.num_heads = c.N, sp.num_key_value_heads = c.KVN, sp.select_block_count = c.k;
     sp.select_block_size = c.p.select_block_size, sp.page_block_size = c.p.page_block_size;
     sp.scale_value = c.p.scale_value, sp.layout = c.layout, sp.strict = false;
     attnref::NsaSelectedAttentionInferInputs<float> si;
     si.query = c.in.query, si.key = c.in.key, si.value = c.in.value;
-    si.block_table = c.in.block_table, si.topk_indices = TensorRef<const i32>(tk.data(), ts);
+    si.block_table = c.in.block_table, si.topk_indices = StridedView<const i32>(tk.data(), ts);
     si.actual_q_seq_len = c.in.actual_q_seq_len;
     si.actual_sel_kv_seq_len = c.in.actual_sel_kv_seq_len;
-    attnref::nsa_selected_attention_infer<float>(sp, si, {TensorRef<float>(ol.data(), os)});
-    attnref::nsa_sliding_window_attention<float>(c.p, c.in, TensorRef<float>(ow.data(), os));
-    attnref::nsa_gated_sum<float>(
-        c.in.gates, TensorRef<const float>(oc.data(), os), TensorRef<const float>(ol.data(), os),
-        TensorRef<const float>(ow.data(), os), TensorRef<float>(out.data(), os));
+    attnref::nsa_selected_attention_infer<float>(sp, si, {StridedView<float>(ol.data(), os)});
+    attnref::nsa_sliding_window_attention<float>(c.p, c.in, StridedView<float>(ow.data(), os));
+    attnref::nsa_gated_sum<float>(c.in.gates, StridedView<const float>(oc.data(), os),
+                                  StridedView<const float>(ol.data(), os),
+                                  StridedView<const float>(ow.data(), os),
+                                  StridedView<float>(out.data(), os));
   } catch (const std::exception& e) {
     return std::string("a component rejected what the step accepted: ") + e.what();
   }
@@ -406,7 +413,7 @@ std::string verify_dec(const Dec& c) {
   const std::vector<float> sentinel(n, kSentinel);
   const std::vector<float>* got[] = {&c.o_cmp, &c.o_sel, &c.o_win};
   const std::vector<float>* want[] = {&oc, &ol, &ow};
-  const TensorRef<float>* views[] = {&c.out.cmp_out, &c.out.sel_out, &c.out.win_out};
+  const StridedView<float>* views[] = {&c.out.cmp_out, &c.out.sel_out, &c.out.win_out};
   for (int j = 0; j < 3; ++j)
     if (!fuzz::same_bits(*got[j], views[j]->absent() ? sentinel : *want[j]))
       return std::string("intermediate ") + "csw"[j] + " differs from its operator";
@@ -461,12 +468,12 @@ const std::vector<PD>& dec_perturbations() {
       must("gates shape wrong",
            [](Dec& c, R& r) {
              const Shape s[] = {{c.Q, c.N, 2}, {c.Q * c.N, 3}, {c.Q, c.N, 1, 3}};
-             c.in.gates.shape = s[r.range(0, 2)];
+             c.in.gates = support::reshaped(c.in.gates, s[r.range(0, 2)]);
            }),
       must("gates missing or null",
            [](Dec& c, R& r) {
-             c.in.gates.data = nullptr;
-             if (r.chance(0.5)) c.in.gates.shape.clear();
+             c.in.gates = support::with_data(c.in.gates, nullptr);
+             if (r.chance(0.5)) c.in.gates = support::reshaped(c.in.gates, {});
            }),
       must("num_heads differs from the query", [](Dec& c, R&) { c.p.num_heads = c.N + c.KVN; }),
       must(
@@ -484,15 +491,18 @@ const std::vector<PD>& dec_perturbations() {
           [](const Dec& c) { return c.p.compress_block_size > 1; },
           [](Dec& c, R&) { c.p.select_block_size = c.p.compress_block_size - 1; }),
       must("select_block_count not positive", [](Dec& c, R&) { c.p.select_block_count = 0; }),
-      must("cmp_key shape mismatch", [](Dec& c, R&) { c.in.cmp_key.shape[2] += 1; }),
+      must("cmp_key shape mismatch",
+           [](Dec& c, R&) {
+             c.in.cmp_key = support::resized(c.in.cmp_key, 2, c.in.cmp_key.size(2) + (1));
+           }),
       must("cmp_page_block_size differs", [](Dec& c, R&) { c.p.cmp_page_block_size += 1; }),
       must("raw key 4-d",
            [](Dec& c, R&) {
-             c.in.key.shape = {c.raw.nb, c.raw.pbs, c.KVN, c.Dqk};
+             c.in.key = support::reshaped(c.in.key, {c.raw.nb, c.raw.pbs, c.KVN, c.Dqk});
            }),
       must("raw key flattened or missing",
            [](Dec& c, R& r) {
-             c.in.key.shape = {c.raw.nb * c.raw.pbs * c.KVN * c.Dqk};
+             c.in.key = support::reshaped(c.in.key, {c.raw.nb * c.raw.pbs * c.KVN * c.Dqk});
              if (r.chance(0.5)) c.in.key = {};
            }),
       must(
@@ -500,25 +510,35 @@ const std::vector<PD>& dec_perturbations() {
           [](Dec& c, R& r) {  // one batch: only the table's first entries are read
             const bool raw = r.chance(0.5);
             (raw ? c.p.page_block_size : c.p.cmp_page_block_size) = kHuge;
-            (raw ? c.in.key : c.in.cmp_key).shape = {0, kHuge, c.KVN * c.Dqk};
-            (raw ? c.in.value : c.in.cmp_value).shape = {0, kHuge, c.KVN * c.Dv};
-            (raw ? c.in.block_table : c.in.cmp_block_table).shape = {1, Index(1) << 24};
+            {
+              auto& v = raw ? c.in.key : c.in.cmp_key;
+              v = support::reshaped(v, {0, kHuge, c.KVN * c.Dqk});
+            }
+            {
+              auto& v = raw ? c.in.value : c.in.cmp_value;
+              v = support::reshaped(v, {0, kHuge, c.KVN * c.Dv});
+            }
+            {
+              auto& v = raw ? c.in.block_table : c.in.cmp_block_table;
+              v = support::reshaped(v, {1, Index(1) << 24});
+            }
           }),
-      must("query extent negative", [](Dec& c, R&) { c.in.query.shape[0] = -1; }),
+      must("query extent negative",
+           [](Dec& c, R&) { c.in.query = support::resized(c.in.query, 0, -1); }),
       must("cmp_block_table size overflows",
            [](Dec& c, R&) {
-             c.in.cmp_block_table.shape = {kHuge, kHuge};
+             c.in.cmp_block_table = support::reshaped(c.in.cmp_block_table, {kHuge, kHuge});
            }),
       must("strict with a research shape", [](Dec& c, R&) { c.p.strict = true; }),
       must("output shape mismatch",
            [](Dec& c, R&) {
              c.o.resize(c.o.size() * 2, kSentinel);
-             c.out.output = TensorRef<float>(c.o.data(), c.lay(c.N, c.Dv + 1));
+             c.out.output = StridedView<float>(c.o.data(), c.lay(c.N, c.Dv + 1));
            }),
       must("topk shape mismatch",
            [](Dec& c, R&) {
              c.topk.resize(c.topk.size() * 2, 12345);
-             c.out.topk = TensorRef<i32>(c.topk.data(), c.lay(c.KVN, c.k + 1));
+             c.out.topk = StridedView<i32>(c.topk.data(), c.lay(c.KVN, c.k + 1));
            }),
       must(
           "an output overlaps an input", [](const Dec& c) { return c.raw.k.size() >= c.o.size(); },
@@ -526,8 +546,8 @@ const std::vector<PD>& dec_perturbations() {
             std::vector<const float*> in{c.raw.k.data()};
             for (const auto* x : {&c.q, &c.gates, &c.cp.v})
               if (x->size() >= c.o.size()) in.push_back(x->data());
-            TensorRef<float>* outs[] = {&c.out.output, &c.out.sel_out, &c.out.win_out};
-            *outs[r.range(0, 2)] = TensorRef<float>(
+            StridedView<float>* outs[] = {&c.out.output, &c.out.sel_out, &c.out.win_out};
+            *outs[r.range(0, 2)] = StridedView<float>(
                 const_cast<float*>(in[z(r.range(0, static_cast<Index>(in.size()) - 1))]),
                 c.lay(c.N, c.Dv));
           }),
@@ -535,10 +555,10 @@ const std::vector<PD>& dec_perturbations() {
            [](Dec& c, R& r) {  // two branch outputs, or a branch output on topk
              const Shape os = c.lay(c.N, c.Dv);
              if (c.topk.size() >= c.o.size() && r.chance(0.5))
-               c.out.win_out = TensorRef<float>(reinterpret_cast<float*>(c.topk.data()), os),
-               c.out.topk = TensorRef<i32>(c.topk.data(), c.lay(c.KVN, c.k));
+               c.out.win_out = StridedView<float>(reinterpret_cast<float*>(c.topk.data()), os),
+               c.out.topk = StridedView<i32>(c.topk.data(), c.lay(c.KVN, c.k));
              else
-               c.out.cmp_out = c.out.sel_out = TensorRef<float>(c.o_cmp.data(), os);
+               c.out.cmp_out = c.out.sel_out = StridedView<float>(c.o_cmp.data(), os);
            }),
       // Unusual but defined.
       fine(
@@ -560,6 +580,8 @@ const std::vector<PD>& dec_perturbations() {
   };
   return list;
 }
+
+void restride_inputs(Dec& c, support::Restrider& r) { c.in.for_each_view(r); }
 
 void run_dec(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(

@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/views.hpp"
+
 namespace fuzz {
 
 using Index = std::ptrdiff_t;
@@ -97,7 +99,7 @@ inline std::string rejection_defect(const std::string& op, bool valid, const std
 /// cache / input still holds what it held before; `verify` returns "" when an accepted result is
 /// right, else what is wrong.
 template <class Call, class Untouched, class Verify>
-void classify(Run& run, const std::string& entry, const std::string& op, std::uint64_t seed,
+bool classify(Run& run, const std::string& entry, const std::string& op, std::uint64_t seed,
               const char* perturbation, bool must_reject, Call&& call, Untouched&& untouched,
               Verify&& verify) {
   Tally& t = run.tally[entry];
@@ -133,6 +135,7 @@ void classify(Run& run, const std::string& entry, const std::string& op, std::ui
   if (run.verbose)
     std::printf("%s seed %llu [%s]: %s\n", entry.c_str(), static_cast<unsigned long long>(seed),
                 label.c_str(), (defect.empty() ? "ok, " + outcome : defect).c_str());
+  return defect.empty() && outcome == "accepted";
 }
 
 /// Bitwise equality of two buffers (NaN == NaN when the bits agree).
@@ -179,9 +182,21 @@ std::string op_of(const Label& label, const Config& c) {
   return label(c);
 }
 
+/// True when the entry defines `void restride_inputs(Config&, support::Restrider&)` (found by
+/// argument-dependent lookup in the entry's namespace): it moves every input view of the
+/// configuration into a padded, spread-out copy.
+template <class C, class = void>
+struct Restridable : std::false_type {};
+template <class C>
+struct Restridable<C, std::void_t<decltype(restride_inputs(std::declval<C&>(),
+                                                           std::declval<support::Restrider&>()))>>
+    : std::true_type {};
+
 /// One case of an entry point: builds a configuration from the seed, applies one perturbation
 /// of `list` (or none), snapshots the buffers `watched` names (inputs, outputs and caches), calls
-/// the operator and classifies the outcome under the label `entry(c)`.
+/// the operator and classifies the outcome under the label `entry(c)`. A valid, accepted case of
+/// a Restridable entry runs once more with strided copies of its inputs (label
+/// "<entry> strided"): every watched buffer must come out with the same bits.
 template <class Config, class Label, class Call, class Verify, class... Buf>
 void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Config>>& list,
               void (*build)(Config&, Rng&), Label entry, Call call, Verify verify,
@@ -192,7 +207,7 @@ void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Confi
   const int pi = perturb(c, r, list);
   const Perturbation<Config>* pert = pi < 0 ? nullptr : &list[static_cast<size_t>(pi)];
   const auto before = std::make_tuple((c.*watched)...);
-  classify(
+  const bool ok = classify(
       run, entry(c), op_of(entry, c), seed, pert ? pert->name : nullptr, pert && pert->reject,
       [&] { call(c); },
       [&] {
@@ -200,6 +215,22 @@ void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Confi
                              std::index_sequence_for<Buf...>{});
       },
       [&] { return verify(c); });
+  if constexpr (Restridable<Config>::value) {
+    if (!ok || pert != nullptr) return;
+    const auto first = std::make_tuple((c.*watched)...);
+    std::tie((c.*watched)...) = before;  // same sizes: the vectors keep their storage
+    support::Restrider strided;
+    restride_inputs(c, strided);
+    classify(
+        run, entry(c) + " strided", op_of(entry, c), seed, nullptr, false, [&] { call(c); },
+        [] { return true; },
+        [&]() -> std::string {
+          return same_bits_all(first, std::make_tuple((c.*watched)...),
+                               std::index_sequence_for<Buf...>{})
+                     ? ""
+                     : "strided inputs changed the result bits";
+        });
+  }
 }
 
 /// A perturbation that applies `change` when `ok` (null: always) holds of the configuration.

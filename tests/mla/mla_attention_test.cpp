@@ -23,13 +23,14 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/views.hpp"
 
 namespace mla_attention_test {
 
 using attnref::bfloat16;
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::dbl;
 using support::z;
 
@@ -58,12 +59,12 @@ struct Built {
   attnref::MlaDecodeParams p;
   attnref::MlaDecodeInputs<T> in() const {
     const Index W = c.C + c.R;
-    return {TensorRef<const T>(q.data(), {c.B, c.H, W}),
-            TensorRef<const T>(cache.data(), {blocks, c.bs, 1, W}),
-            TensorRef<const std::int32_t>(table.data(), {c.B, maxb}),
+    return {StridedView<const T>(q.data(), {c.B, c.H, W}),
+            StridedView<const T>(cache.data(), {blocks, c.bs, 1, W}),
+            StridedView<const std::int32_t>(table.data(), {c.B, maxb}),
             std::vector<Index>(c.lens.begin(), c.lens.end())};
   }
-  TensorRef<T> o() { return TensorRef<T>(out.data(), {c.B, c.H, c.C}); }
+  StridedView<T> o() { return StridedView<T>(out.data(), {c.B, c.H, c.C}); }
 };
 
 template <class T>
@@ -169,22 +170,22 @@ void absorbed_vs_unabsorbed(int H, int P, double rtol) {
   for (T& x : qr) x = T(nd(rng));
   for (T& x : wuk) x = T(nd(rng) * 0.15f);
   std::vector<float> qa(z(B * H * C));
-  attnref::q_nope_absorb<T>(TensorRef<const T>(qn.data(), {B, H, P}),
-                            attnref::WukRef<T>{TensorRef<const T>(wuk.data(), {H, P, C})},
-                            TensorRef<float>(qa.data(), {B, H, C}));
+  attnref::q_nope_absorb<T>(StridedView<const T>(qn.data(), {B, H, P}),
+                            attnref::WukRef<T>{StridedView<const T>(wuk.data(), {H, P, C})},
+                            StridedView<float>(qa.data(), {B, H, C}));
   for (int i = 0; i < B * H; ++i) {
     for (int c = 0; c < C; ++c) r.q[z(i * W + c)] = T(qa[z(i * C + c)]);
     for (int j = 0; j < R; ++j) r.q[z(i * W + C + j)] = qr[z(i * R + j)];
   }
   attnref::mla_decode(r.p, r.in(), r.o());
   std::vector<T> un(r.out.size(), T(7.0f));
-  const attnref::MlaUnabsorbedInputs<T> ui{TensorRef<const T>(qn.data(), {B, H, P}),
-                                           TensorRef<const T>(qr.data(), {B, H, R}),
-                                           TensorRef<const T>(wuk.data(), {H, P, C}),
+  const attnref::MlaUnabsorbedInputs<T> ui{StridedView<const T>(qn.data(), {B, H, P}),
+                                           StridedView<const T>(qr.data(), {B, H, R}),
+                                           StridedView<const T>(wuk.data(), {H, P, C}),
                                            r.in().kv_cache,
                                            r.in().block_table,
                                            r.in().context_lens};
-  attnref::mla_decode_unabsorbed(r.p, ui, TensorRef<T>(un.data(), {B, H, C}));
+  attnref::mla_decode_unabsorbed(r.p, ui, StridedView<T>(un.data(), {B, H, C}));
   std::vector<double> a, b;
   for (const T& x : r.out) a.push_back(dbl(x));
   for (const T& x : un) b.push_back(dbl(x));
@@ -201,16 +202,19 @@ TEST(MlaDecode, AbsorbedEqualsUnabsorbed) {
 TEST(MlaDecode, RejectsBadInputBeforeWriting) {
   const auto base = build<half>({2, 3, 64, 16, 16, {20, 9}});
   using In = attnref::MlaDecodeInputs<half>;
-  using Edit = std::function<void(In&, attnref::MlaDecodeParams&, TensorRef<half>&)>;
+  using Edit = std::function<void(In&, attnref::MlaDecodeParams&, StridedView<half>&)>;
   static std::vector<std::int32_t> bad_table;
   const std::vector<std::pair<Edit, std::string>> edits = {
-      {[](In& in, auto&, auto&) { in.q.shape[2] = 79; }, "q.shape"},
-      {[](In& in, auto&, auto&) { in.q.data = nullptr; }, "q data is null"},
-      {[](auto&, auto&, TensorRef<half>& o) { o.shape[2] = 80; }, "out.shape"},
-      {[](auto&, auto&, TensorRef<half>& o) { o.shape[0] = 1; }, "out.shape"},
-      {[](In& in, auto&, auto&) { in.kv_cache.shape[3] = 64; }, "kv_cache.shape"},
-      {[](In& in, auto&, auto&) { in.kv_cache.shape[2] = 2; }, "kv_cache.shape"},
-      {[](In& in, auto&, auto&) { in.block_table.shape[0] = 3; }, "block_table.shape"},
+      {[](In& in, auto&, auto&) { in.q = support::resized(in.q, 2, 79); }, "q.shape"},
+      {[](In& in, auto&, auto&) { in.q = support::with_data(in.q, nullptr); }, "q data is null"},
+      {[](auto&, auto&, StridedView<half>& o) { o = support::resized(o, 2, 80); }, "out.shape"},
+      {[](auto&, auto&, StridedView<half>& o) { o = support::resized(o, 0, 1); }, "out.shape"},
+      {[](In& in, auto&, auto&) { in.kv_cache = support::resized(in.kv_cache, 3, 64); },
+       "kv_cache.shape"},
+      {[](In& in, auto&, auto&) { in.kv_cache = support::resized(in.kv_cache, 2, 2); },
+       "kv_cache.shape"},
+      {[](In& in, auto&, auto&) { in.block_table = support::resized(in.block_table, 0, 3); },
+       "block_table.shape"},
       {[](In& in, auto&, auto&) { in.context_lens.pop_back(); }, "context_lens"},
       {[](In& in, auto&, auto&) { in.context_lens[1] = 1000; }, "context_lens[1]"},
       {[](In& in, auto&, auto&) { in.context_lens[0] = -1; }, "context_lens[0]"},
@@ -221,7 +225,7 @@ TEST(MlaDecode, RejectsBadInputBeforeWriting) {
     auto r = base;
     In in = r.in();
     auto p = r.p;
-    TensorRef<half> o = r.o();
+    StridedView<half> o = r.o();
     edit(in, p, o);
     support::expect_throw([&] { attnref::mla_decode(p, in, o); }, what, false);
     EXPECT_TRUE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }))
@@ -233,7 +237,7 @@ TEST(MlaDecode, RejectsBadInputBeforeWriting) {
   bad_table = r.table;
   bad_table[z(1 * r.maxb + 0)] = r.blocks;
   In in = r.in();
-  in.block_table.data = bad_table.data();
+  in.block_table = support::with_data(in.block_table, bad_table.data());
   support::expect_throw([&] { attnref::mla_decode(r.p, in, r.o()); }, "block_table[1][0]", true);
   EXPECT_TRUE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }));
 }

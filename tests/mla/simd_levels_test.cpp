@@ -19,7 +19,7 @@ namespace simd_levels_test {
 
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::z;
 namespace simd = attnref::detail::simd;
 
@@ -60,23 +60,23 @@ TEST(MlaSimdLevels, Int8MatmulIsTheSameAtEveryLevel) {
       for (Index m = 0; m < M; ++m)
         ts[z(m)] = 0.01f + 1e-3f * static_cast<float>(m), zp[z(m)] = 0.37f * static_cast<float>(m);
       const attnref::WeightRef<std::int8_t> forms[3] = {
-          {TensorRef<const std::int8_t>(w.data(), {N, K}), N, K, attnref::WeightFormat::NdOutIn},
-          {TensorRef<const std::int8_t>(wt.data(), {K, N}), N, K, attnref::WeightFormat::NdInOut},
-          {TensorRef<const std::int8_t>(wnz.data(), {s[1], s[2], s[3]}), N, K,
+          {StridedView<const std::int8_t>(w.data(), {N, K}), N, K, attnref::WeightFormat::NdOutIn},
+          {StridedView<const std::int8_t>(wt.data(), {K, N}), N, K, attnref::WeightFormat::NdInOut},
+          {StridedView<const std::int8_t>(wnz.data(), {s[1], s[2], s[3]}), N, K,
            attnref::WeightFormat::Nz}};
       for (bool per_token : {false, true}) {
         std::vector<float> first;
         for (const auto& wf : forms)
           for (simd::Level level : levels()) {
             const simd::Level previous = simd::set_level(level);
-            attnref::Int8MatmulInputs in{TensorRef<const std::int8_t>(a.data(), {M, K}), wf};
-            in.de_scale = TensorRef<const float>(ds.data(), {N});
+            attnref::Int8MatmulInputs in{StridedView<const std::int8_t>(a.data(), {M, K}), wf};
+            in.de_scale = StridedView<const float>(ds.data(), {N});
             if (per_token) {
-              in.token_scale = TensorRef<const float>(ts.data(), {M});
-              in.zero_point = TensorRef<const float>(zp.data(), {M});
+              in.token_scale = StridedView<const float>(ts.data(), {M});
+              in.zero_point = StridedView<const float>(zp.data(), {M});
             }
             std::vector<float> out(z(M * N));
-            attnref::int8_matmul<float>(in, TensorRef<float>(out.data(), {M, N}));
+            attnref::int8_matmul<float>(in, StridedView<float>(out.data(), {M, N}));
             simd::set_level(previous);
             if (first.empty())
               first = out;
@@ -101,9 +101,9 @@ TEST(MlaSimdLevels, QNopeAbsorbIsTheSameAtEveryLevel) {
     const simd::Level previous = simd::set_level(level);
     std::vector<float> out(z(N * H * C));
     attnref::q_nope_absorb<half>(
-        TensorRef<const half>(q.data(), {N, H, P}),
-        attnref::WukRef<half>{TensorRef<const half>(wuk.data(), {H, P, C})},
-        TensorRef<float>(out.data(), {N, H, C}));
+        StridedView<const half>(q.data(), {N, H, P}),
+        attnref::WukRef<half>{StridedView<const half>(wuk.data(), {H, P, C})},
+        StridedView<float>(out.data(), {N, H, C}));
     simd::set_level(previous);
     if (first.empty())
       first = out;

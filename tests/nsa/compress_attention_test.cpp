@@ -28,6 +28,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/views.hpp"
 
 namespace compress_attention_test {
 
@@ -37,7 +38,7 @@ using attnref::Index;
 using attnref::NsaCompressAttentionInferInputs;
 using attnref::NsaCompressAttentionInferOutputs;
 using attnref::NsaCompressAttentionInferParams;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::dbl;
 using support::z;
 using i32 = std::int32_t;
@@ -321,11 +322,12 @@ struct Built {
     return p;
   }
   NsaCompressAttentionInferInputs<T> inputs() const {
-    NsaCompressAttentionInferInputs<T> in{TensorRef<const T>(q.data(), lay(c.N, c.Dqk)),
-                                          TensorRef<const T>(k.data(), {nb, c.pbs, c.KVN * c.Dqk}),
-                                          TensorRef<const T>(v.data(), {nb, c.pbs, c.KVN * c.Dv})};
-    if (c.mask) in.atten_mask = TensorRef<const std::uint8_t>(mask_buf.data(), {1});
-    in.block_table = TensorRef<const i32>(bt.data(), {B, max_blocks});
+    NsaCompressAttentionInferInputs<T> in{
+        StridedView<const T>(q.data(), lay(c.N, c.Dqk)),
+        StridedView<const T>(k.data(), {nb, c.pbs, c.KVN * c.Dqk}),
+        StridedView<const T>(v.data(), {nb, c.pbs, c.KVN * c.Dv})};
+    if (c.mask) in.atten_mask = StridedView<const std::uint8_t>(mask_buf.data(), {1});
+    in.block_table = StridedView<const i32>(bt.data(), {B, max_blocks});
     for (auto& x : bat) {
       if (c.pass_qlen) in.actual_q_seq_len.push_back(x.q_len);
       in.actual_cmp_kv_seq_len.push_back(x.cmp);
@@ -334,11 +336,11 @@ struct Built {
     return in;
   }
   NsaCompressAttentionInferOutputs<T> outputs() {
-    NsaCompressAttentionInferOutputs<T> o{TensorRef<T>(out.data(), lay(c.N, c.Dv)),
-                                          TensorRef<i32>(topk.data(), lay(c.KVN, c.k))};
-    o.probs = TensorRef<float>(probs.data(), lay(c.N, max_cmp + c.wide));
-    o.head_scores = TensorRef<float>(hs.data(), lay(c.N, max_ns + c.wide));
-    o.group_scores = TensorRef<float>(gs.data(), lay(c.KVN, max_ns + c.wide));
+    NsaCompressAttentionInferOutputs<T> o{StridedView<T>(out.data(), lay(c.N, c.Dv)),
+                                          StridedView<i32>(topk.data(), lay(c.KVN, c.k))};
+    o.probs = StridedView<float>(probs.data(), lay(c.N, max_cmp + c.wide));
+    o.head_scores = StridedView<float>(hs.data(), lay(c.N, max_ns + c.wide));
+    o.group_scores = StridedView<float>(gs.data(), lay(c.KVN, max_ns + c.wide));
     return o;
   }
   void run(int threads = 0) {
@@ -884,25 +886,23 @@ TEST(NsaCompressAttention, DefinitionRulesRejectedInBothModes) {
 TEST(NsaCompressAttention, ShapeAndLengthRejections) {
   const Case c = base_case();  // TND, T = 3, N 4, KV_N 2, D 32, cmp {9, 20}, q {2, 1}, pbs 16
   auto shape = [](auto member, Shape s) {
-    return [=](Built<half>&, P&, In& in, Out& o) { member(in, o) = s; };
+    return [=](Built<half>&, P&, In& in, Out& o) {
+      auto& v = member(in, o);
+      v = support::reshaped(v, s);
+    };
   };
-  reject(c, shape([](In& in, Out&) -> Shape& { return in.query.shape; }, {3, 2, 32}),
-         "query.shape");
-  reject(c, shape([](In& in, Out&) -> Shape& { return in.query.shape; }, {3, 4, 32, 1}),
-         "query.shape");
-  reject(c, shape([](In& in, Out&) -> Shape& { return in.key.shape; }, {6, 16, 32}), "key.shape");
-  reject(c, shape([](In& in, Out&) -> Shape& { return in.key.shape; }, {6, 32, 64}), "key.shape");
-  reject(c, shape([](In& in, Out&) -> Shape& { return in.value.shape; }, {5, 16, 64}),
-         "value.shape");
-  reject(c, shape([](In& in, Out&) -> Shape& { return in.value.shape; }, {6, 16, 63}),
-         "value.shape");
-  reject(c, shape([](In&, Out& o) -> Shape& { return o.output.shape; }, {3, 4, 16}),
-         "output.shape");
+  reject(c, shape([](In & in, Out&) -> auto& { return in.query; }, {3, 2, 32}), "query.shape");
+  reject(c, shape([](In & in, Out&) -> auto& { return in.query; }, {3, 4, 32, 1}), "query.shape");
+  reject(c, shape([](In & in, Out&) -> auto& { return in.key; }, {6, 16, 32}), "key.shape");
+  reject(c, shape([](In & in, Out&) -> auto& { return in.key; }, {6, 32, 64}), "key.shape");
+  reject(c, shape([](In & in, Out&) -> auto& { return in.value; }, {5, 16, 64}), "value.shape");
+  reject(c, shape([](In & in, Out&) -> auto& { return in.value; }, {6, 16, 63}), "value.shape");
+  reject(c, shape([](In&, Out & o) -> auto& { return o.output; }, {3, 4, 16}), "output.shape");
   // The doc table's [T, N, k] is not the kernel's [T, KV_N, k].
-  reject(c, shape([](In&, Out& o) -> Shape& { return o.topk.shape; }, {3, 4, 2}), "topk.shape");
-  reject(c, shape([](In&, Out& o) -> Shape& { return o.topk.shape; }, {3, 2, 3}), "topk.shape");
-  reject(c, shape([](In&, Out& o) -> Shape& { return o.probs.shape; }, {3, 4, 19}), "probs.shape");
-  reject(c, shape([](In&, Out& o) -> Shape& { return o.group_scores.shape; }, {3, 4, 7}),
+  reject(c, shape([](In&, Out & o) -> auto& { return o.topk; }, {3, 4, 2}), "topk.shape");
+  reject(c, shape([](In&, Out & o) -> auto& { return o.topk; }, {3, 2, 3}), "topk.shape");
+  reject(c, shape([](In&, Out & o) -> auto& { return o.probs; }, {3, 4, 19}), "probs.shape");
+  reject(c, shape([](In&, Out & o) -> auto& { return o.group_scores; }, {3, 4, 7}),
          "group_scores.shape");
   reject(
       c, [](Built<half>&, P&, In& in, Out&) { in.block_table = {}; }, "block_table.shape");
@@ -968,9 +968,9 @@ TEST(NsaCompressAttention, ShapeAndLengthRejections) {
   // BSND: q_S 5, batch mismatch, q_len above S.
   Case b = c;
   b.layout = "BSND", b.S = 2;
-  reject(b, shape([](In& in, Out&) -> Shape& { return in.query.shape; }, {2, 5, 4, 32}),
+  reject(b, shape([](In & in, Out&) -> auto& { return in.query; }, {2, 5, 4, 32}),
          "query.shape[1]");
-  reject(b, shape([](In& in, Out&) -> Shape& { return in.query.shape; }, {3, 2, 4, 32}),
+  reject(b, shape([](In & in, Out&) -> auto& { return in.query; }, {3, 2, 4, 32}),
          "query.shape[0]");
   reject(
       b,

@@ -23,7 +23,7 @@ namespace compress_test {
 using attnref::bfloat16;
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::dbl;
 using support::z;
 
@@ -46,9 +46,9 @@ struct Case {
     out.assign(z(total * N * D), T(7.0f));
   }
   void run(const attnref::NsaCompressParams& p) {
-    attnref::nsa_compress<T>(p, TensorRef<const T>(x.data(), {cu.back(), N, D}),
-                             TensorRef<const T>(w.data(), {l, N}), cu,
-                             TensorRef<T>(out.data(), {total, N, D}));
+    attnref::nsa_compress<T>(p, StridedView<const T>(x.data(), {cu.back(), N, D}),
+                             StridedView<const T>(w.data(), {l, N}), cu,
+                             StridedView<T>(out.data(), {total, N, D}));
   }
   attnref::NsaCompressParams params() const {
     attnref::NsaCompressParams p;
@@ -135,9 +135,9 @@ TEST(NsaCompress, RejectsBadInputBeforeWriting) {
     std::vector<half> out(c.out.size() + z(extra * c.N * c.D), half(7.0f));
     support::expect_throw(
         [&] {
-          attnref::nsa_compress<half>(p, TensorRef<const half>(c.x.data(), {110, c.N, c.D}),
-                                      TensorRef<const half>(c.w.data(), {c.l, c.N}), c.cu,
-                                      TensorRef<half>(out.data(), {c.total + extra, c.N, c.D}));
+          attnref::nsa_compress<half>(p, StridedView<const half>(c.x.data(), {110, c.N, c.D}),
+                                      StridedView<const half>(c.w.data(), {c.l, c.N}), c.cu,
+                                      StridedView<half>(out.data(), {c.total + extra, c.N, c.D}));
         },
         e.what, false);
     EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](half h) { return dbl(h) == 7.0; }))

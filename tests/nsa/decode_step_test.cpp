@@ -33,6 +33,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/views.hpp"
 
 namespace decode_step_test {
 
@@ -42,7 +43,7 @@ using attnref::Index;
 using attnref::NsaDecodeInputs;
 using attnref::NsaDecodeOutputs;
 using attnref::NsaDecodeParams;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::dbl;
 using support::z;
 using i32 = std::int32_t;
@@ -178,9 +179,9 @@ struct Step {
         for (double e : r) x.push_back(T(static_cast<float>(e)));
       for (T& e : w) e = T(static_cast<float>(0.2 * nd(rng)));
       if (x.empty()) x.push_back(T(0.0f));
-      attnref::nsa_compress<T>(p, TensorRef<const T>(x.data(), {t, c.KVN, D}),
-                               TensorRef<const T>(w.data(), {c.l, c.KVN}), cum,
-                               TensorRef<T>(o.data(), {tc, c.KVN, D}));
+      attnref::nsa_compress<T>(p, StridedView<const T>(x.data(), {t, c.KVN, D}),
+                               StridedView<const T>(w.data(), {c.l, c.KVN}), cum,
+                               StridedView<T>(o.data(), {tc, c.KVN, D}));
       long at = 0;
       for (int b = 0; b < B; ++b) {
         dst[z(b)].clear();
@@ -237,14 +238,14 @@ struct Step {
   }
   NsaDecodeInputs<T> inputs() const {
     NsaDecodeInputs<T> in;
-    in.query = TensorRef<const T>(q.data(), lay(c.N, c.Dqk));
-    in.key = TensorRef<const T>(k.data(), {nb, c.pbs, c.KVN * c.Dqk});
-    in.value = TensorRef<const T>(v.data(), {nb, c.pbs, c.KVN * c.Dv});
-    in.block_table = TensorRef<const i32>(bt.data(), {B, mb});
-    in.cmp_key = TensorRef<const T>(kc.data(), {cnb, c.cpbs, c.KVN * c.Dqk});
-    in.cmp_value = TensorRef<const T>(vc.data(), {cnb, c.cpbs, c.KVN * c.Dv});
-    in.cmp_block_table = TensorRef<const i32>(cbt.data(), {B, cmb});
-    in.gates = TensorRef<const float>(gates.data(), {rows, c.N, 3});
+    in.query = StridedView<const T>(q.data(), lay(c.N, c.Dqk));
+    in.key = StridedView<const T>(k.data(), {nb, c.pbs, c.KVN * c.Dqk});
+    in.value = StridedView<const T>(v.data(), {nb, c.pbs, c.KVN * c.Dv});
+    in.block_table = StridedView<const i32>(bt.data(), {B, mb});
+    in.cmp_key = StridedView<const T>(kc.data(), {cnb, c.cpbs, c.KVN * c.Dqk});
+    in.cmp_value = StridedView<const T>(vc.data(), {cnb, c.cpbs, c.KVN * c.Dv});
+    in.cmp_block_table = StridedView<const i32>(cbt.data(), {B, cmb});
+    in.gates = StridedView<const float>(gates.data(), {rows, c.N, 3});
     for (int b = 0; b < B; ++b) {
       in.actual_q_seq_len.push_back(c.qlen[z(b)]);
       in.actual_sel_kv_seq_len.push_back(c.sel[z(b)]);
@@ -253,12 +254,12 @@ struct Step {
   }
   NsaDecodeOutputs<T> outputs(bool all = true) {
     NsaDecodeOutputs<T> o;
-    o.output = TensorRef<T>(out.data(), lay(c.N, c.Dv));
+    o.output = StridedView<T>(out.data(), lay(c.N, c.Dv));
     if (all) {
-      o.topk = TensorRef<i32>(topk.data(), lay(c.KVN, c.k));
-      o.cmp_out = TensorRef<T>(cmp_out.data(), lay(c.N, c.Dv));
-      o.sel_out = TensorRef<T>(sel_out.data(), lay(c.N, c.Dv));
-      o.win_out = TensorRef<T>(win_out.data(), lay(c.N, c.Dv));
+      o.topk = StridedView<i32>(topk.data(), lay(c.KVN, c.k));
+      o.cmp_out = StridedView<T>(cmp_out.data(), lay(c.N, c.Dv));
+      o.sel_out = StridedView<T>(sel_out.data(), lay(c.N, c.Dv));
+      o.win_out = StridedView<T>(win_out.data(), lay(c.N, c.Dv));
     }
     return o;
   }
@@ -267,7 +268,7 @@ struct Step {
   }
   void run_window(int threads = 0) {
     attnref::nsa_sliding_window_attention(params(), inputs(),
-                                          TensorRef<T>(win_out.data(), lay(c.N, c.Dv)), threads);
+                                          StridedView<T>(win_out.data(), lay(c.N, c.Dv)), threads);
   }
   // Live rows of a [rows, N, Dv] buffer, batch / token order.
   std::vector<double> live(const std::vector<T>& x) const {
@@ -392,10 +393,10 @@ TEST(NsaSlidingWindow, FullWindowEqualsSelectedOverEveryBlock) {
   attnref::NsaSelectedAttentionInferInputs<half> si;
   const auto in = st.inputs();
   si.query = in.query, si.key = in.key, si.value = in.value, si.block_table = in.block_table;
-  si.topk_indices = TensorRef<const i32>(tk.data(), {st.total, 2, ns});
+  si.topk_indices = StridedView<const i32>(tk.data(), {st.total, 2, ns});
   si.actual_q_seq_len = in.actual_q_seq_len, si.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
   std::vector<half> o(st.out.size(), half(-1.0f));
-  attnref::nsa_selected_attention_infer<half>(sp, si, {TensorRef<half>(o.data(), st.lay(8, 32))});
+  attnref::nsa_selected_attention_infer<half>(sp, si, {StridedView<half>(o.data(), st.lay(8, 32))});
   EXPECT_TRUE(
       support::all_close(st.live(o), st.live(st.win_out), support::tolerance(support::Kind::F16)));
 }
@@ -409,14 +410,14 @@ TEST(NsaSlidingWindow, ThreadsOneEqualsTwoBitForBit) {
 
 using WP = NsaDecodeParams;
 using WIn = NsaDecodeInputs<half>;
-using WEdit = std::function<void(Step<half>&, WP&, WIn&, TensorRef<half>&)>;
+using WEdit = std::function<void(Step<half>&, WP&, WIn&, StridedView<half>&)>;
 
 void reject_window(const DCase& c, const WEdit& edit, const std::string& what, bool oor = false) {
   SCOPED_TRACE(what);
   Step<half> st(c);
   WP p = st.params();
   WIn in = st.inputs();
-  TensorRef<half> o(st.win_out.data(), st.lay(c.N, c.Dv));
+  StridedView<half> o(st.win_out.data(), st.lay(c.N, c.Dv));
   edit(st, p, in, o);
   const auto w0 = st.win_out;
   support::expect_throw([&] { attnref::nsa_sliding_window_attention(p, in, o); }, what, oor);
@@ -428,56 +429,59 @@ TEST(NsaSlidingWindow, Rejections) {
   c.N = 4, c.KVN = 2, c.Dqk = 16, c.Dv = 16, c.w = 4, c.pbs = 16;
   c.sel = {10, 40}, c.qlen = {2, 1};
   reject_window(
-      c, [](Step<half>&, WP& p, WIn&, TensorRef<half>&) { p.window_size = 0; },
+      c, [](Step<half>&, WP& p, WIn&, StridedView<half>&) { p.window_size = 0; },
       "params.window_size");
   reject_window(
-      c, [](Step<half>&, WP& p, WIn&, TensorRef<half>&) { p.layout = "BSH"; }, "params.layout");
+      c, [](Step<half>&, WP& p, WIn&, StridedView<half>&) { p.layout = "BSH"; }, "params.layout");
   reject_window(
-      c, [](Step<half>&, WP& p, WIn&, TensorRef<half>&) { p.num_key_value_heads = 3; },
+      c, [](Step<half>&, WP& p, WIn&, StridedView<half>&) { p.num_key_value_heads = 3; },
       "params.num_heads");
   reject_window(
-      c, [](Step<half>&, WP& p, WIn&, TensorRef<half>&) { p.page_block_size = 32; }, "key.shape");
+      c, [](Step<half>&, WP& p, WIn&, StridedView<half>&) { p.page_block_size = 32; }, "key.shape");
   reject_window(
       c,
-      [](Step<half>&, WP&, WIn& in, TensorRef<half>&) {
-        in.key.shape = {in.key.dim(0), 16, 2, 16};
+      [](Step<half>&, WP&, WIn& in, StridedView<half>&) {
+        in.key = support::reshaped(in.key, {in.key.size(0), 16, 2, 16});
       },
       "key.shape");
   reject_window(
-      c, [](Step<half>&, WP&, WIn& in, TensorRef<half>&) { in.value.shape[0] -= 1; },
-      "value.shape");
-  reject_window(
       c,
-      [](Step<half>&, WP&, WIn& in, TensorRef<half>&) {
-        in.value.shape = {in.value.dim(0), 16, 2, 16};
+      [](Step<half>&, WP&, WIn& in, StridedView<half>&) {
+        in.value = support::resized(in.value, 0, in.value.size(0) - (1));
       },
       "value.shape");
   reject_window(
       c,
-      [](Step<half>&, WP&, WIn&, TensorRef<half>& o) {
-        o.shape = {3, 4, 8};
+      [](Step<half>&, WP&, WIn& in, StridedView<half>&) {
+        in.value = support::reshaped(in.value, {in.value.size(0), 16, 2, 16});
+      },
+      "value.shape");
+  reject_window(
+      c,
+      [](Step<half>&, WP&, WIn&, StridedView<half>& o) {
+        o = support::reshaped(o, {3, 4, 8});
       },
       "out.shape");
   reject_window(
-      c, [](Step<half>&, WP&, WIn& in, TensorRef<half>&) { in.actual_sel_kv_seq_len[0] = 1; },
+      c, [](Step<half>&, WP&, WIn& in, StridedView<half>&) { in.actual_sel_kv_seq_len[0] = 1; },
       "actual_sel_kv_seq_len[0]");
   reject_window(
-      c, [](Step<half>&, WP&, WIn& in, TensorRef<half>&) { in.actual_sel_kv_seq_len.pop_back(); },
+      c, [](Step<half>&, WP&, WIn& in, StridedView<half>&) { in.actual_sel_kv_seq_len.pop_back(); },
       "actual_sel_kv_seq_len");
   reject_window(
       c,
-      [](Step<half>&, WP&, WIn& in, TensorRef<half>&) {
+      [](Step<half>&, WP&, WIn& in, StridedView<half>&) {
         in.actual_q_seq_len = {2, 5};
       },
       "actual_q_seq_len[1]");
   reject_window(
       c,
-      [](Step<half>&, WP&, WIn& in, TensorRef<half>&) {
-        in.query.shape = {4, 4, 16};
+      [](Step<half>&, WP&, WIn& in, StridedView<half>&) {
+        in.query = support::reshaped(in.query, {4, 4, 16});
       },
       "query.shape[0]");
   reject_window(
-      c, [](Step<half>& s, WP&, WIn&, TensorRef<half>&) { s.bt[z(s.mb + 2)] = s.nb; },
+      c, [](Step<half>& s, WP&, WIn&, StridedView<half>&) { s.bt[z(s.mb + 2)] = s.nb; },
       "block_table[1][2]", true);
 }
 
@@ -488,9 +492,9 @@ TEST(NsaSlidingWindow, Rejections) {
 template <class T>
 void gated(const std::vector<float>& g, const std::vector<T>& a, const std::vector<T>& b,
            const std::vector<T>& c, std::vector<T>& o, const Shape& s, const Shape& gs) {
-  attnref::nsa_gated_sum<T>(TensorRef<const float>(g.data(), gs), TensorRef<const T>(a.data(), s),
-                            TensorRef<const T>(b.data(), s), TensorRef<const T>(c.data(), s),
-                            TensorRef<T>(o.data(), s));
+  attnref::nsa_gated_sum<T>(StridedView<const float>(g.data(), gs),
+                            StridedView<const T>(a.data(), s), StridedView<const T>(b.data(), s),
+                            StridedView<const T>(c.data(), s), StridedView<T>(o.data(), s));
 }
 
 // Values and gates with few significant bits: every fp32 step is exact, so is the result.
@@ -576,11 +580,11 @@ TEST(NsaGatedSum, Rejections) {
   const Shape s{rows, N, Dv}, gs{rows, N, 3};
   auto call = [&](Shape os, Shape as, Shape gsh, bool null_gates = false, bool null_b = false) {
     return [&, os, as, gsh, null_gates, null_b] {
-      attnref::nsa_gated_sum<half>(TensorRef<const float>(null_gates ? nullptr : g.data(), gsh),
-                                   TensorRef<const half>(a.data(), s),
-                                   TensorRef<const half>(null_b ? nullptr : a.data(), as),
-                                   TensorRef<const half>(a.data(), s),
-                                   TensorRef<half>(o.data(), os));
+      attnref::nsa_gated_sum<half>(StridedView<const float>(null_gates ? nullptr : g.data(), gsh),
+                                   StridedView<const half>(a.data(), s),
+                                   StridedView<const half>(null_b ? nullptr : a.data(), as),
+                                   StridedView<const half>(a.data(), s),
+                                   StridedView<half>(o.data(), os));
     };
   };
   auto check = [&](const std::function<void()>& f, const std::string& what) {
@@ -685,14 +689,14 @@ std::vector<i32> topk_direct(Step<T>& st, std::vector<T>& o) {
   attnref::NsaCompressAttentionInferInputs<T> ci;
   const std::uint8_t flag = 1;
   ci.query = in.query, ci.key = in.cmp_key, ci.value = in.cmp_value;
-  ci.atten_mask = TensorRef<const std::uint8_t>(&flag, {1});
+  ci.atten_mask = StridedView<const std::uint8_t>(&flag, {1});
   ci.block_table = in.cmp_block_table, ci.actual_q_seq_len = in.actual_q_seq_len;
   ci.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
   for (long x : st.cmp) ci.actual_cmp_kv_seq_len.push_back(x);
   std::vector<i32> tk(st.topk.size(), -9);
   o.assign(st.out.size(), T(-3.0f));
-  attnref::NsaCompressAttentionInferOutputs<T> co{TensorRef<T>(o.data(), st.lay(c.N, c.Dv)),
-                                                  TensorRef<i32>(tk.data(), st.lay(c.KVN, c.k))};
+  attnref::NsaCompressAttentionInferOutputs<T> co{StridedView<T>(o.data(), st.lay(c.N, c.Dv)),
+                                                  StridedView<i32>(tk.data(), st.lay(c.KVN, c.k))};
   attnref::nsa_compress_attention_infer(cp, ci, co);
   return tk;
 }
@@ -715,18 +719,18 @@ void check_step(const DCase& c) {
     attnref::NsaSelectedAttentionInferInputs<T> si;
     si.query = in.query, si.key = in.key, si.value = in.value, si.block_table = in.block_table;
     if (c.layout == "BSND") {  // the selected operator takes 4-d caches with BSND (strict)
-      si.key.shape = {in.key.dim(0), in.key.dim(1), c.KVN, c.Dqk};
-      si.value.shape = {in.value.dim(0), in.value.dim(1), c.KVN, c.Dv};
+      si.key = support::reshaped(si.key, {in.key.size(0), in.key.size(1), c.KVN, c.Dqk});
+      si.value = support::reshaped(si.value, {in.value.size(0), in.value.size(1), c.KVN, c.Dv});
     }
-    si.topk_indices = TensorRef<const i32>(st.topk.data(), st.lay(c.KVN, c.k));
+    si.topk_indices = StridedView<const i32>(st.topk.data(), st.lay(c.KVN, c.k));
     si.actual_q_seq_len = in.actual_q_seq_len;
     si.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
     std::vector<T> o(st.out.size(), T(-3.0f));
-    attnref::nsa_selected_attention_infer<T>(sp, si, {TensorRef<T>(o.data(), st.lay(c.N, c.Dv))});
+    attnref::nsa_selected_attention_infer<T>(sp, si, {StridedView<T>(o.data(), st.lay(c.N, c.Dv))});
     EXPECT_TRUE(support::bitwise_equal(fl(o), fl(st.sel_out))) << "sel_out";
     std::vector<T> w(st.out.size(), T(-3.0f));
     attnref::nsa_sliding_window_attention<T>(st.params(), in,
-                                             TensorRef<T>(w.data(), st.lay(c.N, c.Dv)));
+                                             StridedView<T>(w.data(), st.lay(c.N, c.Dv)));
     EXPECT_TRUE(support::bitwise_equal(fl(w), fl(st.win_out))) << "win_out";
     std::vector<T> g(st.out.size(), T(-3.0f));
     gated(st.gates, st.cmp_out, st.sel_out, st.win_out, g, st.lay(c.N, c.Dv), {st.rows, c.N, 3});
@@ -926,13 +930,13 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
   reject_step(
       c,
       [](Step<half>&, DP&, DIn& in, DOut&) {
-        in.gates.shape = {3, 4, 2};
+        in.gates = support::reshaped(in.gates, {3, 4, 2});
       },
       "gates.shape");
   reject_step(
       c,
       [](Step<half>&, DP&, DIn& in, DOut&) {
-        in.gates.shape = {12, 3};
+        in.gates = support::reshaped(in.gates, {12, 3});
       },
       "gates.shape");
   reject_step(
@@ -940,7 +944,7 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
   reject_step(
       c,
       [](Step<half>&, DP&, DIn&, DOut& o) {
-        o.output.shape = {3, 4, 16};
+        o.output = support::reshaped(o.output, {3, 4, 16});
       },
       "output.shape");
   reject_step(
@@ -948,19 +952,19 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
   reject_step(
       c,
       [](Step<half>&, DP&, DIn&, DOut& o) {
-        o.topk.shape = {3, 4, 2};
+        o.topk = support::reshaped(o.topk, {3, 4, 2});
       },
       "topk.shape");
   reject_step(
       c,
       [](Step<half>&, DP&, DIn&, DOut& o) {
-        o.cmp_out.shape = {3, 4, 31};
+        o.cmp_out = support::reshaped(o.cmp_out, {3, 4, 31});
       },
       "cmp_out / sel_out / win_out shape");
   reject_step(
       c,
       [](Step<half>&, DP&, DIn&, DOut& o) {
-        o.win_out.shape = {1, 3, 4, 32};
+        o.win_out = support::reshaped(o.win_out, {1, 3, 4, 32});
       },
       "cmp_out / sel_out / win_out shape");
   reject_step(
@@ -978,7 +982,7 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
   reject_step(
       c,
       [](Step<half>&, DP&, DIn& in, DOut&) {
-        in.query.shape = {3, 4, 16};
+        in.query = support::reshaped(in.query, {3, 4, 16});
       },
       "key.shape");
   // The selected / window branches' rules, checked before the compressed branch writes.
@@ -986,7 +990,8 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
       c, [](Step<half>& s, DP&, DIn&, DOut&) { s.bt[z(s.mb + 3)] = s.nb; },
       "nsa_decode_step: block_table[1][3] out of range (in nsa_selected_attention_infer)", true);
   reject_step(
-      c, [](Step<half>&, DP&, DIn& in, DOut&) { in.key.shape[1] = 16; }, "key.shape");
+      c, [](Step<half>&, DP&, DIn& in, DOut&) { in.key = support::resized(in.key, 1, 16); },
+      "key.shape");
   reject_step(
       c, [](Step<half>&, DP& p, DIn&, DOut&) { p.select_block_size = 0; }, "select_block_size");
   {
@@ -1000,13 +1005,20 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
       c, [](Step<half>& s, DP&, DIn&, DOut&) { s.cbt[z(s.cmb + 0)] = s.cnb; },
       "nsa_decode_step: cmp_block_table[1][0]", true);
   reject_step(
-      c, [](Step<half>&, DP&, DIn& in, DOut&) { in.cmp_key.shape[2] = 32; },
+      c, [](Step<half>&, DP&, DIn& in, DOut&) { in.cmp_key = support::resized(in.cmp_key, 2, 32); },
       "nsa_decode_step: cmp_key.shape");
   reject_step(
-      c, [](Step<half>&, DP&, DIn& in, DOut&) { in.cmp_value.shape[0] += 1; },
+      c,
+      [](Step<half>&, DP&, DIn& in, DOut&) {
+        in.cmp_value = support::resized(in.cmp_value, 0, in.cmp_value.size(0) + (1));
+      },
       "nsa_decode_step: cmp_value.shape");
   reject_step(
-      c, [](Step<half>&, DP&, DIn& in, DOut&) { in.cmp_block_table.shape[0] += 1; },
+      c,
+      [](Step<half>&, DP&, DIn& in, DOut&) {
+        in.cmp_block_table =
+            support::resized(in.cmp_block_table, 0, in.cmp_block_table.size(0) + (1));
+      },
       "nsa_decode_step: cmp_block_table.shape");
   reject_step(
       c, [](Step<half>&, DP& p, DIn&, DOut&) { p.compress_block_size = 24; },
@@ -1029,14 +1041,14 @@ struct Tiny {
     p.compress_block_size = 32, p.compress_block_stride = 16, p.select_block_size = 64;
     p.select_block_count = 1, p.window_size = 4, p.page_block_size = 64;
     p.cmp_page_block_size = 16, p.strict = false;
-    in.query = TensorRef<const half>(q.data(), {1, 1, D});
-    in.key = TensorRef<const half>(k.data(), {1, 64, D});
-    in.value = TensorRef<const half>(v.data(), {1, 64, D});
-    in.block_table = TensorRef<const i32>(bt.data(), {1, 1});
-    in.cmp_key = TensorRef<const half>(kc.data(), {1, 16, D});
-    in.cmp_value = TensorRef<const half>(vc.data(), {1, 16, D});
-    in.cmp_block_table = TensorRef<const i32>(cbt.data(), {1, 1});
-    in.gates = TensorRef<const float>(gates.data(), {1, 1, 3});
+    in.query = StridedView<const half>(q.data(), {1, 1, D});
+    in.key = StridedView<const half>(k.data(), {1, 64, D});
+    in.value = StridedView<const half>(v.data(), {1, 64, D});
+    in.block_table = StridedView<const i32>(bt.data(), {1, 1});
+    in.cmp_key = StridedView<const half>(kc.data(), {1, 16, D});
+    in.cmp_value = StridedView<const half>(vc.data(), {1, 16, D});
+    in.cmp_block_table = StridedView<const i32>(cbt.data(), {1, 1});
+    in.gates = StridedView<const float>(gates.data(), {1, 1, 3});
     in.actual_sel_kv_seq_len = {64};
   }
 };
@@ -1047,9 +1059,9 @@ TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
   std::vector<half> out(D, half(-7.0f)), cmp(D, half(-7.0f)), other(D, half(-7.0f));
   std::vector<i32> topk(1, 12345);
   DOut o;
-  o.output = TensorRef<half>(out.data(), {1, 1, D});
-  o.topk = TensorRef<i32>(topk.data(), {1, 1, 1});
-  o.cmp_out = TensorRef<half>(cmp.data(), {1, 1, D});
+  o.output = StridedView<half>(out.data(), {1, 1, D});
+  o.topk = StridedView<i32>(topk.data(), {1, 1, 1});
+  o.cmp_out = StridedView<half>(cmp.data(), {1, 1, D});
   auto untouched = [&] {
     EXPECT_EQ(topk[0], 12345);
     for (Index i = 0; i < D; ++i) {
@@ -1059,14 +1071,14 @@ TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
   };
   {  // the selected output on the value cache
     DOut x = o;
-    x.sel_out = TensorRef<half>(t.v.data(), {1, 1, D});
+    x.sel_out = StridedView<half>(t.v.data(), {1, 1, D});
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, t.in, x); },
                           "nsa_decode_step: sel_out overlaps an input", false);
     untouched();
   }
   {  // two branch outputs sharing one buffer
     DOut x = o;
-    x.sel_out = TensorRef<half>(cmp.data(), {1, 1, D});
+    x.sel_out = StridedView<half>(cmp.data(), {1, 1, D});
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, t.in, x); },
                           "nsa_decode_step: cmp_out overlaps sel_out", false);
     untouched();
@@ -1075,12 +1087,12 @@ TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
     DOut x = o;
     std::vector<float> g(D, 0.0f);  // gates in a buffer as large as the output
     DIn in = t.in;
-    in.gates = TensorRef<const float>(g.data(), {1, 1, 3});
-    x.output = TensorRef<half>(reinterpret_cast<half*>(g.data()), {1, 1, D});
+    in.gates = StridedView<const float>(g.data(), {1, 1, 3});
+    x.output = StridedView<half>(reinterpret_cast<half*>(g.data()), {1, 1, D});
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, in, x); },
                           "nsa_decode_step: output overlaps an input", false);
     DOut y = o;
-    y.win_out = TensorRef<half>(reinterpret_cast<half*>(topk.data()), {1, 1, D});
+    y.win_out = StridedView<half>(reinterpret_cast<half*>(topk.data()), {1, 1, D});
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, t.in, y); },
                           "nsa_decode_step: win_out overlaps topk", false);
     untouched();
@@ -1093,12 +1105,12 @@ TEST(NsaDecodeStep, PaddedRowsAreZeroWhateverTheirGates) {
   DP p = t.p;
   p.layout = "BSND";
   DIn in = t.in;
-  in.query = TensorRef<const half>(t.q.data(), {1, 2, 1, D});
-  in.gates = TensorRef<const float>(t.gates.data(), {2, 1, 3});  // row 1 (padding): NaN gates
+  in.query = StridedView<const half>(t.q.data(), {1, 2, 1, D});
+  in.gates = StridedView<const float>(t.gates.data(), {2, 1, 3});  // row 1 (padding): NaN gates
   in.actual_q_seq_len = {1};
   std::vector<half> out(2 * D, half(-7.0f));
   DOut o;
-  o.output = TensorRef<half>(out.data(), {1, 2, 1, D});
+  o.output = StridedView<half>(out.data(), {1, 2, 1, D});
   attnref::nsa_decode_step(p, in, o);
   for (Index i = 0; i < D; ++i) {
     EXPECT_TRUE(std::isfinite(dbl(out[z(i)])));
@@ -1112,11 +1124,11 @@ TEST(NsaDecodeStep, CompressedTableTooShortForTheRawLength) {
   DP p = t.p;
   p.cmp_page_block_size = 2;
   DIn in = t.in;
-  in.cmp_key = TensorRef<const half>(t.kc.data(), {8, 2, D});
-  in.cmp_value = TensorRef<const half>(t.vc.data(), {8, 2, D});
+  in.cmp_key = StridedView<const half>(t.kc.data(), {8, 2, D});
+  in.cmp_value = StridedView<const half>(t.vc.data(), {8, 2, D});
   std::vector<half> out(D, half(-7.0f));
   DOut o;
-  o.output = TensorRef<half>(out.data(), {1, 1, D});
+  o.output = StridedView<half>(out.data(), {1, 1, D});
   support::expect_throw([&] { attnref::nsa_decode_step(p, in, o); },
                         "nsa_decode_step: actual_sel_kv_seq_len[0] needs more compressed tokens",
                         false);

@@ -25,7 +25,7 @@ namespace dense_limit_test {
 
 using attnref::half;
 using attnref::Index;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::dbl;
 using support::z;
 using i32 = std::int32_t;

@@ -29,6 +29,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/views.hpp"
 
 namespace select_attention_test {
 
@@ -38,7 +39,7 @@ using attnref::Index;
 using attnref::NsaSelectedAttentionInferInputs;
 using attnref::NsaSelectedAttentionInferOutputs;
 using attnref::NsaSelectedAttentionInferParams;
-using attnref::TensorRef;
+using attnref::StridedView;
 using support::dbl;
 using support::z;
 using i32 = std::int32_t;
@@ -233,11 +234,11 @@ struct Built {
   }
   NsaSelectedAttentionInferInputs<T> inputs() const {
     NsaSelectedAttentionInferInputs<T> in;
-    in.query = TensorRef<const T>(q.data(), qshape(c.Dqk));
-    in.key = TensorRef<const T>(k.data(), cshape(c.Dqk));
-    in.value = TensorRef<const T>(v.data(), cshape(c.Dv));
-    in.topk_indices = TensorRef<const i32>(tk.data(), tshape());
-    in.block_table = TensorRef<const i32>(bt.data(), {B, max_blocks});
+    in.query = StridedView<const T>(q.data(), qshape(c.Dqk));
+    in.key = StridedView<const T>(k.data(), cshape(c.Dqk));
+    in.value = StridedView<const T>(v.data(), cshape(c.Dv));
+    in.topk_indices = StridedView<const i32>(tk.data(), tshape());
+    in.block_table = StridedView<const i32>(bt.data(), {B, max_blocks});
     for (auto& x : bat) {
       if (c.pass_qlen) in.actual_q_seq_len.push_back(x.q_len);
       in.actual_sel_kv_seq_len.push_back(x.sel);
@@ -246,7 +247,7 @@ struct Built {
   }
   NsaSelectedAttentionInferOutputs<T> outputs() {
     NsaSelectedAttentionInferOutputs<T> o;
-    o.output = TensorRef<T>(out.data(), qshape(c.Dv));
+    o.output = StridedView<T>(out.data(), qshape(c.Dv));
     return o;
   }
   void run(int threads = 0) {
@@ -722,13 +723,16 @@ TEST(NsaSelectedAttention, IndexDataRejections) {
 TEST(NsaSelectedAttention, ShapeAndLengthRejections) {
   const Case c = base_case();
   auto shape = [](auto member, Shape s) {
-    return [=](Built<half>&, P&, In& in, Out& o) { member(in, o) = s; };
+    return [=](Built<half>&, P&, In& in, Out& o) {
+      auto& v = member(in, o);
+      v = support::reshaped(v, s);
+    };
   };
-  auto Q = [](In& in, Out&) -> Shape& { return in.query.shape; };
-  auto K = [](In& in, Out&) -> Shape& { return in.key.shape; };
-  auto V = [](In& in, Out&) -> Shape& { return in.value.shape; };
-  auto TK = [](In& in, Out&) -> Shape& { return in.topk_indices.shape; };
-  auto O = [](In&, Out& o) -> Shape& { return o.output.shape; };
+  auto Q = [](In & in, Out&) -> auto& { return in.query; };
+  auto K = [](In & in, Out&) -> auto& { return in.key; };
+  auto V = [](In & in, Out&) -> auto& { return in.value; };
+  auto TK = [](In & in, Out&) -> auto& { return in.topk_indices; };
+  auto O = [](In&, Out & o) -> auto& { return o.output; };
   const Index nb = Built<half>(c).nb;
   reject(c, shape(Q, {3, 4, 32, 1}), "query.shape");
   reject(c, shape(Q, {3, 2, 32}), "query.shape");  // heads != num_heads
@@ -755,7 +759,7 @@ TEST(NsaSelectedAttention, ShapeAndLengthRejections) {
   reject(
       c,
       [](Built<half>& b, P&, In&, Out& o) {
-        o.output = TensorRef<half>(b.k.data() + 64, {3, 4, 32});
+        o.output = StridedView<half>(b.k.data() + 64, {3, 4, 32});
       },
       "output overlaps an input");
   // Lengths.

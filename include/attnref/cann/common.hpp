@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "attnref/attention/variant.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/view.hpp"
 
 namespace attnref::detail {
@@ -150,8 +150,8 @@ struct CannPostQuant {
 };
 
 /// Checks quant_scale2 / quant_offset2 for an int8 output (`int8_out`) or their absence.
-inline CannPostQuant cann_post_quant(const char* fn, const TensorRef<const float>& qs2,
-                                     const TensorRef<const float>& qo2, Index channels,
+inline CannPostQuant cann_post_quant(const char* fn, const StridedView<const float>& qs2,
+                                     const StridedView<const float>& qo2, Index channels,
                                      bool int8_out) {
   if (!int8_out) {
     ATTNREF_CHECK(qs2.absent() && qo2.absent(), std::invalid_argument, fn,
@@ -163,10 +163,10 @@ inline CannPostQuant cann_post_quant(const char* fn, const TensorRef<const float
                 std::invalid_argument, fn, "quant_scale2",
                 "required for int8 output: per tensor or per channel",
                 "1 or " + std::to_string(channels) + " values", shape_str(qs2));
-  ATTNREF_CHECK(qo2.absent() || (qo2.shape == qs2.shape), std::invalid_argument, fn,
+  ATTNREF_CHECK(qo2.absent() || (qo2.shape() == qs2.shape()), std::invalid_argument, fn,
                 "quant_offset2.shape", "differs from quant_scale2's", shape_str(qs2),
                 shape_str(qo2));
-  return {qs2.data, qo2.absent() ? nullptr : qo2.data, qs2.numel() != 1};
+  return {qs2.data(), qo2.absent() ? nullptr : qo2.data(), qs2.numel() != 1};
 }
 
 inline std::string dims_str(const std::vector<Index>& v) {

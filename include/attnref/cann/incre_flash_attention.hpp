@@ -36,7 +36,7 @@
 #include "attnref/attention/paged_kv.hpp"
 #include "attnref/cann/common.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
-#include "attnref/core/tensor.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/types.hpp"
 
 namespace attnref {
@@ -58,41 +58,58 @@ struct IncreFlashAttentionParams {
 /// int8 or uint8.
 template <class T, class TKV = T, class TM = std::uint8_t>
 struct IncreFlashAttentionInputs {
-  TensorRef<const T> query;  ///< BSH [B, 1, H], BSND [B, 1, N, D], BNSD [B, N, 1, D]
+  StridedView<const T> query;  ///< BSH [B, 1, H], BSND [B, 1, N, D], BNSD [B, N, 1, D]
   /// One tensor with batch B, or B tensors with batch 1 (layout of the query, S = kv length);
   /// paged: one cache tensor [blockNum, blockSize, KV_N·D] (or [blockNum, KV_N, blockSize, D]
   /// with BNSD).
-  std::vector<TensorRef<const TKV>> key;
-  std::vector<TensorRef<const TKV>> value;
-  TensorRef<const T> pse_shift{};                  ///< [B or 1, N, 1, >= S]
-  TensorRef<const TM> atten_mask{};                ///< [B, S'], [B, 1, S'], [B, 1, 1, S']
+  std::vector<StridedView<const TKV>> key;
+  std::vector<StridedView<const TKV>> value;
+  StridedView<const T> pse_shift{};                ///< [B or 1, N, 1, >= S]
+  StridedView<const TM> atten_mask{};              ///< [B, S'], [B, 1, S'], [B, 1, 1, S']
   std::vector<std::int64_t> actual_seq_lengths{};  ///< kv lengths per batch (required if paged)
-  TensorRef<const T>
+  StridedView<const T>
       antiquant_scale{};  ///< int8 K/V: (2, N, 1, D), (2, 1, N, D), (2, N, D), (2, N·D), (2)
-  TensorRef<const T> antiquant_offset{};  ///< optional, same shape
+  StridedView<const T> antiquant_offset{};  ///< optional, same shape
   /// antiquant_mode 1: (2, B, S') fp32, [0][b][p] the scale of key position p of batch b,
   /// [1][b][p] its value's; S' covers every position read. The offset is optional.
-  TensorRef<const float> antiquant_scale_per_token{};
-  TensorRef<const float> antiquant_offset_per_token{};
+  StridedView<const float> antiquant_scale_per_token{};
+  StridedView<const float> antiquant_offset_per_token{};
   /// kv left padding: one int64 (shape [] or [1]); needs one contiguous key / value tensor and
   /// actual_seq_lengths.
-  TensorRef<const std::int64_t> kv_padding_size{};
-  TensorRef<const std::int32_t> block_table{};  ///< [B, maxBlocksPerSeq]
+  StridedView<const std::int64_t> kv_padding_size{};
+  StridedView<const std::int32_t> block_table{};  ///< [B, maxBlocksPerSeq]
   /// int8 output: out = sat(rint(O·quant_scale2 + quant_offset2)), per tensor or per channel
   /// (N·D values); the offset is optional.
-  TensorRef<const float> quant_scale2{};
-  TensorRef<const float> quant_offset2{};
+  StridedView<const float> quant_scale2{};
+  StridedView<const float> quant_offset2{};
+
+  /// Calls f(name, view) for every tensor field (key[i], value[i] for the lists).
+  template <class F>
+  void for_each_view(F&& f) {
+    f("query", query);
+    for (size_t i = 0; i < key.size(); ++i) f("key[" + std::to_string(i) + "]", key[i]);
+    for (size_t i = 0; i < value.size(); ++i) f("value[" + std::to_string(i) + "]", value[i]);
+    f("pse_shift", pse_shift), f("atten_mask", atten_mask);
+    f("antiquant_scale", antiquant_scale), f("antiquant_offset", antiquant_offset);
+    f("antiquant_scale_per_token", antiquant_scale_per_token);
+    f("antiquant_offset_per_token", antiquant_offset_per_token);
+    f("kv_padding_size", kv_padding_size), f("block_table", block_table);
+    f("quant_scale2", quant_scale2), f("quant_offset2", quant_offset2);
+  }
 };
 
 template <class T>
 struct IncreFlashAttentionOutputs {
-  TensorRef<T> attention_out;  ///< the query's shape
+  StridedView<T> attention_out;  ///< the query's shape
 };
 
+namespace detail {
+/// incre_flash_attention on dense arguments (the public entry passes every view through a
+/// DenseArena).
 template <class T, class TKV, class TM, class TO>
-void incre_flash_attention(const IncreFlashAttentionParams& params,
-                           const IncreFlashAttentionInputs<T, TKV, TM>& in,
-                           const IncreFlashAttentionOutputs<TO>& out, int num_threads = 0) {
+void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
+                                 const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                                 const IncreFlashAttentionOutputs<TO>& out, int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "incre_flash_attention query: half, bfloat16 or float");
   static_assert(std::is_same_v<TKV, T> || std::is_same_v<TKV, std::int8_t>,
@@ -105,19 +122,19 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                 "incre_flash_attention mask: bool, int8 or uint8");
   constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
   using detail::shape_str;
-  using L = detail::PfaLayout;
+  using L = Layout;
   constexpr const char* fn = "incre_flash_attention";
-  detail::check_tensors(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask",
-                        in.atten_mask, "antiquant_scale", in.antiquant_scale, "antiquant_offset",
-                        in.antiquant_offset, "antiquant_scale_per_token",
-                        in.antiquant_scale_per_token, "antiquant_offset_per_token",
-                        in.antiquant_offset_per_token, "kv_padding_size", in.kv_padding_size,
-                        "block_table", in.block_table, "quant_scale2", in.quant_scale2,
-                        "quant_offset2", in.quant_offset2, "attention_out", out.attention_out);
+  detail::check_views(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask", in.atten_mask,
+                      "antiquant_scale", in.antiquant_scale, "antiquant_offset",
+                      in.antiquant_offset, "antiquant_scale_per_token",
+                      in.antiquant_scale_per_token, "antiquant_offset_per_token",
+                      in.antiquant_offset_per_token, "kv_padding_size", in.kv_padding_size,
+                      "block_table", in.block_table, "quant_scale2", in.quant_scale2,
+                      "quant_offset2", in.quant_offset2, "attention_out", out.attention_out);
   for (size_t i = 0; i < in.key.size(); ++i)
-    detail::check_tensor(fn, "key[" + std::to_string(i) + "]", in.key[i]);
+    detail::check_view(fn, "key[" + std::to_string(i) + "]", in.key[i]);
   for (size_t i = 0; i < in.value.size(); ++i)
-    detail::check_tensor(fn, "value[" + std::to_string(i) + "]", in.value[i]);
+    detail::check_view(fn, "value[" + std::to_string(i) + "]", in.value[i]);
   const auto [layout, n, kvn, qd] = detail::cann_front(
       fn, params.input_layout, true, params.num_heads, params.num_key_value_heads, in.query);
   ATTNREF_CHECK(qd[1] == 1, std::invalid_argument, fn, "query.shape",
@@ -128,7 +145,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                 std::to_string(params.inner_precise));
   ATTNREF_CHECK(std::isfinite(params.scale_value), std::invalid_argument, fn, "params.scale_value",
                 "not finite", "a finite value", std::to_string(params.scale_value));
-  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape == in.query.shape,
+  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == in.query.shape(),
                 std::invalid_argument, fn, "attention_out.shape", "mismatch (the query's shape)",
                 shape_str(in.query), shape_str(out.attention_out));
   const bool paged = !in.block_table.absent();
@@ -150,15 +167,15 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                   "paged: one cache tensor each", "1", std::to_string(in.key.size()));
     const auto& kc = in.key[0];
     const auto& vc = in.value[0];
-    ATTNREF_CHECK(!kc.absent() && !vc.absent() && kc.shape == vc.shape &&
+    ATTNREF_CHECK(!kc.absent() && !vc.absent() && kc.shape() == vc.shape() &&
                       (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
                   std::invalid_argument, fn, "key[0].shape", "paged cache shape",
                   "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
                   "value the same",
                   shape_str(kc) + " and " + shape_str(vc));
-    const Index nb = kc.dim(0), bs = kc.rank() == 3 ? kc.dim(1) : kc.dim(2);
-    const Index width = kc.rank() == 3 ? kc.dim(2) : kc.dim(1) * kc.dim(3);
-    ATTNREF_CHECK(width == kvn * D && (kc.rank() == 3 || kc.dim(1) == kvn), std::invalid_argument,
+    const Index nb = kc.size(0), bs = kc.rank() == 3 ? kc.size(1) : kc.size(2);
+    const Index width = kc.rank() == 3 ? kc.size(2) : kc.size(1) * kc.size(3);
+    ATTNREF_CHECK(width == kvn * D && (kc.rank() == 3 || kc.size(1) == kvn), std::invalid_argument,
                   fn, "key[0].shape", "KV_N * D mismatch",
                   std::to_string(kvn) + " heads of " + std::to_string(D), shape_str(kc));
     const Index align = kQuant ? 32 : 16;
@@ -169,21 +186,21 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                   "params.block_size", "not supported",
                   "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
     const auto& bt = in.block_table;
-    ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) == B, std::invalid_argument, fn,
+    ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) == B, std::invalid_argument, fn,
                   "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
                   shape_str(bt));
     ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, "actual_seq_lengths",
                   "required when paged", "kv lengths", "none");
-    mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.dim(1), bs);
+    mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
     kv_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, mask_cols);
     if (kc.rank() == 3) {
-      e.k = StridedView<const TKV, 4>(kc.data, {nb, bs, kvn, D}, {bs * width, width, D, 1});
-      e.v = StridedView<const TKV, 4>(vc.data, {nb, bs, kvn, D}, {bs * width, width, D, 1});
+      e.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
+      e.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
     } else {
-      e.k = StridedView<const TKV, 4>(kc.data, {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
-      e.v = StridedView<const TKV, 4>(vc.data, {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+      e.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+      e.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
     }
-    e.block_table = StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)});
+    e.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
     e.seq.kv = kv_len;
     // Every used block-table entry, named (std::out_of_range), before anything is written.
     PagedKvCache<const TKV>{e.k, e.v, e.block_table, kv_len}.validate(fn);
@@ -199,7 +216,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       const std::string ki = "key[" + std::to_string(i) + "]",
                         vi = "value[" + std::to_string(i) + "]";
       const auto kd = detail::pfa_dims(fn, ki.c_str(), in.key[i], layout, kvn);
-      ATTNREF_CHECK(in.value[i].shape == in.key[i].shape && !in.value[i].absent(),
+      ATTNREF_CHECK(in.value[i].shape() == in.key[i].shape() && !in.value[i].absent(),
                     std::invalid_argument, fn, vi + ".shape", "differs from the key's",
                     shape_str(in.key[i]), shape_str(in.value[i]));
       ATTNREF_CHECK(kd[3] == D && kd[0] == (list ? 1 : B), std::invalid_argument, fn, ki + ".shape",
@@ -237,7 +254,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                     "given without actual_seq_lengths (the NPU would ignore it)",
                     "actual_seq_lengths", "none");
       const Index S = dims[0][1];
-      const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data));
+      const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data()));
       shift.assign(static_cast<size_t>(B), 0);
       for (Index b = 0; b < B; ++b) {
         const Index start = S - pad - kv_len[static_cast<size_t>(b)];
@@ -255,29 +272,29 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
     if (!shift.empty()) {
       // One page per sequence starting at its window; dims[0] has batch B (or 1 = B).
       const std::array<Index, 4> d0{B, dims[0][1], kvn, D};
-      const auto v0 = detail::pfa_view(in.key[0].data, layout, d0);
-      e.k = StridedView<const TKV, 4>(in.key[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
-      e.v = StridedView<const TKV, 4>(in.value[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
+      const auto v0 = detail::pfa_view(in.key[0].data(), layout, d0);
+      e.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+      e.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
       pages.page_size = std::max<Index>(1, d0[1]);
       for (Index b = 0; b < B; ++b) {
         const Index o = b * v0.stride(0) + shift[static_cast<size_t>(b)] * v0.stride(1);
-        pages.k.push_back(in.key[0].data + o);
-        pages.v.push_back(in.value[0].data + o);
+        pages.k.push_back(in.key[0].data() + o);
+        pages.v.push_back(in.value[0].data() + o);
         pages.first.push_back(b);
       }
     } else if (!list) {
-      e.k = detail::pfa_view(in.key[0].data, layout, dims[0]);
-      e.v = detail::pfa_view(in.value[0].data, layout, dims[0]);
+      e.k = detail::pfa_view(in.key[0].data(), layout, dims[0]);
+      e.v = detail::pfa_view(in.value[0].data(), layout, dims[0]);
     } else if (!gather) {
       // One page per sequence, every tensor of tensor 0's shape.
       const std::array<Index, 4> d0{B, max_s, kvn, D};
-      const auto v0 = detail::pfa_view(in.key[0].data, layout, dims[0]);
-      e.k = StridedView<const TKV, 4>(in.key[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
-      e.v = StridedView<const TKV, 4>(in.value[0].data, d0, {0, v0.stride(1), v0.stride(2), 1});
+      const auto v0 = detail::pfa_view(in.key[0].data(), layout, dims[0]);
+      e.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+      e.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
       pages.page_size = std::max<Index>(1, max_s);
       for (Index b = 0; b < B; ++b) {
-        pages.k.push_back(in.key[static_cast<size_t>(b)].data);
-        pages.v.push_back(in.value[static_cast<size_t>(b)].data);
+        pages.k.push_back(in.key[static_cast<size_t>(b)].data());
+        pages.v.push_back(in.value[static_cast<size_t>(b)].data());
         pages.first.push_back(b);
       }
     }
@@ -286,9 +303,9 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       packed_k.assign(static_cast<size_t>(B * max_s * kvn * D), TKV{});
       packed_v.assign(packed_k.size(), TKV{});
       for (Index b = 0; b < B; ++b) {
-        const auto kb = detail::pfa_view(in.key[static_cast<size_t>(b)].data, layout,
+        const auto kb = detail::pfa_view(in.key[static_cast<size_t>(b)].data(), layout,
                                          dims[static_cast<size_t>(b)]);
-        const auto vb = detail::pfa_view(in.value[static_cast<size_t>(b)].data, layout,
+        const auto vb = detail::pfa_view(in.value[static_cast<size_t>(b)].data(), layout,
                                          dims[static_cast<size_t>(b)]);
         for (Index t = 0; t < kv_len[static_cast<size_t>(b)]; ++t)
           for (Index h = 0; h < kvn; ++h)
@@ -312,23 +329,24 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   const auto& m = in.atten_mask;
   if (!m.absent()) {
     const Index r = m.rank();
-    const bool ok = !m.absent() && r >= 2 && r <= 4 && m.dim(0) == B && (r < 3 || m.dim(1) == 1) &&
-                    (r < 4 || m.dim(2) == 1) && m.dim(r - 1) >= mask_cols;
+    const bool ok = !m.absent() && r >= 2 && r <= 4 && m.size(0) == B &&
+                    (r < 3 || m.size(1) == 1) && (r < 4 || m.size(2) == 1) &&
+                    m.size(r - 1) >= mask_cols;
     ATTNREF_CHECK(ok, std::invalid_argument, fn, "atten_mask.shape", "mismatch",
                   "[" + std::to_string(B) + ", S'], [" + std::to_string(B) + ", 1, S'] or [" +
                       std::to_string(B) + ", 1, 1, S'] with S' >= " + std::to_string(mask_cols),
                   shape_str(m));
-    var.mask = StridedView<const TM, 3>(m.data, {B, 1, m.dim(r - 1)}, {m.dim(r - 1), 0, 1});
+    var.mask = StridedView<const TM, 3>(m.data(), {B, 1, m.size(r - 1)}, {m.size(r - 1), 0, 1});
   }
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
-    ATTNREF_CHECK(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
-                      ps.dim(1) == n && ps.dim(2) == 1 && ps.dim(3) >= mask_cols,
+    ATTNREF_CHECK(!ps.absent() && ps.rank() == 4 && (ps.size(0) == 1 || ps.size(0) == B) &&
+                      ps.size(1) == n && ps.size(2) == 1 && ps.size(3) >= mask_cols,
                   std::invalid_argument, fn, "pse_shift.shape", "mismatch",
                   "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
                       ", 1, >= " + std::to_string(mask_cols) + "]",
                   shape_str(ps));
-    var.pse = StridedView<const T, 4>(ps.data, {ps.dim(0), ps.dim(1), 1, ps.dim(3)});
+    var.pse = StridedView<const T, 4>(ps.data(), {ps.size(0), ps.size(1), 1, ps.size(3)});
     var.add_then_scale = params.pse_order == PseOrder::AddThenScale;
   }
   // Antiquant scales: per channel (KV_N·D) or per tensor, [0] key and [1] value.
@@ -348,11 +366,11 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
                   "antiquant_scale / antiquant_offset", "given with antiquant_mode 1 (per token)",
                   "none (antiquant_scale_per_token instead)", shape_str(as));
     ATTNREF_CHECK(
-        !ts.absent() && ts.rank() == 3 && ts.dim(0) == 2 && ts.dim(1) == B &&
-            ts.dim(2) >= mask_cols,
+        !ts.absent() && ts.rank() == 3 && ts.size(0) == 2 && ts.size(1) == B &&
+            ts.size(2) >= mask_cols,
         std::invalid_argument, fn, "antiquant_scale_per_token.shape", "mismatch (antiquant_mode 1)",
         "(2, " + std::to_string(B) + ", >= " + std::to_string(mask_cols) + ")", shape_str(ts));
-    ATTNREF_CHECK(to.absent() || (to.shape == ts.shape), std::invalid_argument, fn,
+    ATTNREF_CHECK(to.absent() || (to.shape() == ts.shape()), std::invalid_argument, fn,
                   "antiquant_offset_per_token.shape", "differs from antiquant_scale_per_token's",
                   shape_str(ts), shape_str(to));
   } else {
@@ -365,12 +383,12 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       const std::vector<std::vector<Index>> shapes{
           {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kvn * D}, {2}};
       const bool ok =
-          !as.absent() && std::find(shapes.begin(), shapes.end(), as.shape) != shapes.end();
+          !as.absent() && std::find(shapes.begin(), shapes.end(), as.shape()) != shapes.end();
       ATTNREF_CHECK(ok, std::invalid_argument, fn, "antiquant_scale.shape",
                     "not an accepted shape (int8 key / value)",
                     "(2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N*D) or (2)",
                     shape_str(as));
-      ATTNREF_CHECK(ao.absent() || (ao.shape == as.shape), std::invalid_argument, fn,
+      ATTNREF_CHECK(ao.absent() || (ao.shape() == as.shape()), std::invalid_argument, fn,
                     "antiquant_offset.shape", "differs from antiquant_scale's", shape_str(as),
                     shape_str(ao));
       per = as.numel() / 2;
@@ -386,8 +404,8 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
   ep.num_threads = num_threads;
   std::vector<float> q_buf, o_buf, bias;
-  const auto qv = detail::pfa_view(in.query.data, layout, qd);
-  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data, layout, qd);
+  const auto qv = detail::pfa_view(in.query.data(), layout, qd);
+  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data(), layout, qd);
   const detail::CannPostQuant post =
       detail::cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * D, kInt8Out);
   AttentionOutputs<TO> probe_o{ov};
@@ -415,13 +433,13 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
   } else {
     const Index G = n / kvn;
     auto sc = [&](Index which, Index c) {
-      return kQuant && !per_token ? static_cast<float>(as.data[which * per + (per == 1 ? 0 : c)])
+      return kQuant && !per_token ? static_cast<float>(as.data()[which * per + (per == 1 ? 0 : c)])
                                   : 1.0f;
     };
     auto of = [&](Index which, Index c) {
       return !kQuant || per_token || ao.absent()
                  ? 0.0f
-                 : static_cast<float>(ao.data[which * per + (per == 1 ? 0 : c)]);
+                 : static_cast<float>(ao.data()[which * per + (per == 1 ? 0 : c)]);
     };
     std::vector<float> kf, vf;  // per token: the dequantized keys and values read
     AttentionInputs<float, float> ef;
@@ -435,7 +453,7 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       for (Index l : kv_len) lmax = std::max(lmax, l);
       kf.assign(static_cast<size_t>(B * lmax * kvn * D), 0.0f);
       vf.assign(kf.size(), 0.0f);
-      const Index sp = ts.dim(2);
+      const Index sp = ts.size(2);
       // Element (b, t, h, x) of K or V however it is stored.
       auto elem = [&](const StridedView<const TKV, 4>& view, const std::vector<const TKV*>& pg,
                       Index b, Index t, Index h, Index x) {
@@ -451,9 +469,9 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
       for (Index b = 0; b < B; ++b)
         for (Index t = 0; t < kv_len[static_cast<size_t>(b)]; ++t) {
           const Index p = b * sp + (shift.empty() ? 0 : shift[static_cast<size_t>(b)]) + t;
-          const float ks = ts.data[p], vs = ts.data[B * sp + p];
-          const float ko = to.absent() ? 0.0f : to.data[p];
-          const float vo = to.absent() ? 0.0f : to.data[B * sp + p];
+          const float ks = ts.data()[p], vs = ts.data()[B * sp + p];
+          const float ko = to.absent() ? 0.0f : to.data()[p];
+          const float vo = to.absent() ? 0.0f : to.data()[B * sp + p];
           for (Index h = 0; h < kvn; ++h)
             for (Index x = 0; x < D; ++x) {
               const size_t dst = static_cast<size_t>(((b * lmax + t) * kvn + h) * D + x);
@@ -506,6 +524,20 @@ void incre_flash_attention(const IncreFlashAttentionParams& params,
             ov(b, 0, h, x) = TO(v);
         }
   }
+}
+}  // namespace detail
+
+template <class T, class TKV, class TM, class TO>
+void incre_flash_attention(const IncreFlashAttentionParams& params,
+                           const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                           const IncreFlashAttentionOutputs<TO>& out, int num_threads = 0) {
+  detail::DenseArena arena("incre_flash_attention");
+  IncreFlashAttentionInputs<T, TKV, TM> din = in;
+  IncreFlashAttentionOutputs<TO> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  arena.output("attention_out", dout.attention_out);
+  detail::incre_flash_attention_dense(params, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

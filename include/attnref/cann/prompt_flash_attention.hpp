@@ -39,8 +39,8 @@
 
 #include "attnref/attention/attention.hpp"
 #include "attnref/cann/common.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/layout.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
 
 namespace attnref {
@@ -80,71 +80,75 @@ struct pfa_pse<std::int8_t> {
 /// or uint8 (nonzero = masked). TP: the pse type (T; half with int8 data).
 template <class T, class TM = std::uint8_t, class TP = typename detail::pfa_pse<T>::type>
 struct PromptFlashAttentionInputs {
-  TensorRef<const T>
+  StridedView<const T>
       query;  ///< BSH [B, S1, N·D], BSND [B, S1, N, D], BNSD(_BSND) [B, N, S1, D], TND [T1, N, D]
-  TensorRef<const T> key;            ///< the same layout with S2 and numKeyValueHeads
-  TensorRef<const T> value;          ///< as key, head size Dv (may differ from D)
-  TensorRef<const TP> pse_shift{};   ///< [B or 1, N, >= S1, >= S2]
-  TensorRef<const TM> atten_mask{};  ///< [S1', S2'], [B|1, S1', S2'], [B|1, 1, S1', S2']
+  StridedView<const T> key;            ///< the same layout with S2 and numKeyValueHeads
+  StridedView<const T> value;          ///< as key, head size Dv (may differ from D)
+  StridedView<const TP> pse_shift{};   ///< [B or 1, N, >= S1, >= S2]
+  StridedView<const TM> atten_mask{};  ///< [S1', S2'], [B|1, S1', S2'], [B|1, 1, S1', S2']
   std::vector<std::int64_t> actual_seq_lengths{};     ///< per batch (TND: cumulative); empty: S1
   std::vector<std::int64_t> actual_seq_lengths_kv{};  ///< per batch (TND: cumulative); empty: S2
   /// int8 q / k / v: per-tensor [1] fp32 scales (scale_from_bits converts the uint64 form):
   /// S = int32(q·k)·deq_scale1, P8 = sat(rint(P̂·quant_scale1)), O += deq_scale2·(P8·V8).
-  TensorRef<const float> deq_scale1{};
-  TensorRef<const float> quant_scale1{};
-  TensorRef<const float> deq_scale2{};
+  StridedView<const float> deq_scale1{};
+  StridedView<const float> quant_scale1{};
+  StridedView<const float> deq_scale2{};
   /// int8 output: out = sat(rint(O·quant_scale2 + quant_offset2)), per tensor [1] or per channel
   /// (N·Dv values, any shape with that many elements); the offset is optional.
-  TensorRef<const float> quant_scale2{};
-  TensorRef<const float> quant_offset2{};
+  StridedView<const float> quant_scale2{};
+  StridedView<const float> quant_offset2{};
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("query", query), f("key", key), f("value", value), f("pse_shift", pse_shift);
+    f("atten_mask", atten_mask), f("deq_scale1", deq_scale1), f("quant_scale1", quant_scale1);
+    f("deq_scale2", deq_scale2), f("quant_scale2", quant_scale2);
+    f("quant_offset2", quant_offset2);
+  }
 };
 
 template <class T>
 struct PromptFlashAttentionOutputs {
-  TensorRef<T> attention_out;  ///< query's layout (BNSD_BSND: BSND) with head size Dv
+  StridedView<T> attention_out;  ///< query's layout (BNSD_BSND: BSND) with head size Dv
 };
 
 namespace detail {
 
-enum class PfaLayout { BSH, BSND, BNSD, BNSD_BSND, TND };
-
-inline PfaLayout pfa_layout(const char* fn, const std::string& s, bool ifa) {
-  if (s == "BSH") return PfaLayout::BSH;
-  if (s == "BSND") return PfaLayout::BSND;
-  if (s == "BNSD") return PfaLayout::BNSD;
-  if (!ifa && s == "BNSD_BSND") return PfaLayout::BNSD_BSND;
-  if (!ifa && s == "TND") return PfaLayout::TND;
-  ATTNREF_CHECK(false, std::invalid_argument, fn, "params.input_layout", "not supported",
-                ifa ? "BSH, BSND or BNSD" : "BSH, BSND, BNSD, BNSD_BSND or TND", "\"" + s + "\"");
-  return PfaLayout::BSH;
+/// The layout of PFA (ifa false) or IFA (ifa true).
+inline Layout pfa_layout(const char* fn, const std::string& s, bool ifa) {
+  if (ifa)
+    return parse_layout(fn, "params.input_layout", s, {Layout::BSH, Layout::BSND, Layout::BNSD});
+  return parse_layout(fn, "params.input_layout", s,
+                      {Layout::BSH, Layout::BSND, Layout::BNSD, Layout::BNSD_BSND, Layout::TND});
 }
 
 /// (B, S, N, D) of a q / k / v tensor in `layout` (TND: B = 1, S = T), checked against the head
 /// count `n` (BSH: D = H / n).
 template <class T>
-std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const TensorRef<T>& t,
-                              PfaLayout layout, Index n) {
-  const bool r3 = layout == PfaLayout::BSH || layout == PfaLayout::TND;
+std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const StridedView<T>& t,
+                              Layout layout, Index n) {
+  const bool r3 = layout == Layout::BSH || layout == Layout::TND;
   ATTNREF_CHECK(!t.absent(), std::invalid_argument, fn, arg, "missing", "a tensor", "none");
   ATTNREF_CHECK(t.rank() == (r3 ? 3 : 4), std::invalid_argument, fn, std::string(arg) + ".shape",
                 "rank mismatch for the layout", r3 ? "rank 3" : "rank 4", shape_str(t));
   std::array<Index, 4> d{};
   switch (layout) {
-    case PfaLayout::BSH:
-      ATTNREF_CHECK(t.dim(2) % n == 0 && t.dim(2) > 0, std::invalid_argument, fn,
+    case Layout::BSH:
+      ATTNREF_CHECK(t.size(2) % n == 0 && t.size(2) > 0, std::invalid_argument, fn,
                     std::string(arg) + ".shape[2]", "hidden size not a multiple of the head count",
-                    "a multiple of " + std::to_string(n), std::to_string(t.dim(2)));
-      d = {t.dim(0), t.dim(1), n, t.dim(2) / n};
+                    "a multiple of " + std::to_string(n), std::to_string(t.size(2)));
+      d = {t.size(0), t.size(1), n, t.size(2) / n};
       break;
-    case PfaLayout::BSND:
-      d = {t.dim(0), t.dim(1), t.dim(2), t.dim(3)};
+    case Layout::BSND:
+      d = {t.size(0), t.size(1), t.size(2), t.size(3)};
       break;
-    case PfaLayout::BNSD:
-    case PfaLayout::BNSD_BSND:
-      d = {t.dim(0), t.dim(2), t.dim(1), t.dim(3)};
+    case Layout::BNSD:
+    case Layout::BNSD_BSND:
+      d = {t.size(0), t.size(2), t.size(1), t.size(3)};
       break;
-    case PfaLayout::TND:
-      d = {1, t.dim(0), t.dim(1), t.dim(2)};
+    case Layout::TND:
+      d = {1, t.size(0), t.size(1), t.size(2)};
       break;
   }
   ATTNREF_CHECK(d[2] == n, std::invalid_argument, fn, std::string(arg) + ".shape",
@@ -156,12 +160,12 @@ std::array<Index, 4> pfa_dims(const char* fn, const char* arg, const TensorRef<T
 
 /// The engine view of a q / k / v / out tensor with dims (B, S, N, D) in `layout`.
 template <class T>
-StridedView<T, 4> pfa_view(T* data, PfaLayout layout, const std::array<Index, 4>& d) {
+StridedView<T, 4> pfa_view(T* data, Layout layout, const std::array<Index, 4>& d) {
   switch (layout) {
-    case PfaLayout::BNSD:
-    case PfaLayout::BNSD_BSND:
+    case Layout::BNSD:
+    case Layout::BNSD_BSND:
       return bnsd_view(data, d[0], d[2], d[1], d[3]);
-    case PfaLayout::TND:
+    case Layout::TND:
       return tnd_view(data, d[1], d[2], d[3]);
     default:
       return bsnd_view(data, d[0], d[1], d[2], d[3]);
@@ -169,13 +173,13 @@ StridedView<T, 4> pfa_view(T* data, PfaLayout layout, const std::array<Index, 4>
 }
 
 /// The vendor shape of an output with dims (B, S, N, D) in `layout` (BNSD_BSND: BSND).
-inline std::vector<Index> pfa_shape(PfaLayout layout, const std::array<Index, 4>& d) {
+inline std::vector<Index> pfa_shape(Layout layout, const std::array<Index, 4>& d) {
   switch (layout) {
-    case PfaLayout::BSH:
+    case Layout::BSH:
       return {d[0], d[1], d[2] * d[3]};
-    case PfaLayout::BNSD:
+    case Layout::BNSD:
       return {d[0], d[2], d[1], d[3]};
-    case PfaLayout::TND:
+    case Layout::TND:
       return {d[1], d[2], d[3]};
     default:
       return {d[0], d[1], d[2], d[3]};
@@ -189,14 +193,14 @@ inline Index pfa_clamp_tokens(std::int64_t v) {
 /// The front matter both operators share: the layout, the head counts (N, KV_N) and the
 /// query's (B, S, N, D).
 struct CannFront {
-  PfaLayout layout;
+  Layout layout;
   Index n, kvn;
   std::array<Index, 4> qd;
 };
 
 template <class T>
 CannFront cann_front(const char* fn, const std::string& layout, bool ifa, std::int64_t num_heads,
-                     std::int64_t num_kv_heads, const TensorRef<T>& query) {
+                     std::int64_t num_kv_heads, const StridedView<T>& query) {
   CannFront f{};
   f.layout = pfa_layout(fn, layout, ifa);
   f.kvn = cann_kv_heads(fn, num_heads, num_kv_heads);
@@ -207,10 +211,13 @@ CannFront cann_front(const char* fn, const std::string& layout, bool ifa, std::i
 
 }  // namespace detail
 
+namespace detail {
+/// prompt_flash_attention on dense arguments (the public entry passes every view through a
+/// DenseArena).
 template <class T, class TM, class TP, class TO>
-void prompt_flash_attention(const PromptFlashAttentionParams& params,
-                            const PromptFlashAttentionInputs<T, TM, TP>& in,
-                            const PromptFlashAttentionOutputs<TO>& out, int num_threads = 0) {
+void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
+                                  const PromptFlashAttentionInputs<T, TM, TP>& in,
+                                  const PromptFlashAttentionOutputs<TO>& out, int num_threads) {
   constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   static_assert(
@@ -224,13 +231,13 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
                     std::is_same_v<TM, std::uint8_t>,
                 "prompt_flash_attention mask: bool, int8 or uint8");
   using detail::shape_str;
-  using L = detail::PfaLayout;
+  using L = Layout;
   constexpr const char* fn = "prompt_flash_attention";
-  detail::check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
-                        in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
-                        "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2,
-                        "quant_scale2", in.quant_scale2, "quant_offset2", in.quant_offset2,
-                        "attention_out", out.attention_out);
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
+                      in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
+                      "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",
+                      in.quant_scale2, "quant_offset2", in.quant_offset2, "attention_out",
+                      out.attention_out);
   const auto [layout, n, kvn, qd] = detail::cann_front(
       fn, params.input_layout, false, params.num_heads, params.num_key_value_heads, in.query);
   const auto kd = detail::pfa_dims(fn, "key", in.key, layout, kvn);
@@ -302,7 +309,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   }
   const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
   const std::vector<Index> oshape = detail::pfa_shape(layout, od);
-  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape == oshape,
+  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == oshape,
                 std::invalid_argument, fn, "attention_out.shape", "mismatch",
                 detail::dims_str(oshape), shape_str(out.attention_out));
 
@@ -315,9 +322,9 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
     ATTNREF_CHECK(!m.absent() && m.rank() >= 2 && m.rank() <= 4, std::invalid_argument, fn,
                   "atten_mask.shape", "rank out of range", "rank 2–4", shape_str(m));
     const Index r = m.rank();
-    const Index ms1 = m.dim(r - 2), ms2 = m.dim(r - 1);
-    const Index mb = r >= 3 ? m.dim(0) : 1;
-    const Index mh = r == 4 ? m.dim(1) : 1;
+    const Index ms1 = m.size(r - 2), ms2 = m.size(r - 1);
+    const Index mb = r >= 3 ? m.size(0) : 1;
+    const Index mh = r == 4 ? m.size(1) : 1;
     if (sm >= 2) {
       ATTNREF_CHECK(ms1 == 2048 && ms2 == 2048 && mb == 1 && mh == 1, std::invalid_argument, fn,
                     "atten_mask.shape",
@@ -330,7 +337,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
                         "] with an optional batch (1 or " + std::to_string(B) +
                         ") and head (1) dimension",
                     shape_str(m));
-      var.mask = StridedView<const TM, 3>(m.data, {mb, ms1, ms2}, {ms1 * ms2, ms2, 1});
+      var.mask = StridedView<const TM, 3>(m.data(), {mb, ms1, ms2}, {ms1 * ms2, ms2, 1});
       var.mask_excludes = (params.inner_precise & 2) != 0;
     }
   }
@@ -375,13 +382,13 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   // pseShift.
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
-    ATTNREF_CHECK(!ps.absent() && ps.rank() == 4 && (ps.dim(0) == 1 || ps.dim(0) == B) &&
-                      ps.dim(1) == n && ps.dim(2) >= S1 && ps.dim(3) >= S2,
+    ATTNREF_CHECK(!ps.absent() && ps.rank() == 4 && (ps.size(0) == 1 || ps.size(0) == B) &&
+                      ps.size(1) == n && ps.size(2) >= S1 && ps.size(3) >= S2,
                   std::invalid_argument, fn, "pse_shift.shape", "mismatch",
                   "[1 or " + std::to_string(B) + ", " + std::to_string(n) +
                       ", >= " + std::to_string(S1) + ", >= " + std::to_string(S2) + "]",
                   shape_str(ps));
-    var.pse = StridedView<const TP, 4>(ps.data, {ps.dim(0), ps.dim(1), ps.dim(2), ps.dim(3)});
+    var.pse = StridedView<const TP, 4>(ps.data(), {ps.size(0), ps.size(1), ps.size(2), ps.size(3)});
   }
   const bool ats = params.pse_order == PseOrder::AddThenScale;
   var.add_then_scale = ats && !ps.absent();
@@ -389,7 +396,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   var.num_heads = n;
 
   // Quantization: the int8 path's three per-tensor scales, the int8 output's scale / offset.
-  auto scalar = [&](const TensorRef<const float>& t, const char* arg, bool want) {
+  auto scalar = [&](const StridedView<const float>& t, const char* arg, bool want) {
     if (!want) {
       ATTNREF_CHECK(t.absent(), std::invalid_argument, fn, arg,
                     kInt8In ? "given for int8 output only"
@@ -400,9 +407,9 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
     }
     ATTNREF_CHECK(!t.absent() && t.numel() == 1, std::invalid_argument, fn, arg,
                   "per-tensor scale required", "[1]", shape_str(t));
-    ATTNREF_CHECK(std::isfinite(t.data[0]), std::invalid_argument, fn, arg, "not finite",
-                  "a finite value", std::to_string(t.data[0]));
-    return t.data[0];
+    ATTNREF_CHECK(std::isfinite(t.data()[0]), std::invalid_argument, fn, arg, "not finite",
+                  "a finite value", std::to_string(t.data()[0]));
+    return t.data()[0];
   };
   const float deq1 = scalar(in.deq_scale1, "deq_scale1", kInt8In);
   const float qs1 = scalar(in.quant_scale1, "quant_scale1", kInt8In);
@@ -412,9 +419,9 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
 
   // The engine problem.
   AttentionInputs<T> e;
-  e.q = detail::pfa_view(in.query.data, layout, qd);
-  e.k = detail::pfa_view(in.key.data, layout, kd);
-  e.v = detail::pfa_view(in.value.data, layout, vd);
+  e.q = detail::pfa_view(in.query.data(), layout, qd);
+  e.k = detail::pfa_view(in.key.data(), layout, kd);
+  e.v = detail::pfa_view(in.value.data(), layout, vd);
   if (tnd) {
     e.seq.q_cu = q_cu;
     e.seq.kv_cu = kv_cu;
@@ -427,7 +434,7 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
   ep.num_threads = num_threads;
   if (kInt8In) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
-  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data, out_layout, od);
+  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data(), out_layout, od);
   using EO = std::conditional_t<kInt8Out, float, TO>;
   std::vector<float> o_buf;
   StridedView<EO, 4> eov;
@@ -471,6 +478,20 @@ void prompt_flash_attention(const PromptFlashAttentionParams& params,
           for (Index h = 0; h < n; ++h)
             for (Index x = 0; x < Dv; ++x) ov(b, i, h, x) = std::int8_t{0};
   }
+}
+}  // namespace detail
+
+template <class T, class TM, class TP, class TO>
+void prompt_flash_attention(const PromptFlashAttentionParams& params,
+                            const PromptFlashAttentionInputs<T, TM, TP>& in,
+                            const PromptFlashAttentionOutputs<TO>& out, int num_threads = 0) {
+  detail::DenseArena arena("prompt_flash_attention");
+  PromptFlashAttentionInputs<T, TM, TP> din = in;
+  PromptFlashAttentionOutputs<TO> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  arena.output("attention_out", dout.attention_out);
+  detail::prompt_flash_attention_dense(params, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

@@ -21,12 +21,44 @@ inline void append(std::ostringstream& os, const T& value) {
   os << value;
 }
 
+/// The error context: while a CallerScope is alive on this thread, every rejection is reported
+/// under the name of the outermost public operator that opened one, with the inner function in
+/// parentheses: "attnref::nsa_decode_step: key.shape mismatch (in nsa_selected_attention_infer):
+/// expected ..". An operator that calls other operators (or the engine) opens one, so a user
+/// always reads the name of the function they called.
+class CallerScope {
+ public:
+  explicit CallerScope(const char* function) : outer_(slot() == nullptr) {
+    if (outer_) slot() = function;
+  }
+  ~CallerScope() {
+    if (outer_) slot() = nullptr;
+  }
+  CallerScope(const CallerScope&) = delete;
+  CallerScope& operator=(const CallerScope&) = delete;
+
+  /// The outermost operator of this thread's current call (null outside any).
+  static const char* caller() { return slot(); }
+
+ private:
+  static const char*& slot() {
+    static thread_local const char* name = nullptr;
+    return name;
+  }
+  bool outer_;
+};
+
 /// Builds the canonical message and throws `Exception` with it.
 template <class Exception, class Expected, class Got>
 [[noreturn]] inline void raise(std::string_view function, std::string_view argument,
                                std::string_view what, const Expected& expected, const Got& got) {
   std::ostringstream os;
-  os << "attnref::" << function << ": " << argument << ' ' << what << ": expected ";
+  const char* caller = CallerScope::caller();
+  if (caller != nullptr && function != caller)
+    os << "attnref::" << caller << ": " << argument << ' ' << what << " (in " << function
+       << "): expected ";
+  else
+    os << "attnref::" << function << ": " << argument << ' ' << what << ": expected ";
   append(os, expected);
   os << ", got ";
   append(os, got);

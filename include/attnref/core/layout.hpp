@@ -11,7 +11,12 @@
 ///   BNSD  [B, N, S, D]  head-major (ATB TYPE_BNSD, FlashInfer HND)
 ///   TND   [T, N, D]     packed tokens of all sequences; the view has batch extent 1 and the
 ///                       per-sequence token ranges come from cumulative offsets (SeqLens::*_cu)
+///   BNSD_BSND           inputs BNSD, output BSND (CANN PromptFlashAttention)
+///
+/// Vendor layout strings ("BSH", "BNSD_BSND", "TND", ...) are parsed once, by
+/// detail::parse_layout, into this enum; every operator that takes a layout string uses it.
 
+#include <initializer_list>
 #include <string>
 
 #include "attnref/core/error.hpp"
@@ -19,7 +24,7 @@
 
 namespace attnref {
 
-enum class Layout { BSND, BSH, BNSD, TND };
+enum class Layout { BSND, BSH, BNSD, TND, BNSD_BSND };
 
 inline const char* to_string(Layout layout) {
   switch (layout) {
@@ -31,9 +36,28 @@ inline const char* to_string(Layout layout) {
       return "BNSD";
     case Layout::TND:
       return "TND";
+    case Layout::BNSD_BSND:
+      return "BNSD_BSND";
   }
   return "?";
 }
+
+namespace detail {
+/// The vendor layout string `s` as a Layout, which must be one of `allowed` (the operator's
+/// list, in its documented order); anything else throws std::invalid_argument naming `fn` /
+/// `arg`: "not supported: expected BSH, BSND or BNSD, got "NSD"".
+inline Layout parse_layout(const char* fn, const char* arg, const std::string& s,
+                           std::initializer_list<Layout> allowed) {
+  std::string list;
+  size_t i = 0;
+  for (Layout l : allowed) {
+    if (s == to_string(l)) return l;
+    list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + std::string(to_string(l));
+    ++i;
+  }
+  raise<std::invalid_argument>(fn, arg, "not supported", list, "\"" + s + "\"");
+}
+}  // namespace detail
 
 /// View over BSND data [B, S, N, D].
 template <class T>
@@ -66,14 +90,15 @@ StridedView<T, 4> make_qkv_view(T* data, Layout layout, Index batch, Index seq, 
     case Layout::BSH:
       return bsnd_view(data, batch, seq, heads, head_size);
     case Layout::BNSD:
+    case Layout::BNSD_BSND:
       return bnsd_view(data, batch, heads, seq, head_size);
     case Layout::TND:
       ATTNREF_CHECK(batch == 1, std::invalid_argument, "make_qkv_view", "batch",
                     "must be 1 for layout TND (packed tokens)", 1, batch);
       return tnd_view(data, seq, heads, head_size);
   }
-  detail::raise<std::invalid_argument>("make_qkv_view", "layout", "unknown", "BSND|BSH|BNSD|TND",
-                                       static_cast<int>(layout));
+  detail::raise<std::invalid_argument>("make_qkv_view", "layout", "unknown",
+                                       "BSND|BSH|BNSD|TND|BNSD_BSND", static_cast<int>(layout));
 }
 
 }  // namespace attnref

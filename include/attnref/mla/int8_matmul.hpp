@@ -21,10 +21,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/nz.hpp"
 #include "attnref/core/quant.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/detail/threading.hpp"
@@ -42,7 +42,7 @@ enum class WeightFormat {
 /// A weight W of logical shape [out, in].
 template <class T>
 struct WeightRef {
-  TensorRef<const T> tensor;
+  StridedView<const T> tensor;
   Index out = 0, in = 0;
   WeightFormat format = WeightFormat::NdOutIn;
 };
@@ -72,7 +72,7 @@ void check_weight(const char* fn, const char* arg, const WeightRef<T>& w, Index 
                     "NdOutIn, NdInOut or Nz", std::to_string(static_cast<int>(w.format)));
   }
   ATTNREF_CHECK(
-      !t.absent() && t.shape == want, std::invalid_argument, fn, std::string(arg) + ".shape",
+      !t.absent() && t.shape() == want, std::invalid_argument, fn, std::string(arg) + ".shape",
       w.format == WeightFormat::Nz ? "mismatch (NZ of [out, in])" : "mismatch",
       [&] {
         std::string s = "[";
@@ -85,7 +85,7 @@ void check_weight(const char* fn, const char* arg, const WeightRef<T>& w, Index 
 /// Rows [n0, n0 + rows) of W as ND [rows, in] into dst.
 template <class T>
 void weight_rows(const WeightRef<T>& w, Index n0, Index rows, T* dst) {
-  const T* p = w.tensor.data;
+  const T* p = w.tensor.data();
   if (w.format == WeightFormat::NdOutIn) {
     std::memcpy(dst, p + n0 * w.in, sizeof(T) * static_cast<size_t>(rows * w.in));
   } else if (w.format == WeightFormat::NdInOut) {
@@ -167,28 +167,37 @@ void nz_block_products(const std::int8_t* a, Index M, Index K, const std::int8_t
 
 /// Inputs of int8_matmul. de_scale: exactly one of the fp32 and the int64 forms.
 struct Int8MatmulInputs {
-  TensorRef<const std::int8_t> a;                 ///< [M, K]
-  WeightRef<std::int8_t> w;                       ///< [N, K] logically
-  TensorRef<const std::int32_t> bias{};           ///< N values, optional (per-tensor form only)
-  TensorRef<const float> de_scale{};              ///< N values
-  TensorRef<const std::int64_t> de_scale_bits{};  ///< N values: fp32 bits in the low 32 bits
-  TensorRef<const float> token_scale{};           ///< M values: per-token descale (optional)
-  TensorRef<const float> zero_point{};            ///< M values: per-token zero point (optional)
+  StridedView<const std::int8_t> a;                 ///< [M, K]
+  WeightRef<std::int8_t> w;                         ///< [N, K] logically
+  StridedView<const std::int32_t> bias{};           ///< N values, optional (per-tensor form only)
+  StridedView<const float> de_scale{};              ///< N values
+  StridedView<const std::int64_t> de_scale_bits{};  ///< N values: fp32 bits in the low 32 bits
+  StridedView<const float> token_scale{};           ///< M values: per-token descale (optional)
+  StridedView<const float> zero_point{};            ///< M values: per-token zero point (optional)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("a", a), f("w", w.tensor), f("bias", bias), f("de_scale", de_scale);
+    f("de_scale_bits", de_scale_bits), f("token_scale", token_scale), f("zero_point", zero_point);
+  }
 };
 
-/// out [M, N] (T: half, bfloat16 or float) = the dequantized int8 product.
+namespace detail {
+/// int8_matmul on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_threads = 0) {
+void int8_matmul_dense(const Int8MatmulInputs& in, const StridedView<T>& out, int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "int8_matmul: half, bfloat16 or float output");
   using namespace detail::mla;
   constexpr const char* fn = "int8_matmul";
-  detail::check_tensors(fn, "a", in.a, "w", in.w.tensor, "bias", in.bias, "de_scale", in.de_scale,
-                        "de_scale_bits", in.de_scale_bits, "token_scale", in.token_scale,
-                        "zero_point", in.zero_point, "out", out);
+  detail::check_views(fn, "a", in.a, "w", in.w.tensor, "bias", in.bias, "de_scale", in.de_scale,
+                      "de_scale_bits", in.de_scale_bits, "token_scale", in.token_scale,
+                      "zero_point", in.zero_point, "out", out);
   ATTNREF_CHECK(!in.a.absent() && in.a.rank() == 2, std::invalid_argument, fn, "a.shape", "not 2-D",
                 "[M, K]", detail::shape_str(in.a));
-  const Index M = in.a.dim(0), K = in.a.dim(1), N = in.w.out;
+  const Index M = in.a.size(0), K = in.a.size(1), N = in.w.out;
   ATTNREF_CHECK(K > 0 && K <= (Index{1} << 16), std::invalid_argument, fn, "a.shape[1]",
                 "out of range", "(0, 65536]", std::to_string(K));
   check_weight(fn, "w", in.w, N, K);
@@ -211,17 +220,17 @@ void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_th
   std::vector<float> ds(static_cast<size_t>(N));
   for (Index n = 0; n < N; ++n)
     ds[static_cast<size_t>(n)] =
-        in.de_scale.absent() ? scale_from_bits(in.de_scale_bits.data[n]) : in.de_scale.data[n];
+        in.de_scale.absent() ? scale_from_bits(in.de_scale_bits.data()[n]) : in.de_scale.data()[n];
   // acc of (token m, channel n) -> the fp32 value stored as T.
   auto dequant = [&](std::int32_t acc, Index n, Index m, std::int32_t colsum) {
     if (!per_token) {
-      const std::int32_t b = in.bias.absent() ? 0 : in.bias.data[n];
+      const std::int32_t b = in.bias.absent() ? 0 : in.bias.data()[n];
       return fmul(static_cast<float>(acc + b), ds[static_cast<size_t>(n)]);
     }
     float x = static_cast<float>(acc);
     if (!in.zero_point.absent())
-      x = fadd(x, -fmul(in.zero_point.data[m], static_cast<float>(colsum)));
-    return fmul(fmul(x, ds[static_cast<size_t>(n)]), in.token_scale.data[m]);
+      x = fadd(x, -fmul(in.zero_point.data()[m], static_cast<float>(colsum)));
+    return fmul(fmul(x, ds[static_cast<size_t>(n)]), in.token_scale.data()[m]);
   };
   // NZ weights: they stream through in memory order, each item a block of 256 output channels
   // (per 32-wide column block one contiguous 8 KB run), the tokens in tiles of 8.
@@ -238,15 +247,16 @@ void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_th
             for (Index kb = 0; kb < K / 32; ++kb)
               for (Index r = 0; r < rows; ++r)
                 for (Index c = 0; c < 32; ++c)
-                  colsum[r] += in.w.tensor.data[((kb * m_pad + n0 + r) * 32) + c];
+                  colsum[r] += in.w.tensor.data()[((kb * m_pad + n0 + r) * 32) + c];
           for (Index m0 = 0; m0 < M; m0 += 8) {  // tokens in tiles of 8
             const Index mt = std::min<Index>(8, M - m0);
             std::int32_t acc[8][kRows] = {};
-            nz_block_products(in.a.data + m0 * K, mt, K, in.w.tensor.data + n0 * 32, m_pad * 32,
+            nz_block_products(in.a.data() + m0 * K, mt, K, in.w.tensor.data() + n0 * 32, m_pad * 32,
                               rows, acc);
             for (Index r = 0; r < rows; ++r)
               for (Index m = 0; m < mt; ++m)
-                out.data[(m0 + m) * N + n0 + r] = T(dequant(acc[m][r], n0 + r, m0 + m, colsum[r]));
+                out.data()[(m0 + m) * N + n0 + r] =
+                    T(dequant(acc[m][r], n0 + r, m0 + m, colsum[r]));
           }
         });
     return;
@@ -268,34 +278,48 @@ void int8_matmul(const Int8MatmulInputs& in, const TensorRef<T>& out, int num_th
         }
         for (Index r = 0; r < rows; ++r) {
           const Index n = n0 + r;
-          const std::int8_t* wr = gather ? wbuf.data() + r * K : in.w.tensor.data + n * K;
+          const std::int8_t* wr = gather ? wbuf.data() + r * K : in.w.tensor.data() + n * K;
           std::int32_t colsum = 0;
           if (!in.zero_point.absent())
             for (Index k = 0; k < K; ++k) colsum += wr[k];
           for (Index m = 0; m < M; ++m)
-            out.data[m * N + n] = T(dequant(dot_i8(in.a.data + m * K, wr, K), n, m, colsum));
+            out.data()[m * N + n] = T(dequant(dot_i8(in.a.data() + m * K, wr, K), n, m, colsum));
         }
       });
 }
+}  // namespace detail
 
-/// The Unquant mode's matmul: out [M, N] = T(a · Wᵀ) with a [M, K] and W [N, K] in T, summed in
-/// fp32 (Eigen's GEMM; the sum order is Eigen's, the same for every thread count).
+/// out [M, N] (T: half, bfloat16 or float) = the dequantized int8 product.
 template <class T>
-void float_matmul(const TensorRef<const T>& a, const WeightRef<T>& w, const TensorRef<T>& out,
-                  int num_threads = 0) {
+void int8_matmul(const Int8MatmulInputs& in, const StridedView<T>& out, int num_threads = 0) {
+  detail::DenseArena arena("int8_matmul");
+  Int8MatmulInputs din = in;
+  StridedView<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  arena.output("out", dout);
+  detail::int8_matmul_dense(din, dout, num_threads);
+  arena.commit();
+}
+
+namespace detail {
+/// float_matmul on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
+template <class T>
+void float_matmul_dense(const StridedView<const T>& a, const WeightRef<T>& w,
+                        const StridedView<T>& out, int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "float_matmul: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "float_matmul";
-  detail::check_tensors(fn, "a", a, "w", w.tensor, "out", out);
+  detail::check_views(fn, "a", a, "w", w.tensor, "out", out);
   ATTNREF_CHECK(!a.absent() && a.rank() == 2, std::invalid_argument, fn, "a.shape", "not 2-D",
                 "[M, K]", detail::shape_str(a));
-  const Index M = a.dim(0), K = a.dim(1), N = w.out;
+  const Index M = a.size(0), K = a.size(1), N = w.out;
   check_weight(fn, "w", w, N, K);
   check_matrix(fn, "out", out, M, N);
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Mat af(M, K);
-  for (Index i = 0; i < M * K; ++i) af.data()[i] = static_cast<float>(a.data[i]);
+  for (Index i = 0; i < M * K; ++i) af.data()[i] = static_cast<float>(a.data()[i]);
   constexpr Index kBlock = 256;
   const Index items = (N + kBlock - 1) / kBlock;
   detail::parallel_for(
@@ -309,8 +333,25 @@ void float_matmul(const TensorRef<const T>& a, const WeightRef<T>& w, const Tens
           wf.data()[i] = static_cast<float>(wbuf[static_cast<size_t>(i)]);
         const Mat c = af * wf.transpose();
         for (Index m = 0; m < M; ++m)
-          for (Index r = 0; r < rows; ++r) out.data[m * N + n0 + r] = T(c(m, r));
+          for (Index r = 0; r < rows; ++r) out.data()[m * N + n0 + r] = T(c(m, r));
       });
+}
+}  // namespace detail
+
+/// The Unquant mode's matmul: out [M, N] = T(a · Wᵀ) with a [M, K] and W [N, K] in T, summed in
+/// fp32 (Eigen's GEMM; the sum order is Eigen's, the same for every thread count).
+template <class T>
+void float_matmul(const StridedView<const T>& a, const WeightRef<T>& w, const StridedView<T>& out,
+                  int num_threads = 0) {
+  detail::DenseArena arena("float_matmul");
+  StridedView<const T> da = a;
+  WeightRef<T> dw = w;
+  StridedView<T> dout = out;
+  arena.input("a", da);
+  arena.input("w", dw.tensor);
+  arena.output("out", dout);
+  detail::float_matmul_dense(da, dw, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "attnref/attention/attention.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/mla/rmsnorm_quant.hpp"
 
@@ -42,41 +42,53 @@ struct MlaDecodeParams {
 
 template <class T>
 struct MlaDecodeInputs {
-  TensorRef<const T> q;                       ///< [B, heads, C + R] (absorbed q_nope | q_rope)
-  TensorRef<const T> kv_cache;                ///< [blocks, blockSize, 1, C + R]
-  TensorRef<const std::int32_t> block_table;  ///< [B, maxBlocksPerSeq]
-  std::vector<Index> context_lens;            ///< B kv lengths
+  StridedView<const T> q;                       ///< [B, heads, C + R] (absorbed q_nope | q_rope)
+  StridedView<const T> kv_cache;                ///< [blocks, blockSize, 1, C + R]
+  StridedView<const std::int32_t> block_table;  ///< [B, maxBlocksPerSeq]
+  std::vector<Index> context_lens;              ///< B kv lengths
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("q", q), f("kv_cache", kv_cache), f("block_table", block_table);
+  }
 };
 
 template <class T>
 struct MlaUnabsorbedInputs {
-  TensorRef<const T> q_nope;                  ///< [B, heads, P] (before absorption)
-  TensorRef<const T> q_rope;                  ///< [B, heads, R] (after RoPE)
-  TensorRef<const T> wuk;                     ///< [heads, P, C]
-  TensorRef<const T> kv_cache;                ///< [blocks, blockSize, 1, C + R]
-  TensorRef<const std::int32_t> block_table;  ///< [B, maxBlocksPerSeq]
-  std::vector<Index> context_lens;            ///< B kv lengths
+  StridedView<const T> q_nope;                  ///< [B, heads, P] (before absorption)
+  StridedView<const T> q_rope;                  ///< [B, heads, R] (after RoPE)
+  StridedView<const T> wuk;                     ///< [heads, P, C]
+  StridedView<const T> kv_cache;                ///< [blocks, blockSize, 1, C + R]
+  StridedView<const std::int32_t> block_table;  ///< [B, maxBlocksPerSeq]
+  std::vector<Index> context_lens;              ///< B kv lengths
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("q_nope", q_nope), f("q_rope", q_rope), f("wuk", wuk), f("kv_cache", kv_cache);
+    f("block_table", block_table);
+  }
 };
 
 namespace detail::mla {
 
 template <class T>
-void check_cache_table(const char* fn, const TensorRef<const T>& cache,
-                       const TensorRef<const std::int32_t>& table, const std::vector<Index>& lens,
+void check_cache_table(const char* fn, const StridedView<const T>& cache,
+                       const StridedView<const std::int32_t>& table, const std::vector<Index>& lens,
                        Index B, Index width) {
-  ATTNREF_CHECK(!cache.absent() && cache.rank() == 4 && cache.dim(1) > 0 && cache.dim(2) == 1 &&
-                    cache.dim(3) == width,
+  ATTNREF_CHECK(!cache.absent() && cache.rank() == 4 && cache.size(1) > 0 && cache.size(2) == 1 &&
+                    cache.size(3) == width,
                 std::invalid_argument, fn, "kv_cache.shape", "mismatch",
                 "[blocks, blockSize, 1, " + std::to_string(width) + "]", detail::shape_str(cache));
-  ATTNREF_CHECK(!table.absent() && table.rank() == 2 && table.dim(0) == B, std::invalid_argument,
+  ATTNREF_CHECK(!table.absent() && table.rank() == 2 && table.size(0) == B, std::invalid_argument,
                 fn, "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
                 detail::shape_str(table));
   ATTNREF_CHECK(static_cast<Index>(lens.size()) == B, std::invalid_argument, fn, "context_lens",
                 "size mismatch", std::to_string(B), std::to_string(lens.size()));
   detail::check_block_table(
       fn, {"block_table", "context_lens", "cache.shape[1] (blockSize)", "blockSize"},
-      StridedView<const std::int32_t, 2>(table.data, {B, table.dim(1)}), lens, cache.dim(0),
-      cache.dim(1));
+      table.template fixed<2>(fn, "block_table"), lens, cache.size(0), cache.size(1));
 }
 
 /// Checks the decode params; returns the cache row width C + R.
@@ -94,66 +106,80 @@ inline Index decode_width(const char* fn, const MlaDecodeParams& params) {
 /// out [B, heads, C] = the absorbed MLA decode attention (T: half, bfloat16 or float).
 template <class T>
 void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
-                const TensorRef<T>& out, int num_threads = 0) {
+                const StridedView<T>& out, int num_threads = 0) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "mla_decode: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode";
-  detail::check_tensors(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table,
-                        "out", out);
+  detail::check_views(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table, "out",
+                      out);
   const Index C = params.kv_lora_rank, W = decode_width(fn, params);
-  ATTNREF_CHECK(!in.q.absent() && in.q.rank() == 3 && in.q.dim(1) > 0 && in.q.dim(2) == W,
+  ATTNREF_CHECK(!in.q.absent() && in.q.rank() == 3 && in.q.size(1) > 0 && in.q.size(2) == W,
                 std::invalid_argument, fn, "q.shape", "mismatch",
                 "[B, heads, " + std::to_string(W) + "]", detail::shape_str(in.q));
-  const Index B = in.q.dim(0), H = in.q.dim(1);
+  const Index B = in.q.size(0), H = in.q.size(1);
   ATTNREF_CHECK(
-      !out.absent() && out.rank() == 3 && out.dim(0) == B && out.dim(1) == H && out.dim(2) == C,
+      !out.absent() && out.rank() == 3 && out.size(0) == B && out.size(1) == H && out.size(2) == C,
       std::invalid_argument, fn, "out.shape", "mismatch",
       "[" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
       detail::shape_str(out));
   check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
-  const Index blocks = in.kv_cache.dim(0), bs = in.kv_cache.dim(1);
+  const Index blocks = in.kv_cache.size(0), bs = in.kv_cache.size(1);
   AttentionInputs<T, T> e;
-  e.q = StridedView<const T, 4>(in.q.data, {B, 1, H, W});
-  e.k = StridedView<const T, 4>(in.kv_cache.data, {blocks, bs, 1, W});
-  e.v = StridedView<const T, 4>(in.kv_cache.data, {blocks, bs, 1, C}, {bs * W, W, W, 1});
-  e.block_table =
-      StridedView<const std::int32_t, 2>(in.block_table.data, {B, in.block_table.dim(1)});
+  // Views of the caller's memory, any strides: q [B, heads, W] as [B, 1, heads, W]; the cache
+  // rows hold k (all W) and v (the first C). A cache whose rows are not contiguous is copied
+  // (the engine's decode kernels stream contiguous rows; another path would change the bits).
+  detail::DenseArena arena(fn);  // also names mla_decode in the engine's rejections
+  const auto& q = in.q;
+  StridedView<const T> kc = in.kv_cache;
+  if (!kc.dense() && kc.stride(3) != 1) arena.input("kv_cache", kc);
+  const Index es = W == 1 ? 1 : kc.stride(3);  // a row of one element: any stride reads it
+  e.q = StridedView<const T, 4>(q.data(), {B, 1, H, W}, {q.stride(0), 0, q.stride(1), q.stride(2)});
+  e.k = StridedView<const T, 4>(kc.data(), {blocks, bs, 1, W},
+                                {kc.stride(0), kc.stride(1), kc.stride(2), es});
+  e.v = StridedView<const T, 4>(kc.data(), {blocks, bs, 1, C},
+                                {kc.stride(0), kc.stride(1), kc.stride(2), es});
+  e.block_table = in.block_table.template fixed<2>(fn, "block_table");
   e.seq.kv = in.context_lens;
   AttentionParams ep;
   ep.scale = params.scale;
   ep.num_threads = num_threads;
-  attention(e, ep, AttentionOutputs<T>{StridedView<T, 4>(out.data, {B, 1, H, C})});
+  attention(e, ep,
+            AttentionOutputs<T>{StridedView<T, 4>(
+                out.data(), {B, 1, H, C}, {out.stride(0), 0, out.stride(1), out.stride(2)})});
 }
 
-/// out [B, heads, C] = the same attention with the latent expanded per head (verification).
+namespace detail {
+/// mla_decode_unabsorbed on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
-                           const TensorRef<T>& out, int num_threads = 0) {
+void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
+                                 const StridedView<T>& out, int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "mla_decode_unabsorbed: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode_unabsorbed";
-  detail::check_tensors(fn, "q_nope", in.q_nope, "q_rope", in.q_rope, "wuk", in.wuk, "kv_cache",
-                        in.kv_cache, "block_table", in.block_table, "out", out);
+  detail::check_views(fn, "q_nope", in.q_nope, "q_rope", in.q_rope, "wuk", in.wuk, "kv_cache",
+                      in.kv_cache, "block_table", in.block_table, "out", out);
   const Index C = params.kv_lora_rank, R = params.rope_dim, W = decode_width(fn, params);
-  ATTNREF_CHECK(
-      !in.q_nope.absent() && in.q_nope.rank() == 3 && in.q_nope.dim(1) > 0 && in.q_nope.dim(2) > 0,
-      std::invalid_argument, fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]",
-      detail::shape_str(in.q_nope));
-  const Index B = in.q_nope.dim(0), H = in.q_nope.dim(1), P = in.q_nope.dim(2);
+  ATTNREF_CHECK(!in.q_nope.absent() && in.q_nope.rank() == 3 && in.q_nope.size(1) > 0 &&
+                    in.q_nope.size(2) > 0,
+                std::invalid_argument, fn, "q_nope.shape", "not [B, heads, P]", "[B, heads, P]",
+                detail::shape_str(in.q_nope));
+  const Index B = in.q_nope.size(0), H = in.q_nope.size(1), P = in.q_nope.size(2);
   const std::string bh = "[" + std::to_string(B) + ", " + std::to_string(H) + ", ";
-  ATTNREF_CHECK((!in.q_rope.absent() && in.q_rope.shape == std::vector<Index>{B, H, R}),
+  ATTNREF_CHECK((!in.q_rope.absent() && in.q_rope.shape() == std::vector<Index>{B, H, R}),
                 std::invalid_argument, fn, "q_rope.shape", "mismatch", bh + std::to_string(R) + "]",
                 detail::shape_str(in.q_rope));
-  ATTNREF_CHECK((!in.wuk.absent() && in.wuk.shape == std::vector<Index>{H, P, C}),
+  ATTNREF_CHECK((!in.wuk.absent() && in.wuk.shape() == std::vector<Index>{H, P, C}),
                 std::invalid_argument, fn, "wuk.shape", "mismatch",
                 "[" + std::to_string(H) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
                 detail::shape_str(in.wuk));
-  ATTNREF_CHECK((!out.absent() && out.shape == std::vector<Index>{B, H, C}), std::invalid_argument,
-                fn, "out.shape", "mismatch", bh + std::to_string(C) + "]", detail::shape_str(out));
+  ATTNREF_CHECK((!out.absent() && out.shape() == std::vector<Index>{B, H, C}),
+                std::invalid_argument, fn, "out.shape", "mismatch", bh + std::to_string(C) + "]",
+                detail::shape_str(out));
   check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
-  const Index bs = in.kv_cache.dim(1);
+  const Index bs = in.kv_cache.size(1);
   Index L = 1;
   for (Index l : in.context_lens) L = std::max(L, l);
   // Expanded keys [B, L, H, P + R] and values [B, L, H, C] in fp32.
@@ -164,20 +190,20 @@ void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInp
     for (Index h = 0; h < H; ++h) {
       for (Index j = 0; j < P; ++j)
         q[static_cast<size_t>((b * H + h) * KW + j)] =
-            static_cast<float>(in.q_nope.data[(b * H + h) * P + j]);
+            static_cast<float>(in.q_nope.data()[(b * H + h) * P + j]);
       for (Index j = 0; j < R; ++j)
         q[static_cast<size_t>((b * H + h) * KW + P + j)] =
-            static_cast<float>(in.q_rope.data[(b * H + h) * R + j]);
+            static_cast<float>(in.q_rope.data()[(b * H + h) * R + j]);
     }
   for (Index b = 0; b < B; ++b)
     for (Index t = 0; t < in.context_lens[static_cast<size_t>(b)]; ++t) {
-      const Index blk = in.block_table.data[b * in.block_table.dim(1) + t / bs];
-      const T* row = in.kv_cache.data + (blk * bs + t % bs) * W;
+      const Index blk = in.block_table.data()[b * in.block_table.size(1) + t / bs];
+      const T* row = in.kv_cache.data() + (blk * bs + t % bs) * W;
       for (Index h = 0; h < H; ++h) {
         float* kr = k.data() + ((b * L + t) * H + h) * KW;
         for (Index j = 0; j < P; ++j) {
           double acc = 0.0;
-          const T* w = in.wuk.data + (h * P + j) * C;
+          const T* w = in.wuk.data() + (h * P + j) * C;
           for (Index c = 0; c < C; ++c)
             acc += double(static_cast<float>(w[c])) * double(static_cast<float>(row[c]));
           kr[j] = static_cast<float>(acc);
@@ -197,7 +223,21 @@ void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInp
   ep.num_threads = num_threads;
   std::vector<float> o(static_cast<size_t>(B * H * C));
   attention(e, ep, AttentionOutputs<float>{StridedView<float, 4>(o.data(), {B, 1, H, C})});
-  for (size_t i = 0; i < o.size(); ++i) out.data[i] = T(o[i]);
+  for (size_t i = 0; i < o.size(); ++i) out.data()[i] = T(o[i]);
+}
+}  // namespace detail
+
+/// out [B, heads, C] = the same attention with the latent expanded per head (verification).
+template <class T>
+void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
+                           const StridedView<T>& out, int num_threads = 0) {
+  detail::DenseArena arena("mla_decode_unabsorbed");
+  MlaUnabsorbedInputs<T> din = in;
+  StridedView<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  arena.output("out", dout);
+  detail::mla_decode_unabsorbed_dense(params, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

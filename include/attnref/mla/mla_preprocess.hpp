@@ -25,8 +25,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/mla/int8_matmul.hpp"
 #include "attnref/mla/params.hpp"
@@ -39,59 +39,83 @@ namespace attnref {
 /// MlaPreprocess inputs, named after ATB's (index in ATB's list in brackets).
 template <class T>
 struct MlaPreprocessInputs {
-  TensorRef<const T> input;                        ///< [0] [N, H0]
-  TensorRef<const T> gamma0, beta0;                ///< [1], [2] H0 values (beta optional)
-  TensorRef<const T> quant_scale0{};               ///< [3] [1] (PerTensorAsymm)
-  TensorRef<const std::int8_t> quant_offset0{};    ///< [4] [1] (PerTensorAsymm)
-  WeightRef<std::int8_t> wdqkv{};                  ///< [5] [C + R + Q, H0] (quantized modes)
-  WeightRef<T> wdqkv_float{};                      ///< [5] in Unquant mode
-  TensorRef<const float> de_scale0{};              ///< [6] C + R + Q values (fp32 ...
-  TensorRef<const std::int64_t> de_scale0_bits{};  ///< ... or int64 with the fp32 bits)
-  TensorRef<const std::int32_t> bias0{};           ///< [7] C + R + Q values (PerTensorAsymm)
-  TensorRef<const T> gamma1, beta1;                ///< [8], [9] Q values
-  TensorRef<const T> quant_scale1{};               ///< [10]
-  TensorRef<const std::int8_t> quant_offset1{};    ///< [11]
-  WeightRef<std::int8_t> wuq{};                    ///< [12] [heads · (P + R), Q]
-  WeightRef<T> wuq_float{};                        ///< [12] in Unquant mode
-  TensorRef<const float> de_scale1{};              ///< [13] heads · (P + R) values
-  TensorRef<const std::int64_t> de_scale1_bits{};
-  TensorRef<const std::int32_t> bias1{};       ///< [14]
-  TensorRef<const T> gamma2;                   ///< [15] C values
-  TensorRef<const T> cos, sin;                 ///< [16], [17] [N, R]
-  WukRef<T> wuk;                               ///< [18] [heads, P, C] (or NZ)
-  TensorRef<const std::int32_t> slot_mapping;  ///< [21] N values
-  TensorRef<const T> ctkv_scale{};             ///< [22] quantScale3 [1] (Int8NzCache)
-  TensorRef<const T> q_nope_scale{};           ///< [23] heads values (Int8NzCache)
+  StridedView<const T> input;                        ///< [0] [N, H0]
+  StridedView<const T> gamma0, beta0;                ///< [1], [2] H0 values (beta optional)
+  StridedView<const T> quant_scale0{};               ///< [3] [1] (PerTensorAsymm)
+  StridedView<const std::int8_t> quant_offset0{};    ///< [4] [1] (PerTensorAsymm)
+  WeightRef<std::int8_t> wdqkv{};                    ///< [5] [C + R + Q, H0] (quantized modes)
+  WeightRef<T> wdqkv_float{};                        ///< [5] in Unquant mode
+  StridedView<const float> de_scale0{};              ///< [6] C + R + Q values (fp32 ...
+  StridedView<const std::int64_t> de_scale0_bits{};  ///< ... or int64 with the fp32 bits)
+  StridedView<const std::int32_t> bias0{};           ///< [7] C + R + Q values (PerTensorAsymm)
+  StridedView<const T> gamma1, beta1;                ///< [8], [9] Q values
+  StridedView<const T> quant_scale1{};               ///< [10]
+  StridedView<const std::int8_t> quant_offset1{};    ///< [11]
+  WeightRef<std::int8_t> wuq{};                      ///< [12] [heads · (P + R), Q]
+  WeightRef<T> wuq_float{};                          ///< [12] in Unquant mode
+  StridedView<const float> de_scale1{};              ///< [13] heads · (P + R) values
+  StridedView<const std::int64_t> de_scale1_bits{};
+  StridedView<const std::int32_t> bias1{};       ///< [14]
+  StridedView<const T> gamma2;                   ///< [15] C values
+  StridedView<const T> cos, sin;                 ///< [16], [17] [N, R]
+  WukRef<T> wuk;                                 ///< [18] [heads, P, C] (or NZ)
+  StridedView<const std::int32_t> slot_mapping;  ///< [21] N values
+  StridedView<const T> ctkv_scale{};             ///< [22] quantScale3 [1] (Int8NzCache)
+  StridedView<const T> q_nope_scale{};           ///< [23] heads values (Int8NzCache)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("input", input), f("gamma0", gamma0), f("beta0", beta0), f("quant_scale0", quant_scale0);
+    f("quant_offset0", quant_offset0), f("wdqkv", wdqkv.tensor),
+        f("wdqkv_float", wdqkv_float.tensor);
+    f("de_scale0", de_scale0), f("de_scale0_bits", de_scale0_bits), f("bias0", bias0);
+    f("gamma1", gamma1), f("beta1", beta1), f("quant_scale1", quant_scale1);
+    f("quant_offset1", quant_offset1), f("wuq", wuq.tensor), f("wuq_float", wuq_float.tensor);
+    f("de_scale1", de_scale1), f("de_scale1_bits", de_scale1_bits), f("bias1", bias1);
+    f("gamma2", gamma2), f("cos", cos), f("sin", sin), f("wuk", wuk.tensor);
+    f("slot_mapping", slot_mapping), f("ctkv_scale", ctkv_scale), f("q_nope_scale", q_nope_scale);
+  }
 };
 
 /// MlaPreprocess outputs; the caches ([19] ctkv / kv cache, [20] krope) are updated in place.
 template <class T>
 struct MlaPreprocessOutputs {
-  TensorRef<T> q_out{};  ///< KvCache [N, heads, C + R]; KRopeCtkv, NzCache [N, heads, C]
-  TensorRef<std::int8_t> q_out_i8{};  ///< Int8NzCache [N, heads, C]
-  TensorRef<T> q_rope_out{};          ///< modes 1-3 [N, heads, R]
+  StridedView<T> q_out{};  ///< KvCache [N, heads, C + R]; KRopeCtkv, NzCache [N, heads, C]
+  StridedView<std::int8_t> q_out_i8{};  ///< Int8NzCache [N, heads, C]
+  StridedView<T> q_rope_out{};          ///< modes 1-3 [N, heads, R]
   MlaCaches<T> caches{};
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("q_out", q_out), f("q_out_i8", q_out_i8), f("q_rope_out", q_rope_out);
+    caches.for_each_view(f);
+  }
 };
 
+namespace detail {
+/// mla_preprocess on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
-                    const MlaPreprocessOutputs<T>& out, int num_threads = 0) {
+void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+                          const MlaPreprocessOutputs<T>& out, int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
                 "mla_preprocess: half or bfloat16 (the model dtype)");
   using namespace detail::mla;
   constexpr const char* fn = "mla_preprocess";
-  detail::check_tensors(
-      fn, "input", in.input, "gamma0", in.gamma0, "beta0", in.beta0, "quant_scale0",
-      in.quant_scale0, "quant_offset0", in.quant_offset0, "wdqkv", in.wdqkv.tensor, "wdqkv_float",
-      in.wdqkv_float.tensor, "de_scale0", in.de_scale0, "de_scale0_bits", in.de_scale0_bits,
-      "bias0", in.bias0, "gamma1", in.gamma1, "beta1", in.beta1, "quant_scale1", in.quant_scale1,
-      "quant_offset1", in.quant_offset1, "wuq", in.wuq.tensor, "wuq_float", in.wuq_float.tensor,
-      "de_scale1", in.de_scale1, "de_scale1_bits", in.de_scale1_bits, "bias1", in.bias1, "gamma2",
-      in.gamma2, "cos", in.cos, "sin", in.sin, "wuk", in.wuk.tensor, "slot_mapping",
-      in.slot_mapping, "ctkv_scale", in.ctkv_scale, "q_nope_scale", in.q_nope_scale, "q_out",
-      out.q_out, "q_out_i8", out.q_out_i8, "q_rope_out", out.q_rope_out, "kv_cache",
-      out.caches.kv_cache, "ctkv", out.caches.ctkv, "ctkv_i8", out.caches.ctkv_i8, "krope",
-      out.caches.krope);
+  detail::check_views(fn, "input", in.input, "gamma0", in.gamma0, "beta0", in.beta0, "quant_scale0",
+                      in.quant_scale0, "quant_offset0", in.quant_offset0, "wdqkv", in.wdqkv.tensor,
+                      "wdqkv_float", in.wdqkv_float.tensor, "de_scale0", in.de_scale0,
+                      "de_scale0_bits", in.de_scale0_bits, "bias0", in.bias0, "gamma1", in.gamma1,
+                      "beta1", in.beta1, "quant_scale1", in.quant_scale1, "quant_offset1",
+                      in.quant_offset1, "wuq", in.wuq.tensor, "wuq_float", in.wuq_float.tensor,
+                      "de_scale1", in.de_scale1, "de_scale1_bits", in.de_scale1_bits, "bias1",
+                      in.bias1, "gamma2", in.gamma2, "cos", in.cos, "sin", in.sin, "wuk",
+                      in.wuk.tensor, "slot_mapping", in.slot_mapping, "ctkv_scale", in.ctkv_scale,
+                      "q_nope_scale", in.q_nope_scale, "q_out", out.q_out, "q_out_i8", out.q_out_i8,
+                      "q_rope_out", out.q_rope_out, "kv_cache", out.caches.kv_cache, "ctkv",
+                      out.caches.ctkv, "ctkv_i8", out.caches.ctkv_i8, "krope", out.caches.krope);
   const MlaDims& d = params.dims;
   const Index H0 = d.hidden_size, C = d.kv_lora_rank, R = d.rope_dim, Q = d.q_lora_rank,
               P = d.nope_dim;
@@ -131,31 +155,31 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
   const bool unquant = mode == MlaQuantMode::Unquant;
   const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
 
-  ATTNREF_CHECK(!in.input.absent() && in.input.rank() == 2 && in.input.dim(1) == H0,
+  ATTNREF_CHECK(!in.input.absent() && in.input.rank() == 2 && in.input.size(1) == H0,
                 std::invalid_argument, fn, "input.shape", "mismatch",
                 "[N, " + std::to_string(H0) + "]", detail::shape_str(in.input));
-  const Index N = in.input.dim(0);
+  const Index N = in.input.size(0);
   ATTNREF_CHECK(N > 0, std::invalid_argument, fn, "input.shape[0]", "no tokens", ">= 1",
                 std::to_string(N));
   const auto& wk = in.wuk.tensor;
-  ATTNREF_CHECK(!wk.absent() && (wk.rank() == 3 || wk.rank() == 4) && wk.dim(0) > 0,
+  ATTNREF_CHECK(!wk.absent() && (wk.rank() == 3 || wk.rank() == 4) && wk.size(0) > 0,
                 std::invalid_argument, fn, "wuk.shape", "not [heads, P, C] or NZ",
                 "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]",
                 detail::shape_str(wk));
-  const Index NH = wk.dim(0), W2 = NH * (P + R);
+  const Index NH = wk.size(0), W2 = NH * (P + R);
   if (!in.wuk.nz)
     ATTNREF_CHECK(
-        wk.rank() == 3 && wk.dim(1) == P && wk.dim(2) == C, std::invalid_argument, fn, "wuk.shape",
-        "mismatch",
+        wk.rank() == 3 && wk.size(1) == P && wk.size(2) == C, std::invalid_argument, fn,
+        "wuk.shape", "mismatch",
         "[" + std::to_string(NH) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
         detail::shape_str(wk));
   else
-    ATTNREF_CHECK(
-        wk.rank() == 4 && wk.dim(1) * 16 == C && wk.dim(2) == (P + 15) / 16 * 16 && wk.dim(3) == 16,
-        std::invalid_argument, fn, "wuk.shape", "mismatch (NZ)",
-        "[" + std::to_string(NH) + ", " + std::to_string(C / 16) + ", " +
-            std::to_string((P + 15) / 16 * 16) + ", 16]",
-        detail::shape_str(wk));
+    ATTNREF_CHECK(wk.rank() == 4 && wk.size(1) * 16 == C && wk.size(2) == (P + 15) / 16 * 16 &&
+                      wk.size(3) == 16,
+                  std::invalid_argument, fn, "wuk.shape", "mismatch (NZ)",
+                  "[" + std::to_string(NH) + ", " + std::to_string(C / 16) + ", " +
+                      std::to_string((P + 15) / 16 * 16) + ", 16]",
+                  detail::shape_str(wk));
 
   // Norm parameters.
   check_vector(fn, "gamma0", in.gamma0, H0);
@@ -165,12 +189,12 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
   check_vector(fn, "gamma2", in.gamma2, C);
   check_matrix(fn, "cos", in.cos, N, R);
   check_matrix(fn, "sin", in.sin, N, R);
-  auto static_scale = [&](const TensorRef<const T>& s, const TensorRef<const std::int8_t>& o,
+  auto static_scale = [&](const StridedView<const T>& s, const StridedView<const std::int8_t>& o,
                           const char* sn, const char* on) {
     if (per_tensor) {
       check_vector(fn, sn, s, 1);
       check_vector(fn, on, o, 1);
-      const float v = static_cast<float>(s.data[0]);
+      const float v = static_cast<float>(s.data()[0]);
       ATTNREF_CHECK(v != 0.0f && std::isfinite(v), std::invalid_argument, fn, sn, "not usable",
                     "finite and nonzero", std::to_string(v));
     } else {
@@ -183,8 +207,9 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
   static_scale(in.quant_scale1, in.quant_offset1, "quant_scale1", "quant_offset1");
   // Weights, scales and biases.
   auto matmul_args = [&](const WeightRef<std::int8_t>& w, const WeightRef<T>& wf,
-                         const TensorRef<const float>& ds, const TensorRef<const std::int64_t>& db,
-                         const TensorRef<const std::int32_t>& bias, Index rows, Index cols,
+                         const StridedView<const float>& ds,
+                         const StridedView<const std::int64_t>& db,
+                         const StridedView<const std::int32_t>& bias, Index rows, Index cols,
                          const std::string& wn, const std::string& sn, const std::string& bn) {
     if (unquant) {
       check_weight(fn, (wn + "_float").c_str(), wf, rows, cols);
@@ -216,9 +241,10 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
     return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
   };
   auto out3 = [&](const auto& t, const char* name, Index w) {
-    ATTNREF_CHECK(!t.absent() && t.rank() == 3 && t.dim(0) == N && t.dim(1) == NH && t.dim(2) == w,
-                  std::invalid_argument, fn, std::string(name) + ".shape", "mismatch",
-                  shape3(N, NH, w), detail::shape_str(t));
+    ATTNREF_CHECK(
+        !t.absent() && t.rank() == 3 && t.size(0) == N && t.size(1) == NH && t.size(2) == w,
+        std::invalid_argument, fn, std::string(name) + ".shape", "mismatch", shape3(N, NH, w),
+        detail::shape_str(t));
   };
   const int cmi = static_cast<int>(cm);
   ATTNREF_CHECK(cmi >= 0 && cmi <= 3, std::invalid_argument, fn, "params.cache_mode",
@@ -249,7 +275,7 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
                 nz_cache ? "128 (NZ caches)" : "1 to 128, or 256", std::to_string(bs));
   if (int8_q) {
     check_vector(fn, "ctkv_scale", in.ctkv_scale, 1);
-    const float v = static_cast<float>(in.ctkv_scale.data[0]);
+    const float v = static_cast<float>(in.ctkv_scale.data()[0]);
     ATTNREF_CHECK(v != 0.0f && std::isfinite(v), std::invalid_argument, fn, "ctkv_scale",
                   "not usable", "finite and nonzero", std::to_string(v));
     check_vector(fn, "q_nope_scale", in.q_nope_scale, NH);
@@ -262,30 +288,31 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
   // Nothing has been written yet; from here on only internal buffers until the last step.
 
   std::vector<T> mm1(static_cast<size_t>(N * W1)), mm2(static_cast<size_t>(N * W2));
-  auto norm_matmul = [&](const TensorRef<const T>& x, Index K, const TensorRef<const T>& g,
-                         const TensorRef<const T>& b, const TensorRef<const T>& qs,
-                         const TensorRef<const std::int8_t>& qo, const WeightRef<std::int8_t>& w,
-                         const WeightRef<T>& wf, const TensorRef<const float>& ds,
-                         const TensorRef<const std::int64_t>& db,
-                         const TensorRef<const std::int32_t>& bias, std::vector<T>& dst,
+  auto norm_matmul = [&](const StridedView<const T>& x, Index K, const StridedView<const T>& g,
+                         const StridedView<const T>& b, const StridedView<const T>& qs,
+                         const StridedView<const std::int8_t>& qo, const WeightRef<std::int8_t>& w,
+                         const WeightRef<T>& wf, const StridedView<const float>& ds,
+                         const StridedView<const std::int64_t>& db,
+                         const StridedView<const std::int32_t>& bias, std::vector<T>& dst,
                          Index width) {
-    const TensorRef<T> o(dst.data(), {N, width});
+    const StridedView<T> o(dst.data(), {N, width});
     RmsNormQuantInputs<T> ri{x, g, b, qs, qo};
     if (unquant) {
       std::vector<T> y(static_cast<size_t>(N * K));
-      rms_norm_quant<T>(mode, params.epsilon, ri, {{}, {}, {}, TensorRef<T>(y.data(), {N, K})});
-      float_matmul<T>(TensorRef<const T>(y.data(), {N, K}), wf, o, num_threads);
+      rms_norm_quant<T>(mode, params.epsilon, ri, {{}, {}, {}, StridedView<T>(y.data(), {N, K})});
+      float_matmul<T>(StridedView<const T>(y.data(), {N, K}), wf, o, num_threads);
       return;
     }
     std::vector<std::int8_t> q(static_cast<size_t>(N * K));
     std::vector<float> dsc(static_cast<size_t>(N)), zp(static_cast<size_t>(N));
-    RmsNormQuantOutputs<T> ro{TensorRef<std::int8_t>(q.data(), {N, K})};
-    if (!per_tensor) ro.descale = TensorRef<float>(dsc.data(), {N});
-    if (mode == MlaQuantMode::PerTokenAsymm) ro.zero_point = TensorRef<float>(zp.data(), {N});
+    RmsNormQuantOutputs<T> ro{StridedView<std::int8_t>(q.data(), {N, K})};
+    if (!per_tensor) ro.descale = StridedView<float>(dsc.data(), {N});
+    if (mode == MlaQuantMode::PerTokenAsymm) ro.zero_point = StridedView<float>(zp.data(), {N});
     rms_norm_quant<T>(mode, params.epsilon, ri, ro);
-    Int8MatmulInputs mi{TensorRef<const std::int8_t>(q.data(), {N, K}), w, bias, ds, db};
-    if (!per_tensor) mi.token_scale = TensorRef<const float>(dsc.data(), {N});
-    if (mode == MlaQuantMode::PerTokenAsymm) mi.zero_point = TensorRef<const float>(zp.data(), {N});
+    Int8MatmulInputs mi{StridedView<const std::int8_t>(q.data(), {N, K}), w, bias, ds, db};
+    if (!per_tensor) mi.token_scale = StridedView<const float>(dsc.data(), {N});
+    if (mode == MlaQuantMode::PerTokenAsymm)
+      mi.zero_point = StridedView<const float>(zp.data(), {N});
     int8_matmul<T>(mi, o, num_threads);
   };
   // 1-2: input -> mm1 [N, C + R + Q].
@@ -300,7 +327,7 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
     std::copy(row + C, row + C + R, kr.data() + t * R);
     std::copy(row + C + R, row + W1, ql.data() + t * Q);
   }
-  norm_matmul(TensorRef<const T>(ql.data(), {N, Q}), Q, in.gamma1, in.beta1, in.quant_scale1,
+  norm_matmul(StridedView<const T>(ql.data(), {N, Q}), Q, in.gamma1, in.beta1, in.quant_scale1,
               in.quant_offset1, in.wuq, in.wuq_float, in.de_scale1, in.de_scale1_bits, in.bias1,
               mm2, W2);
   // 6-7: q_nope · wuk and the query rope.
@@ -312,16 +339,16 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
       std::copy(row + P, row + P + R, qr.data() + (t * NH + h) * R);
     }
   std::vector<float> qa(static_cast<size_t>(N * NH * C));
-  q_nope_absorb<T>(TensorRef<const T>(qn.data(), {N, NH, P}), in.wuk,
-                   TensorRef<float>(qa.data(), {N, NH, C}), num_threads);
-  rope_rotate_half<T>(TensorRef<const T>(qr.data(), {N, NH, R}), in.sin, in.cos, NH,
-                      TensorRef<T>(qr.data(), {N, NH, R}));
+  q_nope_absorb<T>(StridedView<const T>(qn.data(), {N, NH, P}), in.wuk,
+                   StridedView<float>(qa.data(), {N, NH, C}), num_threads);
+  rope_rotate_half<T>(StridedView<const T>(qr.data(), {N, NH, R}), in.sin, in.cos, NH,
+                      StridedView<T>(qr.data(), {N, NH, R}));
   // 8: the key path.
   std::vector<T> kn(static_cast<size_t>(N * C));
-  rms_norm<T>(TensorRef<const T>(kv.data(), {N, C}), in.gamma2, params.epsilon,
-              TensorRef<T>(kn.data(), {N, C}));
-  rope_rotate_half<T>(TensorRef<const T>(kr.data(), {N, R}), in.sin, in.cos, 1,
-                      TensorRef<T>(kr.data(), {N, R}));
+  rms_norm<T>(StridedView<const T>(kv.data(), {N, C}), in.gamma2, params.epsilon,
+              StridedView<T>(kn.data(), {N, C}));
+  rope_rotate_half<T>(StridedView<const T>(kr.data(), {N, R}), in.sin, in.cos, 1,
+                      StridedView<T>(kr.data(), {N, R}));
 
   // Outputs, then the caches.
   for (Index t = 0; t < N; ++t)
@@ -329,28 +356,41 @@ void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs
       const float* a = qa.data() + (t * NH + h) * C;
       const T* r = qr.data() + (t * NH + h) * R;
       if (cm == MlaCacheMode::KvCache) {
-        T* o = out.q_out.data + (t * NH + h) * (C + R);
+        T* o = out.q_out.data() + (t * NH + h) * (C + R);
         for (Index c = 0; c < C; ++c) o[c] = T(a[c]);
         std::copy(r, r + R, o + C);
         continue;
       }
-      std::copy(r, r + R, out.q_rope_out.data + (t * NH + h) * R);
+      std::copy(r, r + R, out.q_rope_out.data() + (t * NH + h) * R);
       if (int8_q) {
-        std::int8_t* o = out.q_out_i8.data + (t * NH + h) * C;
-        const float s = static_cast<float>(in.q_nope_scale.data[h]);
+        std::int8_t* o = out.q_out_i8.data() + (t * NH + h) * C;
+        const float s = static_cast<float>(in.q_nope_scale.data()[h]);
         for (Index c = 0; c < C; ++c) {
           const float p = fmul(static_cast<float>(T(a[c])), s);
           o[c] = sat8_rne(std::is_same_v<T, half> ? static_cast<float>(half(p)) : p);
         }
       } else {
-        T* o = out.q_out.data + (t * NH + h) * C;
+        T* o = out.q_out.data() + (t * NH + h) * C;
         for (Index c = 0; c < C; ++c) o[c] = T(a[c]);
       }
     }
   const float inv3 =
-      int8_q ? static_cast<float>(T(1.0 / double(static_cast<float>(in.ctkv_scale.data[0]))))
+      int8_q ? static_cast<float>(T(1.0 / double(static_cast<float>(in.ctkv_scale.data()[0]))))
              : 0.0f;
-  write_caches(cm, kn.data(), kr.data(), in.slot_mapping.data, N, C, R, bs, inv3, out.caches);
+  write_caches(cm, kn.data(), kr.data(), in.slot_mapping.data(), N, C, R, bs, inv3, out.caches);
+}
+}  // namespace detail
+
+template <class T>
+void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+                    const MlaPreprocessOutputs<T>& out, int num_threads = 0) {
+  detail::DenseArena arena("mla_preprocess");
+  MlaPreprocessInputs<T> din = in;
+  MlaPreprocessOutputs<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
+  detail::mla_preprocess_dense(params, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

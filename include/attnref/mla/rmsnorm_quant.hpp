@@ -21,8 +21,8 @@
 #include <string>
 #include <type_traits>
 
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/mla/params.hpp"
 
@@ -73,13 +73,14 @@ inline std::string dims(Index a, Index b) {
 
 /// A 2-D tensor [rows, cols] (any rank-2 shape) or a vector of `n` values.
 template <class T>
-void check_matrix(const char* fn, const char* arg, const TensorRef<T>& t, Index rows, Index cols) {
-  ATTNREF_CHECK(!t.absent() && t.rank() == 2 && t.dim(0) == rows && t.dim(1) == cols,
+void check_matrix(const char* fn, const char* arg, const StridedView<T>& t, Index rows,
+                  Index cols) {
+  ATTNREF_CHECK(!t.absent() && t.rank() == 2 && t.size(0) == rows && t.size(1) == cols,
                 std::invalid_argument, fn, std::string(arg) + ".shape", "mismatch",
                 dims(rows, cols), shape_str(t));
 }
 template <class T>
-void check_vector(const char* fn, const char* arg, const TensorRef<T>& t, Index n) {
+void check_vector(const char* fn, const char* arg, const StridedView<T>& t, Index n) {
   ATTNREF_CHECK(!t.absent() && t.numel() == n && t.rank() >= 1, std::invalid_argument, fn,
                 std::string(arg) + ".shape", "mismatch", std::to_string(n) + " values",
                 shape_str(t));
@@ -101,58 +102,91 @@ void rms_row(const T* x, const T* gamma, Index n, float eps, float* y) {
 
 }  // namespace detail::mla
 
-/// out[r] = T(rmsnorm(x[r]) · gamma). x, out: [rows, n]; gamma: n values.
+namespace detail {
+/// rms_norm on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void rms_norm(const TensorRef<const T>& x, const TensorRef<const T>& gamma, float epsilon,
-              const TensorRef<T>& out) {
+void rms_norm_dense(const StridedView<const T>& x, const StridedView<const T>& gamma, float epsilon,
+                    const StridedView<T>& out) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "rms_norm: half, bfloat16 or float");
   constexpr const char* fn = "rms_norm";
-  detail::check_tensors(fn, "x", x, "gamma", gamma, "out", out);
+  detail::check_views(fn, "x", x, "gamma", gamma, "out", out);
   ATTNREF_CHECK(!x.absent() && x.rank() == 2, std::invalid_argument, fn, "x.shape", "not 2-D",
                 "[rows, n]", detail::shape_str(x));
-  const Index rows = x.dim(0), n = x.dim(1);
+  const Index rows = x.size(0), n = x.size(1);
   detail::mla::check_vector(fn, "gamma", gamma, n);
   detail::mla::check_matrix(fn, "out", out, rows, n);
   ATTNREF_CHECK(epsilon >= 0.0f && std::isfinite(epsilon), std::invalid_argument, fn, "epsilon",
                 "out of range", ">= 0 and finite", std::to_string(epsilon));
   std::vector<float> y(static_cast<size_t>(n));
   for (Index r = 0; r < rows; ++r) {
-    detail::mla::rms_row(x.data + r * n, gamma.data, n, epsilon, y.data());
-    for (Index j = 0; j < n; ++j) out.data[r * n + j] = T(y[static_cast<size_t>(j)]);
+    detail::mla::rms_row(x.data() + r * n, gamma.data(), n, epsilon, y.data());
+    for (Index j = 0; j < n; ++j) out.data()[r * n + j] = T(y[static_cast<size_t>(j)]);
   }
+}
+}  // namespace detail
+
+/// out[r] = T(rmsnorm(x[r]) · gamma). x, out: [rows, n]; gamma: n values.
+template <class T>
+void rms_norm(const StridedView<const T>& x, const StridedView<const T>& gamma, float epsilon,
+              const StridedView<T>& out) {
+  detail::DenseArena arena("rms_norm");
+  StridedView<const T> dx = x, dg = gamma;
+  StridedView<T> dout = out;
+  arena.input("x", dx);
+  arena.input("gamma", dg);
+  arena.output("out", dout);
+  detail::rms_norm_dense(dx, dg, epsilon, dout);
+  arena.commit();
 }
 
 /// RmsNormQuant's inputs (one model dtype T). quant_scale / quant_offset: PerTensorAsymm only.
 template <class T>
 struct RmsNormQuantInputs {
-  TensorRef<const T> x;                         ///< [rows, n]
-  TensorRef<const T> gamma;                     ///< n values
-  TensorRef<const T> beta{};                    ///< n values, optional
-  TensorRef<const T> quant_scale{};             ///< [1] (PerTensorAsymm)
-  TensorRef<const std::int8_t> quant_offset{};  ///< [1] (PerTensorAsymm)
+  StridedView<const T> x;                         ///< [rows, n]
+  StridedView<const T> gamma;                     ///< n values
+  StridedView<const T> beta{};                    ///< n values, optional
+  StridedView<const T> quant_scale{};             ///< [1] (PerTensorAsymm)
+  StridedView<const std::int8_t> quant_offset{};  ///< [1] (PerTensorAsymm)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("x", x), f("gamma", gamma), f("beta", beta), f("quant_scale", quant_scale);
+    f("quant_offset", quant_offset);
+  }
 };
 
 /// RmsNormQuant's outputs: q for the quantized modes (with descale per token, and zero_point
 /// for PerTokenAsymm), unquant for Unquant.
 template <class T>
 struct RmsNormQuantOutputs {
-  TensorRef<std::int8_t> q{};     ///< [rows, n]
-  TensorRef<float> descale{};     ///< [rows] (per-token modes)
-  TensorRef<float> zero_point{};  ///< [rows] (PerTokenAsymm)
-  TensorRef<T> unquant{};         ///< [rows, n] (Unquant)
+  StridedView<std::int8_t> q{};     ///< [rows, n]
+  StridedView<float> descale{};     ///< [rows] (per-token modes)
+  StridedView<float> zero_point{};  ///< [rows] (PerTokenAsymm)
+  StridedView<T> unquant{};         ///< [rows, n] (Unquant)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("q", q), f("descale", descale), f("zero_point", zero_point), f("unquant", unquant);
+  }
 };
 
+namespace detail {
+/// rms_norm_quant on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T>& in,
-                    const RmsNormQuantOutputs<T>& out) {
+void rms_norm_quant_dense(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T>& in,
+                          const RmsNormQuantOutputs<T>& out) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "rms_norm_quant: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "rms_norm_quant";
-  detail::check_tensors(fn, "x", in.x, "gamma", in.gamma, "beta", in.beta, "quant_scale",
-                        in.quant_scale, "quant_offset", in.quant_offset, "q", out.q, "descale",
-                        out.descale, "zero_point", out.zero_point, "unquant", out.unquant);
+  detail::check_views(fn, "x", in.x, "gamma", in.gamma, "beta", in.beta, "quant_scale",
+                      in.quant_scale, "quant_offset", in.quant_offset, "q", out.q, "descale",
+                      out.descale, "zero_point", out.zero_point, "unquant", out.unquant);
   const int m = static_cast<int>(mode);
   ATTNREF_CHECK(m >= 0 && m <= 3, std::invalid_argument, fn, "mode", "out of range", "0 to 3",
                 std::to_string(m));
@@ -160,7 +194,7 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
                 "[rows, n]", detail::shape_str(in.x));
   ATTNREF_CHECK(epsilon >= 0.0f && std::isfinite(epsilon), std::invalid_argument, fn, "epsilon",
                 "out of range", ">= 0 and finite", std::to_string(epsilon));
-  const Index rows = in.x.dim(0), n = in.x.dim(1);
+  const Index rows = in.x.size(0), n = in.x.size(1);
   check_vector(fn, "gamma", in.gamma, n);
   if (!in.beta.absent()) check_vector(fn, "beta", in.beta, n);
   const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
@@ -168,7 +202,7 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
   if (per_tensor) {
     check_vector(fn, "quant_scale", in.quant_scale, 1);
     check_vector(fn, "quant_offset", in.quant_offset, 1);
-    const float qs = static_cast<float>(in.quant_scale.data[0]);
+    const float qs = static_cast<float>(in.quant_scale.data()[0]);
     ATTNREF_CHECK(qs != 0.0f && std::isfinite(qs), std::invalid_argument, fn, "quant_scale",
                   "not usable", "finite and nonzero", std::to_string(qs));
   } else {
@@ -200,16 +234,16 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
 
   std::vector<float> y(static_cast<size_t>(n));
   const float inv =
-      per_tensor ? static_cast<float>(1.0 / double(static_cast<float>(in.quant_scale.data[0])))
+      per_tensor ? static_cast<float>(1.0 / double(static_cast<float>(in.quant_scale.data()[0])))
                  : 0.0f;
-  const float off = per_tensor ? static_cast<float>(in.quant_offset.data[0]) : 0.0f;
+  const float off = per_tensor ? static_cast<float>(in.quant_offset.data()[0]) : 0.0f;
   for (Index r = 0; r < rows; ++r) {
-    rms_row(in.x.data + r * n, in.gamma.data, n, epsilon, y.data());
+    rms_row(in.x.data() + r * n, in.gamma.data(), n, epsilon, y.data());
     if (!in.beta.absent())
       for (Index j = 0; j < n; ++j)
         y[static_cast<size_t>(j)] =
-            fadd(y[static_cast<size_t>(j)], static_cast<float>(in.beta.data[j]));
-    std::int8_t* q = out.q.data == nullptr ? nullptr : out.q.data + r * n;
+            fadd(y[static_cast<size_t>(j)], static_cast<float>(in.beta.data()[j]));
+    std::int8_t* q = out.q.data() == nullptr ? nullptr : out.q.data() + r * n;
     switch (mode) {
       case MlaQuantMode::PerTensorAsymm:
         for (Index j = 0; j < n; ++j)
@@ -223,12 +257,12 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
         }
         if (a == 0.0f) {
           std::fill(q, q + n, std::int8_t{0});
-          out.descale.data[r] = 0.0f;
+          out.descale.data()[r] = 0.0f;
           break;
         }
         const float s = fdiv(127.0f, a);
         for (Index j = 0; j < n; ++j) q[j] = sat8_rne(fmul(y[static_cast<size_t>(j)], s));
-        out.descale.data[r] = fdiv(1.0f, s);
+        out.descale.data()[r] = fdiv(1.0f, s);
         break;
       }
       case MlaQuantMode::PerTokenAsymm: {
@@ -242,15 +276,28 @@ void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T
         if (!(s > 0.0f)) s = 1.0f;
         const float zp = fadd(-128.0f, -fdiv(lo, s));
         for (Index j = 0; j < n; ++j) q[j] = sat8_rne(fadd(fdiv(y[static_cast<size_t>(j)], s), zp));
-        out.descale.data[r] = s;
-        out.zero_point.data[r] = zp;
+        out.descale.data()[r] = s;
+        out.zero_point.data()[r] = zp;
         break;
       }
       case MlaQuantMode::Unquant:
-        for (Index j = 0; j < n; ++j) out.unquant.data[r * n + j] = T(y[static_cast<size_t>(j)]);
+        for (Index j = 0; j < n; ++j) out.unquant.data()[r * n + j] = T(y[static_cast<size_t>(j)]);
         break;
     }
   }
+}
+}  // namespace detail
+
+template <class T>
+void rms_norm_quant(MlaQuantMode mode, float epsilon, const RmsNormQuantInputs<T>& in,
+                    const RmsNormQuantOutputs<T>& out) {
+  detail::DenseArena arena("rms_norm_quant");
+  RmsNormQuantInputs<T> din = in;
+  RmsNormQuantOutputs<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
+  detail::rms_norm_quant_dense(mode, epsilon, din, dout);
+  arena.commit();
 }
 
 }  // namespace attnref

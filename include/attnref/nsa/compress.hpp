@@ -16,8 +16,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
+#include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
 
 namespace attnref {
@@ -35,20 +36,21 @@ inline Index nsa_compressed_count(Index len, Index compress_block_size, Index co
   return len < compress_block_size ? 0 : (len - compress_block_size) / compress_stride + 1;
 }
 
-/// input [T, N, D], weight [l, N], act_seq_len cumulative (B values, the last = T), output
-/// [T', N, D]. T: half or bfloat16 (float: attnref extension).
+namespace detail {
+/// nsa_compress on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
-                  const TensorRef<const T>& weight, const std::vector<std::int64_t>& act_seq_len,
-                  const TensorRef<T>& output) {
+void nsa_compress_dense(const NsaCompressParams& p, const StridedView<const T>& input,
+                        const StridedView<const T>& weight,
+                        const std::vector<std::int64_t>& act_seq_len,
+                        const StridedView<T>& output) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_compress: half or bfloat16 (float: attnref extension)");
   constexpr const char* fn = "nsa_compress";
-  detail::check_tensors(fn, "input", input, "weight", weight, "output", output);
+  detail::check_views(fn, "input", input, "weight", weight, "output", output);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   const std::int64_t l = p.compress_block_size, d = p.compress_stride;
-  ATTNREF_CHECK(p.layout == "TND", std::invalid_argument, "nsa_compress", "params.layout",
-                "not supported", "TND", p.layout);
+  detail::parse_layout("nsa_compress", "params.layout", p.layout, {Layout::TND});
   ATTNREF_CHECK(p.act_seq_len_type == 0, std::invalid_argument, "nsa_compress",
                 "params.act_seq_len_type", "not supported", "0 (cumulative lengths)",
                 std::to_string(p.act_seq_len_type));
@@ -61,18 +63,18 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
                   "params.compress_block_size / compress_stride", "not supported" + rule,
                   "l a multiple of 16 up to 128, d a multiple of 16",
                   std::to_string(l) + " / " + std::to_string(d));
-  ATTNREF_CHECK(!input.absent() && input.rank() == 3 && input.dim(1) > 0 && input.dim(2) > 0,
+  ATTNREF_CHECK(!input.absent() && input.rank() == 3 && input.size(1) > 0 && input.size(2) > 0,
                 std::invalid_argument, "nsa_compress", "input.shape", "not [T, N, D]", "[T, N, D]",
                 detail::shape_str(input));
-  const Index Tn = input.dim(0), N = input.dim(1), D = input.dim(2);
+  const Index Tn = input.size(0), N = input.size(1), D = input.size(2);
   if (p.strict)
     ATTNREF_CHECK(N <= 128 && D % 16 == 0 && D <= 256, std::invalid_argument, "nsa_compress",
                   "input.shape", "not supported" + rule, "N <= 128, D a multiple of 16 up to 256",
                   detail::shape_str(input));
-  ATTNREF_CHECK(!weight.absent() && weight.rank() == 2 && weight.dim(0) == l && weight.dim(1) == N,
-                std::invalid_argument, "nsa_compress", "weight.shape", "mismatch",
-                "[" + std::to_string(l) + ", " + std::to_string(N) + "]",
-                detail::shape_str(weight));
+  ATTNREF_CHECK(
+      !weight.absent() && weight.rank() == 2 && weight.size(0) == l && weight.size(1) == N,
+      std::invalid_argument, "nsa_compress", "weight.shape", "mismatch",
+      "[" + std::to_string(l) + ", " + std::to_string(N) + "]", detail::shape_str(weight));
   ATTNREF_CHECK(!act_seq_len.empty(), std::invalid_argument, "nsa_compress", "act_seq_len",
                 "required", "cumulative lengths", "none");
   Index prev = 0, total = 0;
@@ -87,14 +89,11 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
   ATTNREF_CHECK(prev == Tn, std::invalid_argument, "nsa_compress", "act_seq_len",
                 "last value differs from input.shape[0]", std::to_string(Tn), std::to_string(prev));
   ATTNREF_CHECK(
-      !output.absent() && output.rank() == 3 && output.dim(0) == total && output.dim(1) == N &&
-          output.dim(2) == D,
+      !output.absent() && output.rank() == 3 && output.size(0) == total && output.size(1) == N &&
+          output.size(2) == D,
       std::invalid_argument, "nsa_compress", "output.shape", "mismatch",
       "[" + std::to_string(total) + ", " + std::to_string(N) + ", " + std::to_string(D) + "]",
       detail::shape_str(output));
-  ATTNREF_CHECK(!detail::overlaps(output, input) && !detail::overlaps(output, weight),
-                std::invalid_argument, "nsa_compress", "output", "overlaps an input",
-                "memory disjoint from input and weight", "overlapping memory");
   // Nothing has been written yet.
   std::vector<float> acc(static_cast<size_t>(D));
   Index start = 0, o = 0;
@@ -104,17 +103,34 @@ void nsa_compress(const NsaCompressParams& p, const TensorRef<const T>& input,
       for (Index n = 0; n < N; ++n) {
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (Index j = 0; j < l; ++j) {
-          const float w = static_cast<float>(weight.data[j * N + n]);
-          const T* x = input.data + ((start + i * d + j) * N + n) * D;
+          const float w = static_cast<float>(weight.data()[j * N + n]);
+          const T* x = input.data() + ((start + i * d + j) * N + n) * D;
           for (Index e = 0; e < D; ++e)
             acc[static_cast<size_t>(e)] = static_cast<float>(
                 double(acc[static_cast<size_t>(e)]) + double(w) * double(static_cast<float>(x[e])));
         }
-        T* dst = output.data + (o * N + n) * D;
+        T* dst = output.data() + (o * N + n) * D;
         for (Index e = 0; e < D; ++e) dst[e] = T(acc[static_cast<size_t>(e)]);
       }
     start = c;
   }
+}
+}  // namespace detail
+
+/// input [T, N, D], weight [l, N], act_seq_len cumulative (B values, the last = T), output
+/// [T', N, D]. T: half or bfloat16 (float: attnref extension).
+template <class T>
+void nsa_compress(const NsaCompressParams& p, const StridedView<const T>& input,
+                  const StridedView<const T>& weight, const std::vector<std::int64_t>& act_seq_len,
+                  const StridedView<T>& output) {
+  detail::DenseArena arena("nsa_compress");
+  StridedView<const T> dx = input, dw = weight;
+  StridedView<T> dout = output;
+  arena.input("input", dx);
+  arena.input("weight", dw);
+  arena.output("output", dout);
+  detail::nsa_compress_dense(p, dx, dw, act_seq_len, dout);
+  arena.commit();
 }
 
 }  // namespace attnref

@@ -27,8 +27,9 @@
 
 #include "attnref/attention/attention.hpp"
 #include "attnref/attention/variant.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
+#include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/nsa/importance.hpp"
@@ -53,26 +54,40 @@ struct NsaCompressAttentionInferParams {
 /// presence turns on the multi-token rule (as the kernel's attenMaskFlag).
 template <class T>
 struct NsaCompressAttentionInferInputs {
-  TensorRef<const T> query{};  ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
-  TensorRef<const T> key{};    ///< [numBlocks, pageBlockSize, KV_N·Dqk] (compressed keys)
-  TensorRef<const T> value{};  ///< [numBlocks, pageBlockSize, KV_N·Dv]
-  TensorRef<const std::uint8_t> atten_mask{};
-  TensorRef<const std::int32_t> block_table{};        ///< [B, maxBlocks]
+  StridedView<const T> query{};  ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
+  StridedView<const T> key{};    ///< [numBlocks, pageBlockSize, KV_N·Dqk] (compressed keys)
+  StridedView<const T> value{};  ///< [numBlocks, pageBlockSize, KV_N·Dv]
+  StridedView<const std::uint8_t> atten_mask{};
+  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocks]
   std::vector<std::int64_t> actual_q_seq_len{};       ///< [B] per batch (empty: 1 each / S)
   std::vector<std::int64_t> actual_cmp_kv_seq_len{};  ///< [B] compressed lengths (required)
   std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (multi-token mask)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("query", query), f("key", key), f("value", value), f("atten_mask", atten_mask);
+    f("block_table", block_table);
+  }
 };
 
 template <class T>
 struct NsaCompressAttentionInferOutputs {
-  TensorRef<T> output;           ///< TND [T, N, Dv] or BSND [B, S, N, Dv]
-  TensorRef<std::int32_t> topk;  ///< TND [T, KV_N, k] or BSND [B, S, KV_N, k]
+  StridedView<T> output;           ///< TND [T, N, Dv] or BSND [B, S, N, Dv]
+  StridedView<std::int32_t> topk;  ///< TND [T, KV_N, k] or BSND [B, S, KV_N, k]
   /// Optional debug outputs (fp32): the probabilities [T, N, >= max cmp_len] (BSND: [B, S, N,
   /// ...]); the per-head scores [T, N, >= max n_sel]; the group scores with the forced blocks
   /// [T, KV_N, >= max n_sel]. Entries past a row's length are 0.
-  TensorRef<float> probs{};
-  TensorRef<float> head_scores{};
-  TensorRef<float> group_scores{};
+  StridedView<float> probs{};
+  StridedView<float> head_scores{};
+  StridedView<float> group_scores{};
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("output", output), f("topk", topk), f("probs", probs), f("head_scores", head_scores);
+    f("group_scores", group_scores);
+  }
 };
 
 namespace detail {
@@ -114,18 +129,21 @@ inline bool nsa_step16(std::int64_t v, std::int64_t hi) {
 
 }  // namespace detail
 
+namespace detail {
+/// nsa_compress_attention_infer on dense arguments: the public entry below passes every view
+/// through a DenseArena first.
 template <class T>
-void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
-                                  const NsaCompressAttentionInferInputs<T>& in,
-                                  const NsaCompressAttentionInferOutputs<T>& out,
-                                  int num_threads = 0) {
+void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p,
+                                        const NsaCompressAttentionInferInputs<T>& in,
+                                        const NsaCompressAttentionInferOutputs<T>& out,
+                                        int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
   using detail::shape_str;
-  detail::check_tensors("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
-                        in.value, "atten_mask", in.atten_mask, "block_table", in.block_table,
-                        "output", out.output, "topk", out.topk, "probs", out.probs, "head_scores",
-                        out.head_scores, "group_scores", out.group_scores);
+  detail::check_views("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
+                      in.value, "atten_mask", in.atten_mask, "block_table", in.block_table,
+                      "output", out.output, "topk", out.topk, "probs", out.probs, "head_scores",
+                      out.head_scores, "group_scores", out.group_scores);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   // Block sizes.
   const std::int64_t l = p.compress_block_size, d = p.compress_block_stride,
@@ -157,9 +175,8 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                   "params.compress_block_stride", "not supported" + rule, "16, 32, 48 or 64",
                   std::to_string(d));
   }
-  ATTNREF_CHECK(p.layout == "TND" || p.layout == "BSND", std::invalid_argument,
-                "nsa_compress_attention_infer", "params.layout", "not supported", "TND or BSND",
-                p.layout);
+  const Layout layout = detail::parse_layout("nsa_compress_attention_infer", "params.layout",
+                                             p.layout, {Layout::TND, Layout::BSND});
   ATTNREF_CHECK(p.sparse_mode == 0, std::invalid_argument, "nsa_compress_attention_infer",
                 "params.sparse_mode", "not supported", "0", std::to_string(p.sparse_mode));
   ATTNREF_CHECK(std::isfinite(p.scale_value), std::invalid_argument, "nsa_compress_attention_infer",
@@ -176,20 +193,20 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
     ATTNREF_CHECK(G <= 128 && 128 % G == 0, std::invalid_argument, "nsa_compress_attention_infer",
                   "params.num_heads / num_key_value_heads", "group size not supported" + rule,
                   "a divisor of 128", std::to_string(G));
-  const bool tnd = p.layout == "TND";
+  const bool tnd = layout == Layout::TND;
   const auto& q = in.query;
   ATTNREF_CHECK(
-      !q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == N, std::invalid_argument,
+      !q.absent() && q.rank() == (tnd ? 3 : 4) && q.size(tnd ? 1 : 2) == N, std::invalid_argument,
       "nsa_compress_attention_infer", "query.shape", "mismatch",
       tnd ? "[T, " + std::to_string(N) + ", Dqk]" : "[B, S, " + std::to_string(N) + ", Dqk]",
       shape_str(q));
-  const Index Dqk = q.dim(q.rank() - 1);
+  const Index Dqk = q.size(q.rank() - 1);
   // Batches and lengths.
   const auto& bt = in.block_table;
-  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, std::invalid_argument,
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) > 0, std::invalid_argument,
                 "nsa_compress_attention_infer", "block_table.shape", "required: [B, maxBlocks]",
                 "[B, maxBlocks]", shape_str(bt));
-  const Index B = bt.dim(0);
+  const Index B = bt.size(0);
   if (p.strict)
     ATTNREF_CHECK(B <= 10000, std::invalid_argument, "nsa_compress_attention_infer",
                   "block_table.shape[0]", "batch out of range" + rule, "[1, 10000]",
@@ -197,8 +214,8 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   ATTNREF_CHECK(static_cast<Index>(in.actual_cmp_kv_seq_len.size()) == B, std::invalid_argument,
                 "nsa_compress_attention_infer", "actual_cmp_kv_seq_len", "required, one per batch",
                 std::to_string(B), std::to_string(in.actual_cmp_kv_seq_len.size()));
-  const Index S = tnd ? 0 : q.dim(1);
-  ATTNREF_CHECK(tnd || q.dim(0) == B, std::invalid_argument, "nsa_compress_attention_infer",
+  const Index S = tnd ? 0 : q.size(1);
+  ATTNREF_CHECK(tnd || q.size(0) == B, std::invalid_argument, "nsa_compress_attention_infer",
                 "query.shape[0]", "differs from block_table's batch", std::to_string(B),
                 shape_str(q));
   std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), cmp(static_cast<size_t>(B));
@@ -217,7 +234,7 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   Index total = 0, max_q = 0;
   for (Index v : qlen) total += v, max_q = std::max(max_q, v);
   if (tnd)
-    ATTNREF_CHECK(q.dim(0) == total, std::invalid_argument, "nsa_compress_attention_infer",
+    ATTNREF_CHECK(q.size(0) == total, std::invalid_argument, "nsa_compress_attention_infer",
                   "query.shape[0]", "differs from the sum of actual_q_seq_len",
                   std::to_string(total), shape_str(q));
   else
@@ -227,16 +244,17 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   const auto& kt = in.key;
   const auto& vt = in.value;
   ATTNREF_CHECK(
-      !kt.absent() && kt.rank() == 3 && kt.dim(1) == p.page_block_size && kt.dim(2) == KVN * Dqk,
+      !kt.absent() && kt.rank() == 3 && kt.size(1) == p.page_block_size && kt.size(2) == KVN * Dqk,
       std::invalid_argument, "nsa_compress_attention_infer", "key.shape", "mismatch",
       "[numBlocks, " + std::to_string(p.page_block_size) + ", " + std::to_string(KVN * Dqk) + "]",
       shape_str(kt));
-  ATTNREF_CHECK(!vt.absent() && vt.rank() == 3 && vt.dim(0) == kt.dim(0) &&
-                    vt.dim(1) == kt.dim(1) && vt.dim(2) > 0 && vt.dim(2) % KVN == 0,
-                std::invalid_argument, "nsa_compress_attention_infer", "value.shape", "mismatch",
-                "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(kt.dim(1)) + ", KV_N * Dv]",
-                shape_str(vt));
-  const Index Dv = vt.dim(2) / KVN, nb = kt.dim(0), pbs = kt.dim(1);
+  ATTNREF_CHECK(
+      !vt.absent() && vt.rank() == 3 && vt.size(0) == kt.size(0) && vt.size(1) == kt.size(1) &&
+          vt.size(2) > 0 && vt.size(2) % KVN == 0,
+      std::invalid_argument, "nsa_compress_attention_infer", "value.shape", "mismatch",
+      "[" + std::to_string(kt.size(0)) + ", " + std::to_string(kt.size(1)) + ", KV_N * Dv]",
+      shape_str(vt));
+  const Index Dv = vt.size(2) / KVN, nb = kt.size(0), pbs = kt.size(1);
   ATTNREF_CHECK(pbs > 0, std::invalid_argument, "nsa_compress_attention_infer",
                 "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
   if (p.strict) {
@@ -250,7 +268,7 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   }
   Index max_cmp = 0, max_sel_blocks = 0;
   const Index capacity = detail::checked_mul(
-      "nsa_compress_attention_infer", "block_table.shape[1] * page_block_size", bt.dim(1), pbs);
+      "nsa_compress_attention_infer", "block_table.shape[1] * page_block_size", bt.size(1), pbs);
   for (Index b = 0; b < B; ++b) {
     const std::int64_t v = in.actual_cmp_kv_seq_len[static_cast<size_t>(b)];
     ATTNREF_CHECK(v >= 0 && v <= capacity, std::invalid_argument, "nsa_compress_attention_infer",
@@ -283,7 +301,7 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   detail::check_block_table(
       "nsa_compress_attention_infer",
       {"block_table", "actual_cmp_kv_seq_len", "params.page_block_size", "page_block_size"},
-      StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)}), in.actual_cmp_kv_seq_len, nb,
+      StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}), in.actual_cmp_kv_seq_len, nb,
       pbs);
   // The multi-token mask.
   const bool mask = !in.atten_mask.absent() && max_q > 1;
@@ -318,66 +336,40 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  ATTNREF_CHECK(!out.output.absent() && out.output.shape == out_shape(Dv, N), std::invalid_argument,
-                "nsa_compress_attention_infer", "output.shape", "mismatch",
+  ATTNREF_CHECK(!out.output.absent() && out.output.shape() == out_shape(Dv, N),
+                std::invalid_argument, "nsa_compress_attention_infer", "output.shape", "mismatch",
                 dims_str(out_shape(Dv, N)), shape_str(out.output));
-  ATTNREF_CHECK(!out.topk.absent() && out.topk.shape == out_shape(k, KVN), std::invalid_argument,
+  ATTNREF_CHECK(!out.topk.absent() && out.topk.shape() == out_shape(k, KVN), std::invalid_argument,
                 "nsa_compress_attention_infer", "topk.shape", "mismatch",
                 dims_str(out_shape(k, KVN)), shape_str(out.topk));
-  auto debug = [&](const TensorRef<float>& t, const char* name, Index heads, Index need) {
+  auto debug = [&](const StridedView<float>& t, const char* name, Index heads, Index need) {
     if (t.absent()) return;
     const auto want = out_shape(need, heads);
     ATTNREF_CHECK(
         !t.absent() && t.rank() == static_cast<Index>(want.size()) &&
-            std::equal(want.begin(), want.end() - 1, t.shape.begin()) && t.shape.back() >= need,
+            std::equal(want.begin(), want.end() - 1, t.shape().begin()) && t.shape().back() >= need,
         std::invalid_argument, "nsa_compress_attention_infer", std::string(name) + ".shape",
         "mismatch", dims_str(want) + " (last dimension at least)", shape_str(t));
   };
   debug(out.probs, "probs", N, max_cmp);
   debug(out.head_scores, "head_scores", N, max_sel_blocks);
   debug(out.group_scores, "group_scores", KVN, max_sel_blocks);
-  // Outputs: disjoint from every input and from each other.
-  {
-    const char* names[] = {"output", "topk", "probs", "head_scores", "group_scores"};
-    auto clash = [&](const auto& o, int at) {
-      const bool bad = detail::overlaps(o, in.query) || detail::overlaps(o, in.key) ||
-                       detail::overlaps(o, in.value) || detail::overlaps(o, in.atten_mask) ||
-                       detail::overlaps(o, in.block_table);
-      ATTNREF_CHECK(!bad, std::invalid_argument, "nsa_compress_attention_infer", names[at],
-                    "overlaps an input", "memory disjoint from the inputs", "overlapping memory");
-      auto pair = [&](const auto& other, int other_at) {
-        ATTNREF_CHECK(!detail::overlaps(o, other), std::invalid_argument,
-                      "nsa_compress_attention_infer", names[at],
-                      std::string("overlaps ") + names[other_at], "disjoint outputs",
-                      "overlapping memory");
-      };
-      if (at < 1) pair(out.topk, 1);
-      if (at < 2) pair(out.probs, 2);
-      if (at < 3) pair(out.head_scores, 3);
-      if (at < 4) pair(out.group_scores, 4);
-    };
-    clash(out.output, 0);
-    clash(out.topk, 1);
-    clash(out.probs, 2);
-    clash(out.head_scores, 3);
-    clash(out.group_scores, 4);
-  }
   // Nothing has been written yet.
 
   // The engine: P of every (batch, head, query token) over its compressed keys.
   AttentionInputs<T, T> e;
   std::vector<Index> q_cu{0};
   if (tnd) {
-    e.q = StridedView<const T, 4>(q.data, {1, total, N, Dqk});
+    e.q = StridedView<const T, 4>(q.data(), {1, total, N, Dqk});
     for (Index v : qlen) q_cu.push_back(q_cu.back() + v);
     e.seq.q_cu = q_cu;
   } else {
-    e.q = StridedView<const T, 4>(q.data, {B, S, N, Dqk});
+    e.q = StridedView<const T, 4>(q.data(), {B, S, N, Dqk});
     e.seq.q = qlen;
   }
-  e.k = StridedView<const T, 4>(kt.data, {nb, pbs, KVN, Dqk});
-  e.v = StridedView<const T, 4>(vt.data, {nb, pbs, KVN, Dv});
-  e.block_table = StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)});
+  e.k = StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk});
+  e.v = StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv});
+  e.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
   e.seq.kv = cmp;
   AttentionParams ep;
   ep.scale = p.scale_value;
@@ -390,8 +382,8 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
   if (probs.size() < static_cast<size_t>(pb * N * ps * pc))
     probs.resize(static_cast<size_t>(pb * N * ps * pc));
   AttentionOutputs<T, float> eo;
-  eo.o = tnd ? StridedView<T, 4>(out.output.data, {1, total, N, Dv})
-             : StridedView<T, 4>(out.output.data, {B, S, N, Dv});
+  eo.o = tnd ? StridedView<T, 4>(out.output.data(), {1, total, N, Dv})
+             : StridedView<T, 4>(out.output.data(), {B, S, N, Dv});
   eo.probs = StridedView<float, 4>(probs.data(), {pb, N, ps, pc});
   detail::NsaVariant<T> var;
   if (mask) var.tail = &tail;
@@ -407,7 +399,7 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
       const bool live = i < qlen[static_cast<size_t>(b)];
       const Index c = live ? cmp[static_cast<size_t>(b)] : 0;
       const Index ns = nsa_select_block_count(c, l, d, ls);
-      if (!live) std::fill_n(out.output.data + row * N * Dv, N * Dv, T(0.0f));
+      if (!live) std::fill_n(out.output.data() + row * N * Dv, N * Dv, T(0.0f));
       for (Index kh = 0; kh < KVN; ++kh) {
         for (Index g = 0; g < G; ++g)
           ph[static_cast<size_t>(g)] =
@@ -420,28 +412,43 @@ void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
           for (Index s2 = 0; s2 < ns; ++s2)
             gs[static_cast<size_t>(s2)] += hs[static_cast<size_t>(s2)];
           if (!out.probs.absent()) {
-            const Index w = out.probs.shape.back();
-            float* dst = out.probs.data + (row * N + h) * w;
+            const Index w = out.probs.shape().back();
+            float* dst = out.probs.data() + (row * N + h) * w;
             std::fill(dst, dst + w, 0.0f);
             std::copy(p_h, p_h + c, dst);
           }
           if (!out.head_scores.absent()) {
-            const Index w = out.head_scores.shape.back();
-            float* dst = out.head_scores.data + (row * N + h) * w;
+            const Index w = out.head_scores.shape().back();
+            float* dst = out.head_scores.data() + (row * N + h) * w;
             std::fill(dst, dst + w, 0.0f);
             std::copy(hs.begin(), hs.begin() + ns, dst);
           }
         }
         nsa_force_blocks(gs.data(), ns);
-        nsa_topk(gs.data(), ns, k, out.topk.data + (row * KVN + kh) * k);
+        nsa_topk(gs.data(), ns, k, out.topk.data() + (row * KVN + kh) * k);
         if (!out.group_scores.absent()) {
-          const Index w = out.group_scores.shape.back();
-          float* dst = out.group_scores.data + (row * KVN + kh) * w;
+          const Index w = out.group_scores.shape().back();
+          float* dst = out.group_scores.data() + (row * KVN + kh) * w;
           std::fill(dst, dst + w, 0.0f);
           std::copy(gs.begin(), gs.begin() + ns, dst);
         }
       }
     }
+}
+}  // namespace detail
+
+template <class T>
+void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
+                                  const NsaCompressAttentionInferInputs<T>& in,
+                                  const NsaCompressAttentionInferOutputs<T>& out,
+                                  int num_threads = 0) {
+  detail::DenseArena arena("nsa_compress_attention_infer");
+  NsaCompressAttentionInferInputs<T> din = in;
+  NsaCompressAttentionInferOutputs<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
+  detail::nsa_compress_attention_infer_dense(p, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

@@ -27,8 +27,9 @@
 #include <vector>
 
 #include "attnref/attention/attention.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
+#include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/nsa/compress.hpp"
 #include "attnref/nsa/compress_attention.hpp"
@@ -53,64 +54,79 @@ struct NsaDecodeParams {
 
 template <class T>
 struct NsaDecodeInputs {
-  TensorRef<const T> query{};                       ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
-  TensorRef<const T> key{};                         ///< raw keys [numBlocks, pbs, KV_N·Dqk]
-  TensorRef<const T> value{};                       ///< raw values [numBlocks, pbs, KV_N·Dv]
-  TensorRef<const std::int32_t> block_table{};      ///< [B, maxBlocks] (raw cache)
-  TensorRef<const T> cmp_key{};                     ///< [numCmpBlocks, cmp pbs, KV_N·Dqk]
-  TensorRef<const T> cmp_value{};                   ///< [numCmpBlocks, cmp pbs, KV_N·Dv]
-  TensorRef<const std::int32_t> cmp_block_table{};  ///< [B, maxCmpBlocks]
-  TensorRef<const float> gates{};                   ///< [rows, N, 3]: compressed, selected, window
-  std::vector<std::int64_t> actual_q_seq_len{};     ///< [B] (empty: 1 each / S)
+  StridedView<const T> query{};                       ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
+  StridedView<const T> key{};                         ///< raw keys [numBlocks, pbs, KV_N·Dqk]
+  StridedView<const T> value{};                       ///< raw values [numBlocks, pbs, KV_N·Dv]
+  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocks] (raw cache)
+  StridedView<const T> cmp_key{};                     ///< [numCmpBlocks, cmp pbs, KV_N·Dqk]
+  StridedView<const T> cmp_value{};                   ///< [numCmpBlocks, cmp pbs, KV_N·Dv]
+  StridedView<const std::int32_t> cmp_block_table{};  ///< [B, maxCmpBlocks]
+  StridedView<const float> gates{};              ///< [rows, N, 3]: compressed, selected, window
+  std::vector<std::int64_t> actual_q_seq_len{};  ///< [B] (empty: 1 each / S)
   std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (required)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("query", query), f("key", key), f("value", value), f("block_table", block_table);
+    f("cmp_key", cmp_key), f("cmp_value", cmp_value), f("cmp_block_table", cmp_block_table);
+    f("gates", gates);
+  }
 };
 
 /// output is required; the rest are optional views of the intermediates.
 template <class T>
 struct NsaDecodeOutputs {
-  TensorRef<T> output{};           ///< [rows, N, Dv] (BSND: [B, S, N, Dv])
-  TensorRef<std::int32_t> topk{};  ///< [rows, KV_N, k] (BSND: [B, S, KV_N, k])
-  TensorRef<T> cmp_out{};          ///< the three branch outputs, shaped like output
-  TensorRef<T> sel_out{};
-  TensorRef<T> win_out{};
+  StridedView<T> output{};           ///< [rows, N, Dv] (BSND: [B, S, N, Dv])
+  StridedView<std::int32_t> topk{};  ///< [rows, KV_N, k] (BSND: [B, S, KV_N, k])
+  StridedView<T> cmp_out{};          ///< the three branch outputs, shaped like output
+  StridedView<T> sel_out{};
+  StridedView<T> win_out{};
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("output", output), f("cmp_out", cmp_out), f("sel_out", sel_out), f("win_out", win_out);
+    f("topk", topk);
+  }
 };
 
 namespace detail {
 
 /// Rows, heads and Dv of a decode step's query / value (checked).
 struct NsaStepDims {
+  bool tnd = true;  // params.layout, parsed: TND (else BSND)
   Index B = 0, S = 0, rows = 0, N = 0, KVN = 0, Dqk = 0, Dv = 0;
   std::vector<Index> qlen, q_cu;
 };
 
 template <class T>
 NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDecodeInputs<T>& in) {
-  check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "block_table",
-                in.block_table, "cmp_key", in.cmp_key, "cmp_value", in.cmp_value, "cmp_block_table",
-                in.cmp_block_table, "gates", in.gates);
+  check_views(fn, "query", in.query, "key", in.key, "value", in.value, "block_table",
+              in.block_table, "cmp_key", in.cmp_key, "cmp_value", in.cmp_value, "cmp_block_table",
+              in.cmp_block_table, "gates", in.gates);
   NsaStepDims d;
-  ATTNREF_CHECK(p.layout == "TND" || p.layout == "BSND", std::invalid_argument, fn, "params.layout",
-                "not supported", "TND or BSND", p.layout);
-  const bool tnd = p.layout == "TND";
+  const bool tnd = d.tnd = detail::parse_layout(fn, "params.layout", p.layout,
+                                                {Layout::TND, Layout::BSND}) == Layout::TND;
   d.N = p.num_heads;
   d.KVN = p.num_key_value_heads;
   ATTNREF_CHECK(d.N > 0 && d.KVN > 0 && d.N % d.KVN == 0, std::invalid_argument, fn,
                 "params.num_heads", "not a positive multiple of num_key_value_heads",
                 "a multiple of " + std::to_string(d.KVN), std::to_string(d.N));
   const auto& q = in.query;
-  ATTNREF_CHECK(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.dim(tnd ? 1 : 2) == d.N,
+  ATTNREF_CHECK(!q.absent() && q.rank() == (tnd ? 3 : 4) && q.size(tnd ? 1 : 2) == d.N,
                 std::invalid_argument, fn, "query.shape", "mismatch",
                 tnd ? "[T, N, Dqk]" : "[B, S, N, Dqk]", shape_str(q));
-  d.Dqk = q.dim(q.rank() - 1);
+  d.Dqk = q.size(q.rank() - 1);
   const auto& bt = in.block_table;
-  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, std::invalid_argument, fn,
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) > 0, std::invalid_argument, fn,
                 "block_table.shape", "required: [B, maxBlocks]", "[B, maxBlocks]", shape_str(bt));
-  d.B = bt.dim(0);
+  d.B = bt.size(0);
   ATTNREF_CHECK(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == d.B, std::invalid_argument,
                 fn, "actual_sel_kv_seq_len", "required, one per batch", std::to_string(d.B),
                 std::to_string(in.actual_sel_kv_seq_len.size()));
-  d.S = tnd ? 0 : q.dim(1);
-  ATTNREF_CHECK(tnd || q.dim(0) == d.B, std::invalid_argument, fn, "query.shape[0]",
+  d.S = tnd ? 0 : q.size(1);
+  ATTNREF_CHECK(tnd || q.size(0) == d.B, std::invalid_argument, fn, "query.shape[0]",
                 "differs from block_table's batch", std::to_string(d.B), shape_str(q));
   d.qlen.assign(static_cast<size_t>(d.B), tnd ? 1 : d.S);
   if (!in.actual_q_seq_len.empty()) {
@@ -136,36 +152,14 @@ NsaStepDims nsa_step_dims(const char* fn, const NsaDecodeParams& p, const NsaDec
   }
   d.rows = tnd ? d.q_cu.back() : d.B * d.S;
   if (tnd)
-    ATTNREF_CHECK(q.dim(0) == d.rows, std::invalid_argument, fn, "query.shape[0]",
+    ATTNREF_CHECK(q.size(0) == d.rows, std::invalid_argument, fn, "query.shape[0]",
                   "differs from the sum of actual_q_seq_len", std::to_string(d.rows), shape_str(q));
   const auto& v = in.value;
-  ATTNREF_CHECK(!v.absent() && v.rank() == 3 && v.dim(2) > 0 && v.dim(2) % d.KVN == 0,
+  ATTNREF_CHECK(!v.absent() && v.rank() == 3 && v.size(2) > 0 && v.size(2) % d.KVN == 0,
                 std::invalid_argument, fn, "value.shape", "mismatch",
                 "[numBlocks, pageBlockSize, KV_N * Dv]", shape_str(v));
-  d.Dv = v.dim(2) / d.KVN;
+  d.Dv = v.size(2) / d.KVN;
   return d;
-}
-
-/// Runs `f`, a call of the operator of one branch, and rethrows its rejection under the step's
-/// name `fn`: "attnref::<branch op>: <argument> <what>: expected .." becomes
-/// "attnref::<fn>: <argument> <what> (in <branch op>): expected ..".
-template <class F>
-void nsa_as_step(const char* fn, F&& f) {
-  const auto rename = [fn](const std::string& what) {
-    const std::string head = "attnref::";
-    const size_t colon = what.find(": "), expected = what.rfind(": expected ");
-    if (what.rfind(head, 0) != 0 || colon == std::string::npos || expected == std::string::npos)
-      return what;
-    return head + fn + what.substr(colon, expected - colon) + " (in " +
-           what.substr(head.size(), colon - head.size()) + ")" + what.substr(expected);
-  };
-  try {
-    f();
-  } catch (const std::out_of_range& e) {
-    throw std::out_of_range(rename(e.what()));
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(rename(e.what()));
-  }
 }
 
 inline std::string nsa_dims_str(const std::vector<Index>& v) {
@@ -189,9 +183,9 @@ struct NsaWindowProblem {
 
 template <class T>
 NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
-                                       const NsaDecodeInputs<T>& in, const TensorRef<T>& out,
+                                       const NsaDecodeInputs<T>& in, const StridedView<T>& out,
                                        int num_threads) {
-  check_tensor(fn, "out", out);
+  check_view(fn, "out", out);
   NsaWindowProblem<T> w;
   const NsaStepDims& d = w.d = nsa_step_dims(fn, p, in);
   ATTNREF_CHECK(p.window_size >= 1, std::invalid_argument, fn, "params.window_size", "not positive",
@@ -199,38 +193,38 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
   const auto& kt = in.key;
   const Index pbs = p.page_block_size;
   ATTNREF_CHECK(
-      pbs > 0 && !kt.absent() && kt.rank() == 3 && kt.dim(1) == pbs && kt.dim(2) == d.KVN * d.Dqk,
+      pbs > 0 && !kt.absent() && kt.rank() == 3 && kt.size(1) == pbs && kt.size(2) == d.KVN * d.Dqk,
       std::invalid_argument, fn, "key.shape", "mismatch",
       "[numBlocks, " + std::to_string(pbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
       shape_str(kt));
-  ATTNREF_CHECK(in.value.dim(0) == kt.dim(0) && in.value.dim(1) == pbs, std::invalid_argument, fn,
-                "value.shape", "mismatch with key",
-                "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) + ", ..]",
+  ATTNREF_CHECK(in.value.size(0) == kt.size(0) && in.value.size(1) == pbs, std::invalid_argument,
+                fn, "value.shape", "mismatch with key",
+                "[" + std::to_string(kt.size(0)) + ", " + std::to_string(pbs) + ", ..]",
                 shape_str(in.value));
-  const bool tnd = p.layout == "TND";
+  const bool tnd = d.tnd;
   const std::vector<Index> o_shape =
       tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
-  ATTNREF_CHECK(!out.absent() && out.shape == o_shape, std::invalid_argument, fn, "out.shape",
+  ATTNREF_CHECK(!out.absent() && out.shape() == o_shape, std::invalid_argument, fn, "out.shape",
                 "mismatch", nsa_dims_str(o_shape), shape_str(out));
   auto& e = w.e;
   if (tnd) {
-    e.q = StridedView<const T, 4>(in.query.data, {1, d.rows, d.N, d.Dqk});
+    e.q = StridedView<const T, 4>(in.query.data(), {1, d.rows, d.N, d.Dqk});
     e.seq.q_cu = d.q_cu;
   } else {
-    e.q = StridedView<const T, 4>(in.query.data, {d.B, d.S, d.N, d.Dqk});
+    e.q = StridedView<const T, 4>(in.query.data(), {d.B, d.S, d.N, d.Dqk});
     e.seq.q = d.qlen;
   }
-  e.k = StridedView<const T, 4>(kt.data, {kt.dim(0), pbs, d.KVN, d.Dqk});
-  e.v = StridedView<const T, 4>(in.value.data, {kt.dim(0), pbs, d.KVN, d.Dv});
+  e.k = StridedView<const T, 4>(kt.data(), {kt.size(0), pbs, d.KVN, d.Dqk});
+  e.v = StridedView<const T, 4>(in.value.data(), {kt.size(0), pbs, d.KVN, d.Dv});
   e.block_table =
-      StridedView<const std::int32_t, 2>(in.block_table.data, {d.B, in.block_table.dim(1)});
+      StridedView<const std::int32_t, 2>(in.block_table.data(), {d.B, in.block_table.size(1)});
   for (std::int64_t s : in.actual_sel_kv_seq_len) e.seq.kv.push_back(static_cast<Index>(s));
   w.ep.scale = p.scale_value;
   w.ep.causal = CausalMode::BottomRight;
   w.ep.window = static_cast<Index>(p.window_size);
   w.ep.num_threads = num_threads;
-  w.eo.o = tnd ? StridedView<T, 4>(out.data, {1, d.rows, d.N, d.Dv})
-               : StridedView<T, 4>(out.data, {d.B, d.S, d.N, d.Dv});
+  w.eo.o = tnd ? StridedView<T, 4>(out.data(), {1, d.rows, d.N, d.Dv})
+               : StridedView<T, 4>(out.data(), {d.B, d.S, d.N, d.Dv});
   (void)resolve(fn, e, w.ep, w.eo);  // lengths, block table entries, overlaps, named by fn
   return w;
 }
@@ -247,82 +241,114 @@ void nsa_window_run(const NsaWindowProblem<T>& w) {
 
 }  // namespace detail
 
+namespace detail {
+/// nsa_sliding_window_attention on dense arguments: the public entry below passes every view
+/// through a DenseArena first.
+template <class T>
+void nsa_sliding_window_attention_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                                        const StridedView<T>& out, int num_threads) {
+  detail::nsa_window_run(
+      detail::nsa_window_problem("nsa_sliding_window_attention", p, in, out, num_threads));
+}
+}  // namespace detail
+
 /// The window branch: query token i of batch b (raw position t = sel_len_b − q_len_b + i) over
 /// the raw keys (t − w, t] ∩ [0, sel_len_b) of the paged cache, fp32 softmax — the engine's
 /// BottomRight-causal sliding window. out: shaped like query with Dv. The compressed-cache
 /// inputs and the gates are not read.
 template <class T>
 void nsa_sliding_window_attention(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                                  const TensorRef<T>& out, int num_threads = 0) {
-  detail::nsa_window_run(
-      detail::nsa_window_problem("nsa_sliding_window_attention", p, in, out, num_threads));
+                                  const StridedView<T>& out, int num_threads = 0) {
+  detail::DenseArena arena("nsa_sliding_window_attention");
+  NsaDecodeInputs<T> din = in;
+  StridedView<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  arena.output("out", dout);
+  detail::nsa_sliding_window_attention_dense(p, din, dout, num_threads);
+  arena.commit();
 }
+
+namespace detail {
+/// nsa_gated_sum on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
+template <class T>
+void nsa_gated_sum_dense(const StridedView<const float>& gates, const StridedView<const T>& o_cmp,
+                         const StridedView<const T>& o_sel, const StridedView<const T>& o_win,
+                         const StridedView<T>& out) {
+  constexpr const char* fn = "nsa_gated_sum";
+  detail::check_views(fn, "gates", gates, "o_cmp", o_cmp, "o_sel", o_sel, "o_win", o_win, "out",
+                      out);
+  ATTNREF_CHECK(!out.absent() && out.rank() >= 3, std::invalid_argument, fn, "out.shape",
+                "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]", detail::shape_str(out));
+  const Index Dv = out.shape().back(), N = out.size(out.rank() - 2);
+  const Index rows = out.numel() / std::max<Index>(1, N * Dv);
+  for (const auto* t : {&o_cmp, &o_sel, &o_win})
+    ATTNREF_CHECK(!t->absent() && t->shape() == out.shape(), std::invalid_argument, fn,
+                  "branch output shape", "differs from out", detail::shape_str(out),
+                  detail::shape_str(*t));
+  ATTNREF_CHECK(!gates.absent() && gates.shape().back() == 3 && gates.numel() / 3 == rows * N,
+                std::invalid_argument, fn, "gates.shape", "mismatch",
+                "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
+                detail::shape_str(gates));
+  for (Index r = 0; r < rows * N; ++r) {
+    const float* g = gates.data() + r * 3;
+    for (Index j = 0; j < Dv; ++j) {
+      const Index at = r * Dv + j;
+      float acc = g[0] * static_cast<float>(o_cmp.data()[at]);
+      acc += g[1] * static_cast<float>(o_sel.data()[at]);
+      acc += g[2] * static_cast<float>(o_win.data()[at]);
+      out.data()[at] = T(acc);
+    }
+  }
+}
+}  // namespace detail
 
 /// out = T(g0·o_cmp + g1·o_sel + g2·o_win) per (row, head), fp32 — gates [rows, N, 3], the
 /// branch outputs and out [rows, N, Dv] (or [B, S, N, Dv]).
 template <class T>
-void nsa_gated_sum(const TensorRef<const float>& gates, const TensorRef<const T>& o_cmp,
-                   const TensorRef<const T>& o_sel, const TensorRef<const T>& o_win,
-                   const TensorRef<T>& out) {
-  constexpr const char* fn = "nsa_gated_sum";
-  detail::check_tensors(fn, "gates", gates, "o_cmp", o_cmp, "o_sel", o_sel, "o_win", o_win, "out",
-                        out);
-  ATTNREF_CHECK(!out.absent() && out.rank() >= 3, std::invalid_argument, fn, "out.shape",
-                "needs [rows, N, Dv] or [B, S, N, Dv]", "[rows, N, Dv]", detail::shape_str(out));
-  const Index Dv = out.shape.back(), N = out.dim(out.rank() - 2);
-  const Index rows = out.numel() / std::max<Index>(1, N * Dv);
-  for (const auto* t : {&o_cmp, &o_sel, &o_win})
-    ATTNREF_CHECK(!t->absent() && t->shape == out.shape, std::invalid_argument, fn,
-                  "branch output shape", "differs from out", detail::shape_str(out),
-                  detail::shape_str(*t));
-  ATTNREF_CHECK(!gates.absent() && gates.shape.back() == 3 && gates.numel() / 3 == rows * N,
-                std::invalid_argument, fn, "gates.shape", "mismatch",
-                "[rows, " + std::to_string(N) + ", 3] (rows = " + std::to_string(rows) + ")",
-                detail::shape_str(gates));
-  // out may not overlap an input (an element-wise alias would be defined, a shifted one not).
-  const char* names[] = {"gates", "o_cmp", "o_sel", "o_win"};
-  const bool hit[] = {detail::overlaps(out, gates), detail::overlaps(out, o_cmp),
-                      detail::overlaps(out, o_sel), detail::overlaps(out, o_win)};
-  for (int i = 0; i < 4; ++i)
-    ATTNREF_CHECK(!hit[i], std::invalid_argument, fn, "out", std::string("overlaps ") + names[i],
-                  "memory disjoint from the inputs", "overlapping memory");
-  for (Index r = 0; r < rows * N; ++r) {
-    const float* g = gates.data + r * 3;
-    for (Index j = 0; j < Dv; ++j) {
-      const Index at = r * Dv + j;
-      float acc = g[0] * static_cast<float>(o_cmp.data[at]);
-      acc += g[1] * static_cast<float>(o_sel.data[at]);
-      acc += g[2] * static_cast<float>(o_win.data[at]);
-      out.data[at] = T(acc);
-    }
-  }
+void nsa_gated_sum(const StridedView<const float>& gates, const StridedView<const T>& o_cmp,
+                   const StridedView<const T>& o_sel, const StridedView<const T>& o_win,
+                   const StridedView<T>& out) {
+  detail::DenseArena arena("nsa_gated_sum");
+  StridedView<const float> dg = gates;
+  StridedView<const T> dc = o_cmp, ds = o_sel, dw = o_win;
+  StridedView<T> dout = out;
+  arena.input("gates", dg);
+  arena.input("o_cmp", dc);
+  arena.input("o_sel", ds);
+  arena.input("o_win", dw);
+  arena.output("out", dout);
+  detail::nsa_gated_sum_dense(dg, dc, ds, dw, dout);
+  arena.commit();
 }
 
-/// One NSA decode step: the three branches and the gated sum (see the top of this file).
+namespace detail {
+/// nsa_decode_step on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
 template <class T>
-void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                     const NsaDecodeOutputs<T>& out, int num_threads = 0) {
+void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                           const NsaDecodeOutputs<T>& out, int num_threads) {
   constexpr const char* fn = "nsa_decode_step";
-  detail::check_tensors(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out,
-                        "sel_out", out.sel_out, "win_out", out.win_out);
+  detail::check_views(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out, "sel_out",
+                      out.sel_out, "win_out", out.win_out);
   const detail::NsaStepDims d = detail::nsa_step_dims(fn, p, in);
-  const bool tnd = p.layout == "TND";
+  const bool tnd = d.tnd;
   const std::vector<Index> o_shape =
       tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
   const std::int64_t k = p.select_block_count;
   const std::vector<Index> t_shape =
       tnd ? std::vector<Index>{d.rows, d.KVN, k} : std::vector<Index>{d.B, d.S, d.KVN, k};
-  ATTNREF_CHECK(!out.output.absent() && out.output.shape == o_shape, std::invalid_argument, fn,
+  ATTNREF_CHECK(!out.output.absent() && out.output.shape() == o_shape, std::invalid_argument, fn,
                 "output.shape", "mismatch", detail::nsa_dims_str(o_shape),
                 detail::shape_str(out.output));
   for (const auto* t : {&out.cmp_out, &out.sel_out, &out.win_out})
-    ATTNREF_CHECK(t->absent() || (!t->absent() && t->shape == o_shape), std::invalid_argument, fn,
+    ATTNREF_CHECK(t->absent() || (!t->absent() && t->shape() == o_shape), std::invalid_argument, fn,
                   "cmp_out / sel_out / win_out shape", "mismatch", detail::nsa_dims_str(o_shape),
                   detail::shape_str(*t));
-  ATTNREF_CHECK(out.topk.absent() || (out.topk.shape == t_shape), std::invalid_argument, fn,
+  ATTNREF_CHECK(out.topk.absent() || (out.topk.shape() == t_shape), std::invalid_argument, fn,
                 "topk.shape", "mismatch", detail::nsa_dims_str(t_shape),
                 detail::shape_str(out.topk));
-  ATTNREF_CHECK((!in.gates.absent() && in.gates.shape == std::vector<Index>{d.rows, d.N, 3}),
+  ATTNREF_CHECK((!in.gates.absent() && in.gates.shape() == std::vector<Index>{d.rows, d.N, 3}),
                 std::invalid_argument, fn, "gates.shape", "mismatch",
                 detail::nsa_dims_str({d.rows, d.N, 3}), detail::shape_str(in.gates));
   ATTNREF_CHECK(p.window_size >= 1, std::invalid_argument, fn, "params.window_size", "not positive",
@@ -337,22 +363,23 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   const auto& ck = in.cmp_key;
   const auto& cv = in.cmp_value;
   ATTNREF_CHECK(
-      cpbs > 0 && !ck.absent() && ck.rank() == 3 && ck.dim(1) == cpbs && ck.dim(2) == d.KVN * d.Dqk,
+      cpbs > 0 && !ck.absent() && ck.rank() == 3 && ck.size(1) == cpbs &&
+          ck.size(2) == d.KVN * d.Dqk,
       std::invalid_argument, fn, "cmp_key.shape", "mismatch",
       "[numCmpBlocks, " + std::to_string(cpbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
       detail::shape_str(ck));
-  ATTNREF_CHECK(!cv.absent() && cv.rank() == 3 && cv.dim(0) == ck.dim(0) && cv.dim(1) == cpbs &&
-                    cv.dim(2) == d.KVN * d.Dv,
+  ATTNREF_CHECK(!cv.absent() && cv.rank() == 3 && cv.size(0) == ck.size(0) && cv.size(1) == cpbs &&
+                    cv.size(2) == d.KVN * d.Dv,
                 std::invalid_argument, fn, "cmp_value.shape", "mismatch",
-                "[" + std::to_string(ck.dim(0)) + ", " + std::to_string(cpbs) + ", " +
+                "[" + std::to_string(ck.size(0)) + ", " + std::to_string(cpbs) + ", " +
                     std::to_string(d.KVN * d.Dv) + "]",
                 detail::shape_str(cv));
   const auto& cbt = in.cmp_block_table;
-  ATTNREF_CHECK(!cbt.absent() && cbt.rank() == 2 && cbt.dim(0) == d.B, std::invalid_argument, fn,
+  ATTNREF_CHECK(!cbt.absent() && cbt.rank() == 2 && cbt.size(0) == d.B, std::invalid_argument, fn,
                 "cmp_block_table.shape", "mismatch", "[" + std::to_string(d.B) + ", maxCmpBlocks]",
                 detail::shape_str(cbt));
   const Index cmp_capacity =
-      detail::checked_mul(fn, "cmp_block_table.shape[1] * cmp_page_block_size", cbt.dim(1), cpbs);
+      detail::checked_mul(fn, "cmp_block_table.shape[1] * cmp_page_block_size", cbt.size(1), cpbs);
   std::vector<std::int64_t> cmp_len;
   for (Index b = 0; b < d.B; ++b) {
     const Index sel = static_cast<Index>(in.actual_sel_kv_seq_len[static_cast<size_t>(b)]);
@@ -366,51 +393,25 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   }
   detail::check_block_table(
       fn, {"cmp_block_table", "compressed lengths", "cmp_page_block_size", "cmp_page_block_size"},
-      StridedView<const std::int32_t, 2>(cbt.data, {d.B, cbt.dim(1)}), cmp_len, ck.dim(0), cpbs);
-  // Outputs: disjoint from every input and from each other.
-  {
-    auto clash = [&](const auto& o, const char* name) {
-      if (o.absent()) return;
-      const bool bad = detail::overlaps(o, in.query) || detail::overlaps(o, in.key) ||
-                       detail::overlaps(o, in.value) || detail::overlaps(o, in.block_table) ||
-                       detail::overlaps(o, in.cmp_key) || detail::overlaps(o, in.cmp_value) ||
-                       detail::overlaps(o, in.cmp_block_table) || detail::overlaps(o, in.gates);
-      ATTNREF_CHECK(!bad, std::invalid_argument, fn, name, "overlaps an input",
-                    "memory disjoint from the inputs", "overlapping memory");
-    };
-    clash(out.output, "output");
-    clash(out.topk, "topk");
-    clash(out.cmp_out, "cmp_out");
-    clash(out.sel_out, "sel_out");
-    clash(out.win_out, "win_out");
-    const TensorRef<T>* outs[] = {&out.output, &out.cmp_out, &out.sel_out, &out.win_out};
-    const char* names[] = {"output", "cmp_out", "sel_out", "win_out"};
-    for (int a = 0; a < 4; ++a) {
-      ATTNREF_CHECK(!detail::overlaps(*outs[a], out.topk), std::invalid_argument, fn, names[a],
-                    "overlaps topk", "disjoint outputs", "overlapping memory");
-      for (int b = a + 1; b < 4; ++b)
-        ATTNREF_CHECK(!detail::overlaps(*outs[a], *outs[b]), std::invalid_argument, fn, names[a],
-                      std::string("overlaps ") + names[b], "disjoint outputs",
-                      "overlapping memory");
-    }
-  }
+      StridedView<const std::int32_t, 2>(cbt.data(), {d.B, cbt.size(1)}), cmp_len, ck.size(0),
+      cpbs);
 
   // The branches write into the caller's views or into scratch.
   const Index n_o = d.rows * d.N * d.Dv;
   std::vector<T> scratch;
   scratch.resize(static_cast<size_t>(3 * n_o));
   std::vector<std::int32_t> topk_buf;
-  auto pick = [&](const TensorRef<T>& t, Index slot) {
-    return t.absent() ? TensorRef<T>(scratch.data() + slot * n_o, o_shape) : t;
+  auto pick = [&](const StridedView<T>& t, Index slot) {
+    return t.absent() ? StridedView<T>(scratch.data() + slot * n_o, o_shape) : t;
   };
-  const TensorRef<T> o_cmp = pick(out.cmp_out, 0), o_sel = pick(out.sel_out, 1),
-                     o_win = pick(out.win_out, 2);
-  TensorRef<std::int32_t> topk = out.topk;
+  const StridedView<T> o_cmp = pick(out.cmp_out, 0), o_sel = pick(out.sel_out, 1),
+                       o_win = pick(out.win_out, 2);
+  StridedView<std::int32_t> topk = out.topk;
   if (topk.absent()) {
     Index n = 1;
     for (Index e : t_shape) n *= e;
     topk_buf.resize(static_cast<size_t>(n));
-    topk = TensorRef<std::int32_t>(topk_buf.data(), t_shape);
+    topk = StridedView<std::int32_t>(topk_buf.data(), t_shape);
   }
 
   // The compressed branch.
@@ -433,7 +434,7 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   ci.actual_q_seq_len = in.actual_q_seq_len;
   ci.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
   const std::uint8_t mask_flag = 1;  // the multi-token rule (its content is never read)
-  ci.atten_mask = TensorRef<const std::uint8_t>(&mask_flag, {1});
+  ci.atten_mask = StridedView<const std::uint8_t>(&mask_flag, {1});
   ci.actual_cmp_kv_seq_len = cmp_len;
   NsaCompressAttentionInferOutputs<T> co{o_cmp, topk};
 
@@ -452,8 +453,8 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   si.key = in.key;
   si.value = in.value;
   if (!tnd && in.key.rank() == 3) {  // the selected operator takes 4-d caches with BSND
-    si.key.shape = {in.key.dim(0), in.key.dim(1), d.KVN, d.Dqk};
-    si.value.shape = {in.value.dim(0), in.value.dim(1), d.KVN, d.Dv};
+    si.key = detail::split_dim(in.key, 2, d.KVN, d.Dqk);
+    si.value = detail::split_dim(in.value, 2, d.KVN, d.Dv);
   }
   si.block_table = in.block_table;
   si.actual_q_seq_len = in.actual_q_seq_len;
@@ -466,21 +467,35 @@ void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
   {
     std::vector<std::int32_t> none(static_cast<size_t>(topk.numel()), -1);
     NsaSelectedAttentionInferInputs<T> probe = si;
-    probe.topk_indices = TensorRef<const std::int32_t>(none.data(), t_shape);
+    probe.topk_indices = StridedView<const std::int32_t>(none.data(), t_shape);
     std::vector<T> sink(static_cast<size_t>(n_o));
-    detail::nsa_as_step(fn, [&] {
-      nsa_selected_attention_infer(sp, probe, {TensorRef<T>(sink.data(), o_shape)}, 1);
-    });
+    nsa_selected_attention_infer(sp, probe, {StridedView<T>(sink.data(), o_shape)}, 1);
   }
   const detail::NsaWindowProblem<T> win = detail::nsa_window_problem(fn, p, in, o_win, num_threads);
-  detail::nsa_as_step(fn, [&] { nsa_compress_attention_infer(cp, ci, co, num_threads); });
-  detail::nsa_as_step(fn, [&] { nsa_selected_attention_infer(sp, si, {o_sel}, num_threads); });
+  // The branches run under the step's error context (its DenseArena): a branch's rejection
+  // reads "attnref::nsa_decode_step: ... (in <branch>): ...".
+  nsa_compress_attention_infer(cp, ci, co, num_threads);
+  nsa_selected_attention_infer(sp, si, {o_sel}, num_threads);
   detail::nsa_window_run(win);
   nsa_gated_sum<T>(in.gates, o_cmp, o_sel, o_win, out.output);
   if (!tnd)  // padded rows are 0 whatever their gates
     for (Index b = 0; b < d.B; ++b)
       for (Index i = d.qlen[static_cast<size_t>(b)]; i < d.S; ++i)
-        std::fill_n(out.output.data + (b * d.S + i) * d.N * d.Dv, d.N * d.Dv, T(0.0f));
+        std::fill_n(out.output.data() + (b * d.S + i) * d.N * d.Dv, d.N * d.Dv, T(0.0f));
+}
+}  // namespace detail
+
+/// One NSA decode step: the three branches and the gated sum (see the top of this file).
+template <class T>
+void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                     const NsaDecodeOutputs<T>& out, int num_threads = 0) {
+  detail::DenseArena arena("nsa_decode_step");
+  NsaDecodeInputs<T> din = in;
+  NsaDecodeOutputs<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
+  detail::nsa_decode_step_dense(p, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref

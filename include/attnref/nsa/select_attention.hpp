@@ -38,8 +38,9 @@
 
 #include "attnref/attention/attention.hpp"
 #include "attnref/attention/variant.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
-#include "attnref/core/tensor.hpp"
+#include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
 
 namespace attnref {
@@ -60,32 +61,48 @@ struct NsaSelectedAttentionInferParams {
 /// unused; the multi-token causal rule needs no mask, so there is no mask input.
 template <class T>
 struct NsaSelectedAttentionInferInputs {
-  TensorRef<const T> query{};  ///< TND [T, N, Dqk], BSND [B, S, N, Dqk] or BSH [B, S, N·Dqk]
+  StridedView<const T> query{};  ///< TND [T, N, Dqk], BSND [B, S, N, Dqk] or BSH [B, S, N·Dqk]
   /// [numBlocks, pageBlockSize, KV_N·Dqk] or [numBlocks, pageBlockSize, KV_N, Dqk] (raw keys)
-  TensorRef<const T> key{};
-  TensorRef<const T> value{};                         ///< the same with Dv
-  TensorRef<const std::int32_t> topk_indices{};       ///< TND [T, KV_N, k], else [B, S, KV_N, k]
-  TensorRef<const std::int32_t> block_table{};        ///< [B, maxBlocks] (required)
+  StridedView<const T> key{};
+  StridedView<const T> value{};                       ///< the same with Dv
+  StridedView<const std::int32_t> topk_indices{};     ///< TND [T, KV_N, k], else [B, S, KV_N, k]
+  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocks] (required)
   std::vector<std::int64_t> actual_q_seq_len{};       ///< [B] (empty: 1 each for TND, else S)
   std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (required)
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("query", query), f("key", key), f("value", value), f("topk_indices", topk_indices);
+    f("block_table", block_table);
+  }
 };
 
 template <class T>
 struct NsaSelectedAttentionInferOutputs {
-  TensorRef<T> output{};  ///< TND [T, N, Dv], BSND [B, S, N, Dv], BSH [B, S, N·Dv]
+  StridedView<T> output{};  ///< TND [T, N, Dv], BSND [B, S, N, Dv], BSH [B, S, N·Dv]
+
+  /// Calls f(name, view) for every tensor field.
+  template <class F>
+  void for_each_view(F&& f) {
+    f("output", output);
+  }
 };
 
+namespace detail {
+/// nsa_selected_attention_infer on dense arguments: the public entry below passes every view
+/// through a DenseArena first.
 template <class T>
-void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
-                                  const NsaSelectedAttentionInferInputs<T>& in,
-                                  const NsaSelectedAttentionInferOutputs<T>& out,
-                                  int num_threads = 0) {
+void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p,
+                                        const NsaSelectedAttentionInferInputs<T>& in,
+                                        const NsaSelectedAttentionInferOutputs<T>& out,
+                                        int num_threads) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
   using detail::shape_str;
   const char* fn = "nsa_selected_attention_infer";
-  detail::check_tensors(fn, "query", in.query, "key", in.key, "value", in.value, "topk_indices",
-                        in.topk_indices, "block_table", in.block_table, "output", out.output);
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "topk_indices",
+                      in.topk_indices, "block_table", in.block_table, "output", out.output);
   const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   const std::int64_t ls = p.select_block_size, k = p.select_block_count;
   ATTNREF_CHECK(ls > 0 && k > 0, std::invalid_argument, "nsa_selected_attention_infer",
@@ -95,9 +112,8 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     ATTNREF_CHECK(ls >= 16 && ls <= 128 && ls % 16 == 0, std::invalid_argument,
                   "nsa_selected_attention_infer", "params.select_block_size",
                   "not supported" + rule, "16, 32, ..., 128", std::to_string(ls));
-  ATTNREF_CHECK(p.layout == "TND" || p.layout == "BSND" || p.layout == "BSH", std::invalid_argument,
-                "nsa_selected_attention_infer", "params.layout", "not supported",
-                "TND, BSND or BSH", p.layout);
+  const Layout layout = detail::parse_layout("nsa_selected_attention_infer", "params.layout",
+                                             p.layout, {Layout::TND, Layout::BSND, Layout::BSH});
   ATTNREF_CHECK(p.sparse_mode == 0, std::invalid_argument, "nsa_selected_attention_infer",
                 "params.sparse_mode", "not supported (reserved)", "0",
                 std::to_string(p.sparse_mode));
@@ -119,7 +135,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                   std::to_string(KVN));
   }
   // The query and its layout.
-  const bool tnd = p.layout == "TND", bsh = p.layout == "BSH";
+  const bool tnd = layout == Layout::TND, bsh = layout == Layout::BSH;
   const auto& q = in.query;
   const Index q_rank = tnd || bsh ? 3 : 4;
   ATTNREF_CHECK(!q.absent() && q.rank() == q_rank, std::invalid_argument,
@@ -129,22 +145,22 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                       : "[B, S, N, Dqk]",
                 shape_str(q));
   if (!bsh)
-    ATTNREF_CHECK(q.dim(tnd ? 1 : 2) == N, std::invalid_argument, "nsa_selected_attention_infer",
+    ATTNREF_CHECK(q.size(tnd ? 1 : 2) == N, std::invalid_argument, "nsa_selected_attention_infer",
                   "query.shape", "head count differs from num_heads", std::to_string(N),
                   shape_str(q));
   else
-    ATTNREF_CHECK(q.dim(2) > 0 && q.dim(2) % N == 0, std::invalid_argument,
+    ATTNREF_CHECK(q.size(2) > 0 && q.size(2) % N == 0, std::invalid_argument,
                   "nsa_selected_attention_infer", "query.shape[2]", "not a multiple of num_heads",
                   "N * Dqk", shape_str(q));
-  const Index Dqk = bsh ? q.dim(2) / N : q.dim(q_rank - 1);
+  const Index Dqk = bsh ? q.size(2) / N : q.size(q_rank - 1);
   ATTNREF_CHECK(Dqk > 0, std::invalid_argument, "nsa_selected_attention_infer", "query.shape",
                 "empty head dimension", "Dqk > 0", shape_str(q));
   // Batches and lengths.
   const auto& bt = in.block_table;
-  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.dim(0) > 0, std::invalid_argument,
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) > 0, std::invalid_argument,
                 "nsa_selected_attention_infer", "block_table.shape", "required: [B, maxBlocks]",
                 "[B, maxBlocks]", shape_str(bt));
-  const Index B = bt.dim(0);
+  const Index B = bt.size(0);
   if (p.strict)
     ATTNREF_CHECK(B <= 3072, std::invalid_argument, "nsa_selected_attention_infer",
                   "block_table.shape[0]", "batch out of range" + rule, "[1, 3072]",
@@ -152,8 +168,8 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   ATTNREF_CHECK(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, std::invalid_argument,
                 "nsa_selected_attention_infer", "actual_sel_kv_seq_len", "required, one per batch",
                 std::to_string(B), std::to_string(in.actual_sel_kv_seq_len.size()));
-  const Index S = tnd ? 0 : q.dim(1);
-  ATTNREF_CHECK(tnd || q.dim(0) == B, std::invalid_argument, "nsa_selected_attention_infer",
+  const Index S = tnd ? 0 : q.size(1);
+  ATTNREF_CHECK(tnd || q.size(0) == B, std::invalid_argument, "nsa_selected_attention_infer",
                 "query.shape[0]", "differs from block_table's batch", std::to_string(B),
                 shape_str(q));
   if (!tnd)
@@ -177,7 +193,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     row0[static_cast<size_t>(b) + 1] = row0[static_cast<size_t>(b)] + (tnd ? qlen[b] : S);
   const Index R = row0.back();
   if (tnd)
-    ATTNREF_CHECK(q.dim(0) == R, std::invalid_argument, "nsa_selected_attention_infer",
+    ATTNREF_CHECK(q.size(0) == R, std::invalid_argument, "nsa_selected_attention_infer",
                   "query.shape[0]", "differs from the sum of actual_q_seq_len", std::to_string(R),
                   shape_str(q));
   // The paged caches: [numBlocks, pbs, KV_N·D] or [numBlocks, pbs, KV_N, D].
@@ -187,9 +203,9 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   ATTNREF_CHECK(pbs > 0, std::invalid_argument, "nsa_selected_attention_infer",
                 "params.page_block_size", "not positive", "> 0", std::to_string(pbs));
   auto cache_ok = [&](const auto& t, Index D) {
-    if (t.absent() || t.dim(1) != pbs) return false;
-    return (t.rank() == 3 && t.dim(2) == KVN * D) ||
-           (t.rank() == 4 && t.dim(2) == KVN && t.dim(3) == D);
+    if (t.absent() || t.size(1) != pbs) return false;
+    return (t.rank() == 3 && t.size(2) == KVN * D) ||
+           (t.rank() == 4 && t.size(2) == KVN && t.size(3) == D);
   };
   ATTNREF_CHECK((kt.rank() == 3 || kt.rank() == 4) && cache_ok(kt, Dqk), std::invalid_argument,
                 "nsa_selected_attention_infer", "key.shape", "mismatch",
@@ -197,17 +213,17 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                     "] or [numBlocks, " + std::to_string(pbs) + ", " + std::to_string(KVN) + ", " +
                     std::to_string(Dqk) + "]",
                 shape_str(kt));
-  ATTNREF_CHECK((vt.rank() == 3 || vt.rank() == 4) && !vt.absent() && vt.dim(0) == kt.dim(0) &&
-                    vt.dim(1) == pbs &&
-                    (vt.rank() == 3 ? vt.dim(2) > 0 && vt.dim(2) % KVN == 0
-                                    : vt.dim(2) == KVN && vt.dim(3) > 0),
+  ATTNREF_CHECK((vt.rank() == 3 || vt.rank() == 4) && !vt.absent() && vt.size(0) == kt.size(0) &&
+                    vt.size(1) == pbs &&
+                    (vt.rank() == 3 ? vt.size(2) > 0 && vt.size(2) % KVN == 0
+                                    : vt.size(2) == KVN && vt.size(3) > 0),
                 std::invalid_argument, "nsa_selected_attention_infer", "value.shape", "mismatch",
-                "[" + std::to_string(kt.dim(0)) + ", " + std::to_string(pbs) +
+                "[" + std::to_string(kt.size(0)) + ", " + std::to_string(pbs) +
                     ", KV_N * Dv] or [.., KV_N, Dv]",
                 shape_str(vt));
-  const Index Dv = vt.rank() == 3 ? vt.dim(2) / KVN : vt.dim(3), nb = kt.dim(0);
+  const Index Dv = vt.rank() == 3 ? vt.size(2) / KVN : vt.size(3), nb = kt.size(0);
   if (p.strict) {
-    const Index want_rank = p.layout == "BSND" ? 4 : 3;  // the vendor ties it to the layout
+    const Index want_rank = layout == Layout::BSND ? 4 : 3;  // the vendor ties it to the layout
     ATTNREF_CHECK(kt.rank() == want_rank && vt.rank() == want_rank, std::invalid_argument,
                   "nsa_selected_attention_infer", "key / value rank",
                   "not the layout's cache rank" + rule,
@@ -222,7 +238,7 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                   std::to_string(pbs));
   }
   const Index capacity =
-      detail::checked_mul(fn, "block_table.shape[1] * page_block_size", bt.dim(1), pbs);
+      detail::checked_mul(fn, "block_table.shape[1] * page_block_size", bt.size(1), pbs);
   for (Index b = 0; b < B; ++b) {
     const std::int64_t v = in.actual_sel_kv_seq_len[static_cast<size_t>(b)];
     ATTNREF_CHECK(v >= 0 && v <= capacity, std::invalid_argument, "nsa_selected_attention_infer",
@@ -246,32 +262,27 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  ATTNREF_CHECK(!tk.absent() && tk.shape == tk_shape, std::invalid_argument,
+  ATTNREF_CHECK(!tk.absent() && tk.shape() == tk_shape, std::invalid_argument,
                 "nsa_selected_attention_infer", "topk_indices.shape", "mismatch",
                 dims_str(tk_shape), shape_str(tk));
   // The output.
   const std::vector<Index> o_shape = tnd   ? std::vector<Index>{R, N, Dv}
                                      : bsh ? std::vector<Index>{B, S, N * Dv}
                                            : std::vector<Index>{B, S, N, Dv};
-  ATTNREF_CHECK(!out.output.absent() && out.output.shape == o_shape, std::invalid_argument,
+  ATTNREF_CHECK(!out.output.absent() && out.output.shape() == o_shape, std::invalid_argument,
                 "nsa_selected_attention_infer", "output.shape", "mismatch", dims_str(o_shape),
                 shape_str(out.output));
-  ATTNREF_CHECK(!detail::overlaps(out.output, q) && !detail::overlaps(out.output, kt) &&
-                    !detail::overlaps(out.output, vt) && !detail::overlaps(out.output, tk) &&
-                    !detail::overlaps(out.output, bt),
-                std::invalid_argument, "nsa_selected_attention_infer", "output",
-                "overlaps an input", "memory disjoint from the inputs", "overlapping memory");
   // Index data: block tables, then every live row's top-k entries.
   detail::check_block_table(
       fn, {"block_table", "actual_sel_kv_seq_len", "params.page_block_size", "page_block_size"},
-      StridedView<const std::int32_t, 2>(bt.data, {B, bt.dim(1)}), sel, nb, pbs);
+      StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}), sel, nb, pbs);
   std::vector<std::int32_t> seen;
   for (Index b = 0; b < B; ++b) {
     const Index n_sel = sel[static_cast<size_t>(b)] / ls + (sel[static_cast<size_t>(b)] % ls != 0);
     for (Index i = 0; i < qlen[static_cast<size_t>(b)]; ++i)
       for (Index g = 0; g < KVN; ++g) {
         const Index row = row0[static_cast<size_t>(b)] + i;
-        const std::int32_t* t = tk.data + (row * KVN + g) * k;
+        const std::int32_t* t = tk.data() + (row * KVN + g) * k;
         seen.clear();
         for (Index e = 0; e < k; ++e) {
           const std::string arg = "topk_indices[" + std::to_string(row) + "][" + std::to_string(g) +
@@ -312,16 +323,16 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
         const Index e = row * KVN + g;
         pages.first[static_cast<size_t>(e)] = static_cast<Index>(pages.k.size());
         if (!live || L <= 0) continue;
-        const std::int32_t* t = tk.data + (row * KVN + g) * k;
+        const std::int32_t* t = tk.data() + (row * KVN + g) * k;
         blocks.assign(t, t + k);
         std::sort(blocks.begin(), blocks.end());
         Index n = 0;
         for (const std::int32_t j : blocks) {
           if (j < 0) continue;
           for (Index pos = j * ls; pos < std::min<Index>((j + 1) * ls, L); pos += u) {
-            const Index phys = bt.data[b * bt.dim(1) + pos / pbs] * pbs + pos % pbs;
-            pages.k.push_back(kt.data + phys * kstride + g * Dqk);
-            pages.v.push_back(vt.data + phys * vstride + g * Dv);
+            const Index phys = bt.data()[b * bt.size(1) + pos / pbs] * pbs + pos % pbs;
+            pages.k.push_back(kt.data() + phys * kstride + g * Dqk);
+            pages.v.push_back(vt.data() + phys * vstride + g * Dv);
           }
           n += std::max<Index>(0, std::min<Index>((j + 1) * ls, L) - j * ls);
         }
@@ -331,17 +342,32 @@ void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
   Index max_len = 0;  // 0 when nothing is selected: an empty cache may have null data
   for (Index v : kv_len) max_len = std::max(max_len, v);
   AttentionInputs<T, T> ein;
-  ein.q = StridedView<const T, 4>(q.data, {E, 1, G, Dqk});
-  ein.k = StridedView<const T, 4>(kt.data, {E, max_len, 1, Dqk}, {0, kstride, Dqk, 1});
-  ein.v = StridedView<const T, 4>(vt.data, {E, max_len, 1, Dv}, {0, vstride, Dv, 1});
+  ein.q = StridedView<const T, 4>(q.data(), {E, 1, G, Dqk});
+  ein.k = StridedView<const T, 4>(kt.data(), {E, max_len, 1, Dqk}, {0, kstride, Dqk, 1});
+  ein.v = StridedView<const T, 4>(vt.data(), {E, max_len, 1, Dv}, {0, vstride, Dv, 1});
   ein.seq.kv = kv_len;
   AttentionParams ep;
   ep.scale = p.scale_value;
   ep.num_threads = num_threads;
   AttentionOutputs<T> eo;
-  eo.o = StridedView<T, 4>(out.output.data, {E, 1, G, Dv});
+  eo.o = StridedView<T, 4>(out.output.data(), {E, 1, G, Dv});
   DefaultVariant var;
   detail::attention_with_pages(var, ein, ep, eo, pages);
+}
+}  // namespace detail
+
+template <class T>
+void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
+                                  const NsaSelectedAttentionInferInputs<T>& in,
+                                  const NsaSelectedAttentionInferOutputs<T>& out,
+                                  int num_threads = 0) {
+  detail::DenseArena arena("nsa_selected_attention_infer");
+  NsaSelectedAttentionInferInputs<T> din = in;
+  NsaSelectedAttentionInferOutputs<T> dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
+  detail::nsa_selected_attention_infer_dense(p, din, dout, num_threads);
+  arena.commit();
 }
 
 }  // namespace attnref
