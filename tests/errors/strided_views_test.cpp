@@ -244,6 +244,16 @@ TEST(StridedViews, OverlapsAreRejectedBeforeAnyWrite) {
         << e.what();
   }
   EXPECT_TRUE(same_bits(q, before));
+  // A wrong shape is reported as such even when the view also overlaps: the overlap is raised
+  // only after the operator's own checks.
+  const StridedView<half> bad(q.data() + 1, {B, S, N, D + 1}, {S * N * D * 2, N * D * 2, D * 2, 2});
+  try {
+    attnref::prompt_flash_attention(p, in, attnref::PromptFlashAttentionOutputs<half>{bad});
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_out.shape"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(same_bits(q, before));
 }
 
 TEST(StridedViews, AHugeBroadcastIsRejectedNotCopied) {

@@ -2,10 +2,12 @@
 /// detail::DenseArena: the edge of an operator whose kernels walk raw memory (the CANN, MLA and
 /// NSA operators). Every tensor argument goes through it before the operator's own checks:
 ///   input(name, v)          check_view, then v is replaced by a dense row-major stand-in;
-///   output(name, v)         check_view, a rejection when v overlaps an input or an earlier
-///                           output, then v is replaced by a dense stand-in filled from the
+///   output(name, v)         check_view, then v is replaced by a dense stand-in filled from the
 ///                           caller's memory (operators read caches and leave padding alone);
-///   commit()                copies the stand-ins of outputs back into the caller's views.
+///                           an output overlapping an input or an earlier output is rejected
+///                           after the operator's own checks (see Overlap below);
+///   commit()                the overlap rejection, if any; else copies the stand-ins of outputs
+///                           back into the caller's views.
 /// A view that is dense already is its own stand-in (no copy), so dense arguments cost nothing;
 /// padded, permuted and broadcast views cost one copy each, and one of more than
 /// kMaxDenseCopy elements is rejected (std::invalid_argument) rather than copied. Outputs are
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -70,14 +73,22 @@ class DenseArena {
     static_assert(!std::is_const_v<T>, "an output view has mutable elements");
     check_view(fn_, name, v);
     const auto r = byte_range(v);
-    for (const auto& in : inputs_)
-      ATTNREF_CHECK(in_place || !hit(r, in.second), std::invalid_argument, fn_, name,
-                    "overlaps an input", "memory disjoint from the inputs",
-                    "the memory of " + in.first);
-    for (const auto& o : outputs_)  // named in registration order: "cmp_out overlaps sel_out"
-      ATTNREF_CHECK(!hit(r, o.second), std::invalid_argument, fn_, o.first, "overlaps " + name,
-                    "disjoint outputs", "overlapping memory");
+    if (!overlap_) {
+      for (const auto& in : inputs_)
+        if (!in_place && hit(r, in.second))
+          overlap_ = {name, "overlaps an input", "memory disjoint from the inputs",
+                      "the memory of " + in.first};
+      for (const auto& o : outputs_)  // named in registration order: "cmp_out overlaps sel_out"
+        if (!overlap_ && hit(r, o.second))
+          overlap_ = {o.first, "overlaps " + name, "disjoint outputs", "overlapping memory"};
+      if (overlap_) quarantine_all();
+    }
     outputs_.emplace_back(name, r);
+    if (overlap_) {
+      quarantine(name, v);
+      return;
+    }
+    quarantines_.emplace_back([this, name, &v] { quarantine(name, v); });
     if (v.absent() || v.dense()) return;
     T* buf = gather(name, v);
     const StridedView<T> orig = v;
@@ -88,8 +99,11 @@ class DenseArena {
     });
   }
 
-  /// Writes the stand-ins of strided outputs back (in the order they were registered).
+  /// After the operator's run: the overlap found at registration, if any, is raised now (the
+  /// operator's own checks came first, and it wrote only to scratch); otherwise the stand-ins of
+  /// strided outputs are written back, in registration order.
   void commit() {
+    if (overlap_) raise_overlap();
     for (auto& c : commits_) c();
     commits_.clear();
   }
@@ -117,8 +131,34 @@ class DenseArena {
     return buf;
   }
 
+  /// An output overlapping an input or another output is rejected, but only after the
+  /// operator's own checks, so that a wrong shape is reported as such: until then every output
+  /// is "quarantined" — replaced by fresh scratch of its shape, not read from the caller's
+  /// memory (whose extent is in doubt) and never written back.
+  struct Overlap {
+    std::string argument, what, expected, got;
+  };
+  static constexpr Index kMaxQuarantine = Index{1} << 24;
+  template <class T>
+  void quarantine(const std::string& name, StridedView<T>& v) {
+    if (v.absent()) return;
+    if (v.numel() > kMaxQuarantine) raise_overlap();  // too large to run on scratch
+    v = StridedView<T>(fresh<T>(name, v.numel()), v.shape());
+  }
+  void quarantine_all() {
+    for (auto& q : quarantines_) q();
+    quarantines_.clear();
+    commits_.clear();
+  }
+  [[noreturn]] void raise_overlap() const {
+    raise<std::invalid_argument>(fn_, overlap_->argument, overlap_->what, overlap_->expected,
+                                 overlap_->got);
+  }
+
   const char* fn_;
   CallerScope scope_;
+  std::optional<Overlap> overlap_;
+  std::vector<std::function<void()>> quarantines_;
   std::vector<std::pair<std::string, Range>> inputs_;
   std::vector<std::pair<std::string, Range>> outputs_;
   std::vector<std::shared_ptr<void>> buffers_;
