@@ -415,6 +415,43 @@ TEST(InputModel, PromptFlashAttentionNegativeBatchAndHugeMask) {
   for (const half& x : o) EXPECT_EQ(static_cast<float>(x), 7.0f);
 }
 
+TEST(InputModel, MlaPreprocessHiddenSizePastTheInt8MatmulLimitIsNamed) {
+  // Found by the mla_preprocess fuzz entry's author: H0 = 65537 passed mla_preprocess's checks
+  // and was refused inside the computation as "a.shape[1] ... (in int8_matmul)".
+  using attnref::half;
+  const Index N = 1, H0 = 65537, C = 16, R = 2, Q = 1, P = 1, NH = 1, W1 = C + R + Q;
+  const Index W2 = NH * (P + R);
+  std::vector<half> input(N * H0, half(0.5f)), g0(H0, half(1.f)), g1(Q, half(1.f)),
+      g2(C, half(1.f)), sn(N * R, half(0.f)), cs(N * R, half(1.f)), wuk(NH * P * C, half(0.1f)),
+      q_out(N * NH * (C + R), half(-9.f)), kv(4 * (C + R), half(-9.f));
+  std::vector<std::int8_t> wdqkv(W1 * H0, 1), wuq(W2 * Q, 1);
+  std::vector<float> ds0(W1, 1e-3f), ds1(W2, 1e-3f);
+  std::vector<std::int32_t> slots{0};
+  attnref::MlaPreprocessParams p;
+  p.dims = {H0, C, R, Q, P};
+  p.quant_mode = attnref::MlaQuantMode::PerTokenSymm;
+  attnref::MlaPreprocessInputs<half> in;
+  in.input = StridedView<const half>(input.data(), {N, H0});
+  in.gamma0 = StridedView<const half>(g0.data(), {H0});
+  in.gamma1 = StridedView<const half>(g1.data(), {Q});
+  in.gamma2 = StridedView<const half>(g2.data(), {C});
+  in.sin = StridedView<const half>(sn.data(), {N, R});
+  in.cos = StridedView<const half>(cs.data(), {N, R});
+  in.wuk = {StridedView<const half>(wuk.data(), {NH, P, C}), false};
+  in.slot_mapping = StridedView<const std::int32_t>(slots.data(), {N});
+  in.wdqkv = {StridedView<const std::int8_t>(wdqkv.data(), {W1, H0}), W1, H0};
+  in.wuq = {StridedView<const std::int8_t>(wuq.data(), {W2, Q}), W2, Q};
+  in.de_scale0 = StridedView<const float>(ds0.data(), {W1});
+  in.de_scale1 = StridedView<const float>(ds1.data(), {W2});
+  attnref::MlaPreprocessOutputs<half> out;
+  out.q_out = StridedView<half>(q_out.data(), {N, NH, C + R});
+  out.caches.kv_cache = StridedView<half>(kv.data(), {1, 4, 1, C + R});
+  expect_reject<std::invalid_argument>([&] { attnref::mla_preprocess<half>(p, in, out, 1); },
+                                       "mla_preprocess",
+                                       {"params.dims too large for the int8 matmuls", "H0 65537"});
+  for (const half& x : q_out) EXPECT_EQ(static_cast<float>(x), -9.0f);
+}
+
 TEST(InputModel, MlaDecodeOverflowingWidthAndNullCache) {
   std::vector<float> q(1 * 2 * 8), cache(2 * 4 * 8), out(1 * 2 * 6, 7.0f);
   const std::vector<std::int32_t> table{0, 1};

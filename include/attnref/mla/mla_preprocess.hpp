@@ -154,6 +154,12 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
   const MlaCacheMode cm = params.cache_mode;
   const bool unquant = mode == MlaQuantMode::Unquant;
   const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
+  // The int8 matmuls reduce over H0 and Q in exact int32 only up to 2^16 (int8_matmul's limit):
+  // checked here, under the argument that sets it, not inside the computation.
+  ATTNREF_CHECK(unquant || (H0 <= (Index{1} << 16) && Q <= (Index{1} << 16)), std::invalid_argument,
+                fn, "params.dims", "too large for the int8 matmuls",
+                "hidden_size and q_lora_rank <= 65536 in the quantized modes",
+                "H0 " + std::to_string(H0) + ", Q " + std::to_string(Q));
 
   ATTNREF_CHECK(!in.input.absent() && in.input.rank() == 2 && in.input.size(1) == H0,
                 std::invalid_argument, fn, "input.shape", "mismatch",
