@@ -104,6 +104,191 @@ struct IncreFlashAttentionOutputs {
 };
 
 namespace detail {
+
+/// The keys and values of an IFA call as the engine reads them: views (the pool, or the shape of
+/// sequence 0), the pages of per-batch tensors, the tensors of different lengths gathered, the
+/// kv lengths, the left-padding shifts and the key positions a mask / pse row must cover.
+template <class TKV>
+struct IfaKv {
+  StridedView<const TKV, 4> k, v;
+  StridedView<const std::int32_t, 2> block_table;
+  KvPages<TKV> pages;
+  std::vector<TKV> packed_k, packed_v;  // BNSD tensor lists of different S, gathered
+  std::vector<Index> kv_len, shift;
+  Index mask_cols = 0;
+};
+
+/// A paged cache: one tensor each, [blockNum, blockSize, KV_N·D] (or BNSD [blockNum, KV_N,
+/// blockSize, D]), every used block-table entry checked.
+template <class T, class TKV, class TM>
+void ifa_paged_kv(const char* fn, const IncreFlashAttentionParams& params,
+                  const IncreFlashAttentionInputs<T, TKV, TM>& in, Layout layout, Index B,
+                  Index kvn, Index D, IfaKv<TKV>& kv) {
+  constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
+  using L = Layout;
+  ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "key / value",
+                "paged: one cache tensor each", "1", std::to_string(in.key.size()));
+  const auto& kc = in.key[0];
+  const auto& vc = in.value[0];
+  ATTNREF_CHECK(!kc.absent() && !vc.absent() && kc.shape() == vc.shape() &&
+                    (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
+                std::invalid_argument, fn, "key[0].shape", "paged cache shape",
+                "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
+                "value the same",
+                shape_str(kc) + " and " + shape_str(vc));
+  const Index nb = kc.size(0), bs = kc.rank() == 3 ? kc.size(1) : kc.size(2);
+  const Index width = kc.rank() == 3 ? kc.size(2) : kc.size(1) * kc.size(3);
+  ATTNREF_CHECK(width == kvn * D && (kc.rank() == 3 || kc.size(1) == kvn), std::invalid_argument,
+                fn, "key[0].shape", "KV_N * D mismatch",
+                std::to_string(kvn) + " heads of " + std::to_string(D), shape_str(kc));
+  const Index align = kQuant ? 32 : 16;
+  ATTNREF_CHECK(params.block_size == bs, std::invalid_argument, fn, "params.block_size",
+                "differs from the cache's block size", std::to_string(bs),
+                std::to_string(params.block_size));
+  ATTNREF_CHECK(bs > 0 && bs <= 512 && bs % align == 0, std::invalid_argument, fn,
+                "params.block_size", "not supported",
+                "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
+  const auto& bt = in.block_table;
+  ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) == B, std::invalid_argument, fn,
+                "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
+                shape_str(bt));
+  ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, "actual_seq_lengths",
+                "required when paged", "kv lengths", "none");
+  kv.mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
+  kv.kv_len =
+      detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, kv.mask_cols);
+  if (kc.rank() == 3) {
+    kv.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
+    kv.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
+  } else {
+    kv.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+    kv.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+  }
+  kv.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
+  // Every used block-table entry, named (std::out_of_range), before anything is written.
+  PagedKvCache<const TKV>{kv.k, kv.v, kv.block_table, kv.kv_len}.validate(fn);
+}
+
+/// One tensor with batch B, or B tensors with batch 1 (their S may differ), with the optional
+/// kv left padding.
+template <class T, class TKV, class TM>
+void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& in, Layout layout,
+                   Index B, Index kvn, Index D, IfaKv<TKV>& kv) {
+  ATTNREF_CHECK(in.key.size() == 1 || static_cast<Index>(in.key.size()) == B, std::invalid_argument,
+                fn, "key / value", "list length neither 1 nor the batch",
+                "1 or " + std::to_string(B), std::to_string(in.key.size()));
+  const bool list = in.key.size() > 1 || B == 1;
+  std::vector<std::array<Index, 4>> dims;
+  Index max_s = 0;
+  bool same_s = true;
+  for (size_t i = 0; i < in.key.size(); ++i) {
+    const std::string ki = "key[" + std::to_string(i) + "]",
+                      vi = "value[" + std::to_string(i) + "]";
+    const auto kd = detail::pfa_dims(fn, ki.c_str(), in.key[i], layout, kvn);
+    ATTNREF_CHECK(in.value[i].shape() == in.key[i].shape() && !in.value[i].absent(),
+                  std::invalid_argument, fn, vi + ".shape", "differs from the key's",
+                  shape_str(in.key[i]), shape_str(in.value[i]));
+    ATTNREF_CHECK(kd[3] == D && kd[0] == (list ? 1 : B), std::invalid_argument, fn, ki + ".shape",
+                  "mismatch",
+                  "batch " + std::to_string(list ? 1 : B) + ", head size " + std::to_string(D),
+                  shape_str(in.key[i]));
+    dims.push_back(kd);
+    if (i > 0 && kd[1] != dims[0][1]) same_s = false;
+    max_s = std::max(max_s, kd[1]);
+  }
+  kv.kv_len.resize(static_cast<size_t>(B));
+  const auto& al = in.actual_seq_lengths;
+  ATTNREF_CHECK(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B,
+                std::invalid_argument, fn, "actual_seq_lengths", "length neither 1 nor >= batch",
+                "1 or >= " + std::to_string(B), std::to_string(al.size()));
+  for (Index b = 0; b < B; ++b) {
+    const Index s_b = dims[list ? static_cast<size_t>(b) : 0][1];
+    Index l = s_b;
+    if (!al.empty()) {
+      const std::int64_t v = al[al.size() == 1 ? 0 : static_cast<size_t>(b)];
+      ATTNREF_CHECK(v >= 0 && v <= s_b, std::invalid_argument, fn,
+                    "actual_seq_lengths[" + std::to_string(b) + "]", "out of range",
+                    "[0, " + std::to_string(s_b) + "]", std::to_string(v));
+      l = static_cast<Index>(v);
+    }
+    kv.kv_len[static_cast<size_t>(b)] = l;
+  }
+  const auto& kp = in.kv_padding_size;
+  if (!kp.absent()) {
+    ATTNREF_CHECK(!kp.absent() && kp.numel() == 1, std::invalid_argument, fn,
+                  "kv_padding_size.shape", "not one value", "[] or [1]", shape_str(kp));
+    ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "kv_padding_size",
+                  "needs one key / value tensor", "a list of 1", std::to_string(in.key.size()));
+    ATTNREF_CHECK(!al.empty(), std::invalid_argument, fn, "kv_padding_size",
+                  "given without actual_seq_lengths (the NPU would ignore it)",
+                  "actual_seq_lengths", "none");
+    const Index S = dims[0][1];
+    const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data()));
+    kv.shift.assign(static_cast<size_t>(B), 0);
+    for (Index b = 0; b < B; ++b) {
+      const Index start = S - pad - kv.kv_len[static_cast<size_t>(b)];
+      if (start < 0)
+        kv.kv_len[static_cast<size_t>(b)] = 0;  // the kernel's all-zero output
+      else
+        kv.shift[static_cast<size_t>(b)] = start;
+    }
+  }
+  kv.mask_cols = 0;
+  for (Index b = 0; b < B; ++b)
+    kv.mask_cols =
+        std::max(kv.mask_cols, (kv.shift.empty() ? 0 : kv.shift[static_cast<size_t>(b)]) +
+                                   kv.kv_len[static_cast<size_t>(b)]);
+  const bool gather = list && !same_s;
+  if (!kv.shift.empty()) {
+    // One page per sequence starting at its window; dims[0] has batch B (or 1 = B).
+    const std::array<Index, 4> d0{B, dims[0][1], kvn, D};
+    const auto v0 = detail::pfa_view(in.key[0].data(), layout, d0);
+    kv.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.pages.page_size = std::max<Index>(1, d0[1]);
+    for (Index b = 0; b < B; ++b) {
+      const Index o = b * v0.stride(0) + kv.shift[static_cast<size_t>(b)] * v0.stride(1);
+      kv.pages.k.push_back(in.key[0].data() + o);
+      kv.pages.v.push_back(in.value[0].data() + o);
+      kv.pages.first.push_back(b);
+    }
+  } else if (!list) {
+    kv.k = detail::pfa_view(in.key[0].data(), layout, dims[0]);
+    kv.v = detail::pfa_view(in.value[0].data(), layout, dims[0]);
+  } else if (!gather) {
+    // One page per sequence, every tensor of tensor 0's shape.
+    const std::array<Index, 4> d0{B, max_s, kvn, D};
+    const auto v0 = detail::pfa_view(in.key[0].data(), layout, dims[0]);
+    kv.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.pages.page_size = std::max<Index>(1, max_s);
+    for (Index b = 0; b < B; ++b) {
+      kv.pages.k.push_back(in.key[static_cast<size_t>(b)].data());
+      kv.pages.v.push_back(in.value[static_cast<size_t>(b)].data());
+      kv.pages.first.push_back(b);
+    }
+  }
+  if (gather) {  // tensors of different lengths: packed into one [B, max_s, KV_N, D]
+    kv.packed_k.assign(static_cast<size_t>(B * max_s * kvn * D), TKV{});
+    kv.packed_v.assign(kv.packed_k.size(), TKV{});
+    for (Index b = 0; b < B; ++b) {
+      const auto kb = detail::pfa_view(in.key[static_cast<size_t>(b)].data(), layout,
+                                       dims[static_cast<size_t>(b)]);
+      const auto vb = detail::pfa_view(in.value[static_cast<size_t>(b)].data(), layout,
+                                       dims[static_cast<size_t>(b)]);
+      for (Index t = 0; t < kv.kv_len[static_cast<size_t>(b)]; ++t)
+        for (Index h = 0; h < kvn; ++h)
+          for (Index x = 0; x < D; ++x) {
+            const size_t dst = static_cast<size_t>(((b * max_s + t) * kvn + h) * D + x);
+            kv.packed_k[dst] = kb(0, t, h, x);
+            kv.packed_v[dst] = vb(0, t, h, x);
+          }
+    }
+    kv.k = bsnd_view<const TKV>(kv.packed_k.data(), B, max_s, kvn, D);
+    kv.v = bsnd_view<const TKV>(kv.packed_v.data(), B, max_s, kvn, D);
+  }
+}
+
 /// incre_flash_attention on dense arguments (the public entry passes every view through a
 /// DenseArena).
 template <class T, class TKV, class TM, class TO>
@@ -122,7 +307,6 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
                 "incre_flash_attention mask: bool, int8 or uint8");
   constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
   using detail::shape_str;
-  using L = Layout;
   constexpr const char* fn = "incre_flash_attention";
   detail::check_views(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask", in.atten_mask,
                       "antiquant_scale", in.antiquant_scale, "antiquant_offset",
@@ -154,171 +338,19 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
                 std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
 
   // Keys and values: the engine view (shape of sequence 0 / the pool), pages, lengths.
-  AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
-  detail::KvPages<TKV> pages;
-  std::vector<TKV> packed_k, packed_v;  // BNSD tensor lists of different S, gathered
-  std::vector<Index> kv_len;
-  std::vector<Index> shift;  // kv left padding: position of each batch's key 0
-  Index mask_cols = 0;       // the key positions a mask / pse row must cover
   ATTNREF_CHECK(in.kv_padding_size.absent() || !paged, std::invalid_argument, fn, "kv_padding_size",
                 "not supported with a paged cache", "no block_table", shape_str(in.block_table));
-  if (paged) {
-    ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "key / value",
-                  "paged: one cache tensor each", "1", std::to_string(in.key.size()));
-    const auto& kc = in.key[0];
-    const auto& vc = in.value[0];
-    ATTNREF_CHECK(!kc.absent() && !vc.absent() && kc.shape() == vc.shape() &&
-                      (kc.rank() == 3 || (kc.rank() == 4 && layout == L::BNSD)),
-                  std::invalid_argument, fn, "key[0].shape", "paged cache shape",
-                  "[blockNum, blockSize, KV_N * D] (or [blockNum, KV_N, blockSize, D] with BNSD), "
-                  "value the same",
-                  shape_str(kc) + " and " + shape_str(vc));
-    const Index nb = kc.size(0), bs = kc.rank() == 3 ? kc.size(1) : kc.size(2);
-    const Index width = kc.rank() == 3 ? kc.size(2) : kc.size(1) * kc.size(3);
-    ATTNREF_CHECK(width == kvn * D && (kc.rank() == 3 || kc.size(1) == kvn), std::invalid_argument,
-                  fn, "key[0].shape", "KV_N * D mismatch",
-                  std::to_string(kvn) + " heads of " + std::to_string(D), shape_str(kc));
-    const Index align = kQuant ? 32 : 16;
-    ATTNREF_CHECK(params.block_size == bs, std::invalid_argument, fn, "params.block_size",
-                  "differs from the cache's block size", std::to_string(bs),
-                  std::to_string(params.block_size));
-    ATTNREF_CHECK(bs > 0 && bs <= 512 && bs % align == 0, std::invalid_argument, fn,
-                  "params.block_size", "not supported",
-                  "(0, 512] and a multiple of " + std::to_string(align), std::to_string(bs));
-    const auto& bt = in.block_table;
-    ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) == B, std::invalid_argument, fn,
-                  "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
-                  shape_str(bt));
-    ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, "actual_seq_lengths",
-                  "required when paged", "kv lengths", "none");
-    mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
-    kv_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, mask_cols);
-    if (kc.rank() == 3) {
-      e.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
-      e.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
-    } else {
-      e.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
-      e.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
-    }
-    e.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
-    e.seq.kv = kv_len;
-    // Every used block-table entry, named (std::out_of_range), before anything is written.
-    PagedKvCache<const TKV>{e.k, e.v, e.block_table, kv_len}.validate(fn);
-  } else {
-    ATTNREF_CHECK(in.key.size() == 1 || static_cast<Index>(in.key.size()) == B,
-                  std::invalid_argument, fn, "key / value", "list length neither 1 nor the batch",
-                  "1 or " + std::to_string(B), std::to_string(in.key.size()));
-    const bool list = in.key.size() > 1 || B == 1;
-    std::vector<std::array<Index, 4>> dims;
-    Index max_s = 0;
-    bool same_s = true;
-    for (size_t i = 0; i < in.key.size(); ++i) {
-      const std::string ki = "key[" + std::to_string(i) + "]",
-                        vi = "value[" + std::to_string(i) + "]";
-      const auto kd = detail::pfa_dims(fn, ki.c_str(), in.key[i], layout, kvn);
-      ATTNREF_CHECK(in.value[i].shape() == in.key[i].shape() && !in.value[i].absent(),
-                    std::invalid_argument, fn, vi + ".shape", "differs from the key's",
-                    shape_str(in.key[i]), shape_str(in.value[i]));
-      ATTNREF_CHECK(kd[3] == D && kd[0] == (list ? 1 : B), std::invalid_argument, fn, ki + ".shape",
-                    "mismatch",
-                    "batch " + std::to_string(list ? 1 : B) + ", head size " + std::to_string(D),
-                    shape_str(in.key[i]));
-      dims.push_back(kd);
-      if (i > 0 && kd[1] != dims[0][1]) same_s = false;
-      max_s = std::max(max_s, kd[1]);
-    }
-    kv_len.resize(static_cast<size_t>(B));
-    const auto& al = in.actual_seq_lengths;
-    ATTNREF_CHECK(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B,
-                  std::invalid_argument, fn, "actual_seq_lengths", "length neither 1 nor >= batch",
-                  "1 or >= " + std::to_string(B), std::to_string(al.size()));
-    for (Index b = 0; b < B; ++b) {
-      const Index s_b = dims[list ? static_cast<size_t>(b) : 0][1];
-      Index l = s_b;
-      if (!al.empty()) {
-        const std::int64_t v = al[al.size() == 1 ? 0 : static_cast<size_t>(b)];
-        ATTNREF_CHECK(v >= 0 && v <= s_b, std::invalid_argument, fn,
-                      "actual_seq_lengths[" + std::to_string(b) + "]", "out of range",
-                      "[0, " + std::to_string(s_b) + "]", std::to_string(v));
-        l = static_cast<Index>(v);
-      }
-      kv_len[static_cast<size_t>(b)] = l;
-    }
-    const auto& kp = in.kv_padding_size;
-    if (!kp.absent()) {
-      ATTNREF_CHECK(!kp.absent() && kp.numel() == 1, std::invalid_argument, fn,
-                    "kv_padding_size.shape", "not one value", "[] or [1]", shape_str(kp));
-      ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "kv_padding_size",
-                    "needs one key / value tensor", "a list of 1", std::to_string(in.key.size()));
-      ATTNREF_CHECK(!al.empty(), std::invalid_argument, fn, "kv_padding_size",
-                    "given without actual_seq_lengths (the NPU would ignore it)",
-                    "actual_seq_lengths", "none");
-      const Index S = dims[0][1];
-      const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data()));
-      shift.assign(static_cast<size_t>(B), 0);
-      for (Index b = 0; b < B; ++b) {
-        const Index start = S - pad - kv_len[static_cast<size_t>(b)];
-        if (start < 0)
-          kv_len[static_cast<size_t>(b)] = 0;  // the kernel's all-zero output
-        else
-          shift[static_cast<size_t>(b)] = start;
-      }
-    }
-    mask_cols = 0;
-    for (Index b = 0; b < B; ++b)
-      mask_cols = std::max(mask_cols, (shift.empty() ? 0 : shift[static_cast<size_t>(b)]) +
-                                          kv_len[static_cast<size_t>(b)]);
-    const bool gather = list && !same_s;
-    if (!shift.empty()) {
-      // One page per sequence starting at its window; dims[0] has batch B (or 1 = B).
-      const std::array<Index, 4> d0{B, dims[0][1], kvn, D};
-      const auto v0 = detail::pfa_view(in.key[0].data(), layout, d0);
-      e.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
-      e.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
-      pages.page_size = std::max<Index>(1, d0[1]);
-      for (Index b = 0; b < B; ++b) {
-        const Index o = b * v0.stride(0) + shift[static_cast<size_t>(b)] * v0.stride(1);
-        pages.k.push_back(in.key[0].data() + o);
-        pages.v.push_back(in.value[0].data() + o);
-        pages.first.push_back(b);
-      }
-    } else if (!list) {
-      e.k = detail::pfa_view(in.key[0].data(), layout, dims[0]);
-      e.v = detail::pfa_view(in.value[0].data(), layout, dims[0]);
-    } else if (!gather) {
-      // One page per sequence, every tensor of tensor 0's shape.
-      const std::array<Index, 4> d0{B, max_s, kvn, D};
-      const auto v0 = detail::pfa_view(in.key[0].data(), layout, dims[0]);
-      e.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
-      e.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
-      pages.page_size = std::max<Index>(1, max_s);
-      for (Index b = 0; b < B; ++b) {
-        pages.k.push_back(in.key[static_cast<size_t>(b)].data());
-        pages.v.push_back(in.value[static_cast<size_t>(b)].data());
-        pages.first.push_back(b);
-      }
-    }
-    e.seq.kv = kv_len;
-    if (gather) {  // tensors of different lengths: packed into one [B, max_s, KV_N, D]
-      packed_k.assign(static_cast<size_t>(B * max_s * kvn * D), TKV{});
-      packed_v.assign(packed_k.size(), TKV{});
-      for (Index b = 0; b < B; ++b) {
-        const auto kb = detail::pfa_view(in.key[static_cast<size_t>(b)].data(), layout,
-                                         dims[static_cast<size_t>(b)]);
-        const auto vb = detail::pfa_view(in.value[static_cast<size_t>(b)].data(), layout,
-                                         dims[static_cast<size_t>(b)]);
-        for (Index t = 0; t < kv_len[static_cast<size_t>(b)]; ++t)
-          for (Index h = 0; h < kvn; ++h)
-            for (Index x = 0; x < D; ++x) {
-              const size_t dst = static_cast<size_t>(((b * max_s + t) * kvn + h) * D + x);
-              packed_k[dst] = kb(0, t, h, x);
-              packed_v[dst] = vb(0, t, h, x);
-            }
-      }
-      e.k = bsnd_view<const TKV>(packed_k.data(), B, max_s, kvn, D);
-      e.v = bsnd_view<const TKV>(packed_v.data(), B, max_s, kvn, D);
-    }
-  }
+  detail::IfaKv<TKV> kv;
+  if (paged)
+    detail::ifa_paged_kv(fn, params, in, layout, B, kvn, D, kv);
+  else
+    detail::ifa_listed_kv(fn, in, layout, B, kvn, D, kv);
+  AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
+  e.k = kv.k, e.v = kv.v, e.block_table = kv.block_table, e.seq.kv = kv.kv_len;
+  const detail::KvPages<TKV>& pages = kv.pages;
+  const std::vector<Index>& kv_len = kv.kv_len;
+  const std::vector<Index>& shift = kv.shift;  // kv left padding: position of each batch's key 0
+  const Index mask_cols = kv.mask_cols;        // the key positions a mask / pse row must cover
 
   // Mask, pse, antiquant.
   detail::CannVariant<TM, T> var{};
