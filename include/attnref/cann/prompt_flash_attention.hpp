@@ -212,65 +212,18 @@ CannFront cann_front(const char* fn, const std::string& layout, bool ifa, std::i
 }  // namespace detail
 
 namespace detail {
-/// prompt_flash_attention on dense arguments (the public entry passes every view through a
-/// DenseArena).
-template <class T, class TM, class TP, class TO>
-void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
-                                  const PromptFlashAttentionInputs<T, TM, TP>& in,
-                                  const PromptFlashAttentionOutputs<TO>& out, int num_threads) {
-  constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
-  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
-  static_assert(
-      std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> || kInt8In,
-      "prompt_flash_attention data: half, bfloat16, float or int8");
-  static_assert(kInt8Out || (kInt8In ? std::is_same_v<TO, half> : std::is_same_v<TO, T>),
-                "prompt_flash_attention output: the input's type (half for int8 input) or int8");
-  static_assert(std::is_same_v<TP, typename detail::pfa_pse<T>::type>,
-                "prompt_flash_attention pse: the input's type (half for int8 input)");
-  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
-                    std::is_same_v<TM, std::uint8_t>,
-                "prompt_flash_attention mask: bool, int8 or uint8");
-  using detail::shape_str;
-  using L = Layout;
-  constexpr const char* fn = "prompt_flash_attention";
-  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
-                      in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
-                      "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",
-                      in.quant_scale2, "quant_offset2", in.quant_offset2, "attention_out",
-                      out.attention_out);
-  const auto [layout, n, kvn, qd] = detail::cann_front(
-      fn, params.input_layout, false, params.num_heads, params.num_key_value_heads, in.query);
-  const auto kd = detail::pfa_dims(fn, "key", in.key, layout, kvn);
-  // value: its own head size (BSH: H_v / KV_N).
-  const auto vd = detail::pfa_dims(fn, "value", in.value, layout, kvn);
-  const Index D = qd[3], Dv = vd[3];
-  ATTNREF_CHECK(kd[3] == D, std::invalid_argument, fn, "key.shape",
-                "head size differs from the query's", std::to_string(D), shape_str(in.key));
-  ATTNREF_CHECK(kd[0] == qd[0] && vd[0] == qd[0] && vd[1] == kd[1], std::invalid_argument, fn,
-                "key / value .shape", "batch or sequence mismatch",
-                "batch " + std::to_string(qd[0]) + ", equal S2",
-                shape_str(in.key) + " and " + shape_str(in.value));
-  const std::int64_t sm = params.sparse_mode;
-  ATTNREF_CHECK(!(sm >= 5 && sm <= 8), std::invalid_argument, fn, "params.sparse_mode",
-                "not supported by PromptFlashAttention (5–8 are prefix / varlen modes of other "
-                "operators)",
-                "0–4", std::to_string(sm));
-  ATTNREF_CHECK(sm >= 0 && sm <= 4, std::invalid_argument, fn, "params.sparse_mode", "out of range",
-                "0–4", std::to_string(sm));
-  ATTNREF_CHECK(params.inner_precise >= 0 && params.inner_precise <= 3, std::invalid_argument, fn,
-                "params.inner_precise", "out of range", "0–3",
-                std::to_string(params.inner_precise));
-  ATTNREF_CHECK(params.quant_block_size >= 1 && params.quant_block_size <= 1024,
-                std::invalid_argument, fn, "params.quant_block_size", "out of range", "[1, 1024]",
-                std::to_string(params.quant_block_size));
-  ATTNREF_CHECK(std::isfinite(params.scale_value), std::invalid_argument, fn, "params.scale_value",
-                "not finite", "a finite value", std::to_string(params.scale_value));
-  const bool tnd = layout == L::TND;
 
-  // Lengths.
-  Index B = qd[0];
+/// Batch count and per-batch lengths of a PFA call (TND: from the cumulative lists).
+struct PfaLengths {
+  Index B = 0;
   std::vector<Index> q_len, kv_len, q_cu, kv_cu;
-  const Index S1 = qd[1], S2 = kd[1];
+};
+
+template <class T, class TM, class TP>
+PfaLengths pfa_lengths(const char* fn, const PromptFlashAttentionInputs<T, TM, TP>& in, bool tnd,
+                       std::int64_t sm, Index batch, Index S1, Index S2) {
+  PfaLengths l;
+  l.B = batch;
   if (tnd) {
     const auto& ql = in.actual_seq_lengths;
     const auto& kl = in.actual_seq_lengths_kv;
@@ -278,44 +231,44 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
                   "actual_seq_lengths(_kv)", "required and of equal length with TND",
                   "two cumulative lists of B values",
                   std::to_string(ql.size()) + " and " + std::to_string(kl.size()));
-    B = static_cast<Index>(ql.size());
-    q_cu.push_back(0);
-    kv_cu.push_back(0);
+    l.B = static_cast<Index>(ql.size());
+    l.q_cu.push_back(0);
+    l.kv_cu.push_back(0);
     for (size_t b = 0; b < ql.size(); ++b) {
       const std::string i = "[" + std::to_string(b) + "]";
-      ATTNREF_CHECK(ql[b] >= q_cu.back(), std::invalid_argument, fn, "actual_seq_lengths" + i,
-                    "decreasing (TND lengths are cumulative)", ">= " + std::to_string(q_cu.back()),
-                    std::to_string(ql[b]));
-      ATTNREF_CHECK(kl[b] >= kv_cu.back(), std::invalid_argument, fn, "actual_seq_lengths_kv" + i,
-                    "decreasing (TND lengths are cumulative)", ">= " + std::to_string(kv_cu.back()),
-                    std::to_string(kl[b]));
-      q_cu.push_back(static_cast<Index>(ql[b]));
-      kv_cu.push_back(static_cast<Index>(kl[b]));
-      q_len.push_back(q_cu.back() - q_cu[b]);
-      kv_len.push_back(kv_cu.back() - kv_cu[b]);
+      ATTNREF_CHECK(ql[b] >= l.q_cu.back(), std::invalid_argument, fn, "actual_seq_lengths" + i,
+                    "decreasing (TND lengths are cumulative)",
+                    ">= " + std::to_string(l.q_cu.back()), std::to_string(ql[b]));
+      ATTNREF_CHECK(kl[b] >= l.kv_cu.back(), std::invalid_argument, fn, "actual_seq_lengths_kv" + i,
+                    "decreasing (TND lengths are cumulative)",
+                    ">= " + std::to_string(l.kv_cu.back()), std::to_string(kl[b]));
+      l.q_cu.push_back(static_cast<Index>(ql[b]));
+      l.kv_cu.push_back(static_cast<Index>(kl[b]));
+      l.q_len.push_back(l.q_cu.back() - l.q_cu[b]);
+      l.kv_len.push_back(l.kv_cu.back() - l.kv_cu[b]);
     }
-    ATTNREF_CHECK(q_cu.back() == S1, std::invalid_argument, fn, "actual_seq_lengths",
-                  "last value differs from T1", std::to_string(S1), std::to_string(q_cu.back()));
-    ATTNREF_CHECK(kv_cu.back() == S2, std::invalid_argument, fn, "actual_seq_lengths_kv",
-                  "last value differs from T2", std::to_string(S2), std::to_string(kv_cu.back()));
+    ATTNREF_CHECK(l.q_cu.back() == S1, std::invalid_argument, fn, "actual_seq_lengths",
+                  "last value differs from T1", std::to_string(S1), std::to_string(l.q_cu.back()));
+    ATTNREF_CHECK(l.kv_cu.back() == S2, std::invalid_argument, fn, "actual_seq_lengths_kv",
+                  "last value differs from T2", std::to_string(S2), std::to_string(l.kv_cu.back()));
     ATTNREF_CHECK(sm == 3 || (sm == 0 && in.atten_mask.absent()), std::invalid_argument, fn,
                   "params.sparse_mode", "TND takes sparse_mode 0 without a mask or 3",
                   "0 (no mask) or 3", std::to_string(sm));
     ATTNREF_CHECK(in.pse_shift.absent(), std::invalid_argument, fn, "pse_shift",
                   "not supported with TND", "none", shape_str(in.pse_shift));
   } else {
-    q_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, S1);
-    kv_len = detail::cann_lengths(fn, "actual_seq_lengths_kv", in.actual_seq_lengths_kv, B, S2);
+    l.q_len = detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, l.B, S1);
+    l.kv_len = detail::cann_lengths(fn, "actual_seq_lengths_kv", in.actual_seq_lengths_kv, l.B, S2);
   }
-  const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
-  const std::vector<Index> oshape = detail::pfa_shape(layout, od);
-  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == oshape,
-                std::invalid_argument, fn, "attention_out.shape", "mismatch",
-                detail::dims_str(oshape), shape_str(out.attention_out));
+  return l;
+}
 
-  // Mask and band.
-  detail::CannVariant<TM, TP> var{};
-  const auto& m = in.atten_mask;
+/// The mask and the band of sparse_mode `sm` (0–4) as the variant's hooks, checked.
+template <class TM, class TP>
+void pfa_mask_band(const char* fn, const PromptFlashAttentionParams& params,
+                   const StridedView<const TM>& m, Index B, Index S1, Index S2,
+                   CannVariant<TM, TP>& var) {
+  const std::int64_t sm = params.sparse_mode;
   ATTNREF_CHECK(sm == 0 || !m.absent(), std::invalid_argument, fn, "atten_mask",
                 "required by sparse_mode " + std::to_string(sm), "a mask", "none");
   if (!m.absent()) {
@@ -379,6 +332,80 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
     default:
       break;
   }
+}
+
+/// prompt_flash_attention on dense arguments (the public entry passes every view through a
+/// DenseArena).
+template <class T, class TM, class TP, class TO>
+void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
+                                  const PromptFlashAttentionInputs<T, TM, TP>& in,
+                                  const PromptFlashAttentionOutputs<TO>& out, int num_threads) {
+  constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  static_assert(
+      std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> || kInt8In,
+      "prompt_flash_attention data: half, bfloat16, float or int8");
+  static_assert(kInt8Out || (kInt8In ? std::is_same_v<TO, half> : std::is_same_v<TO, T>),
+                "prompt_flash_attention output: the input's type (half for int8 input) or int8");
+  static_assert(std::is_same_v<TP, typename detail::pfa_pse<T>::type>,
+                "prompt_flash_attention pse: the input's type (half for int8 input)");
+  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
+                    std::is_same_v<TM, std::uint8_t>,
+                "prompt_flash_attention mask: bool, int8 or uint8");
+  using detail::shape_str;
+  using L = Layout;
+  constexpr const char* fn = "prompt_flash_attention";
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
+                      in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
+                      "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",
+                      in.quant_scale2, "quant_offset2", in.quant_offset2, "attention_out",
+                      out.attention_out);
+  const auto [layout, n, kvn, qd] = detail::cann_front(
+      fn, params.input_layout, false, params.num_heads, params.num_key_value_heads, in.query);
+  const auto kd = detail::pfa_dims(fn, "key", in.key, layout, kvn);
+  // value: its own head size (BSH: H_v / KV_N).
+  const auto vd = detail::pfa_dims(fn, "value", in.value, layout, kvn);
+  const Index D = qd[3], Dv = vd[3];
+  ATTNREF_CHECK(kd[3] == D, std::invalid_argument, fn, "key.shape",
+                "head size differs from the query's", std::to_string(D), shape_str(in.key));
+  ATTNREF_CHECK(kd[0] == qd[0] && vd[0] == qd[0] && vd[1] == kd[1], std::invalid_argument, fn,
+                "key / value .shape", "batch or sequence mismatch",
+                "batch " + std::to_string(qd[0]) + ", equal S2",
+                shape_str(in.key) + " and " + shape_str(in.value));
+  const std::int64_t sm = params.sparse_mode;
+  ATTNREF_CHECK(!(sm >= 5 && sm <= 8), std::invalid_argument, fn, "params.sparse_mode",
+                "not supported by PromptFlashAttention (5–8 are prefix / varlen modes of other "
+                "operators)",
+                "0–4", std::to_string(sm));
+  ATTNREF_CHECK(sm >= 0 && sm <= 4, std::invalid_argument, fn, "params.sparse_mode", "out of range",
+                "0–4", std::to_string(sm));
+  ATTNREF_CHECK(params.inner_precise >= 0 && params.inner_precise <= 3, std::invalid_argument, fn,
+                "params.inner_precise", "out of range", "0–3",
+                std::to_string(params.inner_precise));
+  ATTNREF_CHECK(params.quant_block_size >= 1 && params.quant_block_size <= 1024,
+                std::invalid_argument, fn, "params.quant_block_size", "out of range", "[1, 1024]",
+                std::to_string(params.quant_block_size));
+  ATTNREF_CHECK(std::isfinite(params.scale_value), std::invalid_argument, fn, "params.scale_value",
+                "not finite", "a finite value", std::to_string(params.scale_value));
+  const bool tnd = layout == L::TND;
+
+  // Lengths.
+  const Index S1 = qd[1], S2 = kd[1];
+  const detail::PfaLengths lens = detail::pfa_lengths(fn, in, tnd, sm, qd[0], S1, S2);
+  const Index B = lens.B;
+  const std::vector<Index>& q_len = lens.q_len;
+  const std::vector<Index>& kv_len = lens.kv_len;
+  const std::vector<Index>& q_cu = lens.q_cu;
+  const std::vector<Index>& kv_cu = lens.kv_cu;
+  const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
+  const std::vector<Index> oshape = detail::pfa_shape(layout, od);
+  ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == oshape,
+                std::invalid_argument, fn, "attention_out.shape", "mismatch",
+                detail::dims_str(oshape), shape_str(out.attention_out));
+
+  // Mask and band.
+  detail::CannVariant<TM, TP> var{};
+  detail::pfa_mask_band(fn, params, in.atten_mask, B, S1, S2, var);
   // pseShift.
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
