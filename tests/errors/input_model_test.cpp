@@ -452,6 +452,42 @@ TEST(InputModel, MlaPreprocessHiddenSizePastTheInt8MatmulLimitIsNamed) {
   for (const half& x : q_out) EXPECT_EQ(static_cast<float>(x), -9.0f);
 }
 
+TEST(InputModel, PfaInt8OutputOfNaNIsZeroAndNonFiniteQuantScale2IsRejected) {
+  // Found by the int8 fuzz entries' author: the int8 output cast NaN to int8 (undefined
+  // behaviour; UBSan's float-cast-overflow) for a NaN in V or a NaN / inf quant_scale2.
+  using attnref::half;
+  const Index B = 1, S = 2, N = 1, D = 4;
+  std::vector<half> q(B * S * N * D, half(0.5f)), k(q), v(q);
+  v[0] = half(std::numeric_limits<float>::quiet_NaN());  // key 0's value, seen by every row
+  attnref::PromptFlashAttentionParams p;
+  p.num_heads = N, p.input_layout = "BSND";
+  attnref::PromptFlashAttentionInputs<half> in;
+  in.query = StridedView<const half>(q.data(), {B, S, N, D});
+  in.key = StridedView<const half>(k.data(), {B, S, N, D});
+  in.value = StridedView<const half>(v.data(), {B, S, N, D});
+  float qs2 = 10.0f;
+  in.quant_scale2 = StridedView<const float>(&qs2, {1});
+  std::vector<std::int8_t> o(q.size(), 7);
+  auto run = [&] {
+    attnref::prompt_flash_attention(p, in,
+                                    attnref::PromptFlashAttentionOutputs<std::int8_t>{
+                                        StridedView<std::int8_t>(o.data(), {B, S, N, D})});
+  };
+  run();
+  for (Index s = 0; s < S; ++s) {
+    EXPECT_EQ(o[static_cast<size_t>(s * D)], 0) << "NaN quantizes to 0";
+    EXPECT_EQ(o[static_cast<size_t>(s * D + 1)], 5) << "0.5 * 10";
+  }
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    qs2 = bad;
+    std::fill(o.begin(), o.end(), std::int8_t{7});
+    expect_reject<std::invalid_argument>(run, "prompt_flash_attention",
+                                         {"quant_scale2[0] not finite"});
+    for (std::int8_t x : o) EXPECT_EQ(x, 7);
+  }
+}
+
 TEST(InputModel, MlaDecodeOverflowingWidthAndNullCache) {
   std::vector<float> q(1 * 2 * 8), cache(2 * 4 * 8), out(1 * 2 * 6, 7.0f);
   const std::vector<std::int32_t> table{0, 1};

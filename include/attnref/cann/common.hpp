@@ -136,7 +136,9 @@ struct CannQuantVariant : CannVariant<TM, TP> {
 };
 
 /// int8 output quantization (quantScale2 / quantOffset2): out = sat(rint(v·scale[c] + offset[c]))
-/// with c = h·D + d, per tensor (one value) or per channel (N·D values, any shape).
+/// with c = h·D + d, per tensor (one value) or per channel (N·D values, any shape). The scales
+/// and offsets are finite (checked); a NaN value (a NaN in V) quantizes to 0 (docs/semantics.md
+/// §9), ±inf saturates.
 struct CannPostQuant {
   const float* scale = nullptr;
   const float* offset = nullptr;
@@ -145,6 +147,7 @@ struct CannPostQuant {
   std::int8_t operator()(float v, Index c) const {
     const Index i = per_channel ? c : 0;
     const float x = std::nearbyint(v * scale[i] + (offset != nullptr ? offset[i] : 0.0f));
+    if (std::isnan(x)) return 0;  // a float -> int8 conversion of NaN is undefined in C++
     return static_cast<std::int8_t>(std::min(std::max(x, -128.0f), 127.0f));
   }
 };
@@ -166,6 +169,14 @@ inline CannPostQuant cann_post_quant(const char* fn, const StridedView<const flo
   ATTNREF_CHECK(qo2.absent() || (qo2.shape() == qs2.shape()), std::invalid_argument, fn,
                 "quant_offset2.shape", "differs from quant_scale2's", shape_str(qs2),
                 shape_str(qo2));
+  for (Index i = 0; i < qs2.numel(); ++i) {  // dense (the operators' DenseArena)
+    ATTNREF_CHECK(std::isfinite(qs2.data()[i]), std::invalid_argument, fn,
+                  "quant_scale2[" + std::to_string(i) + "]", "not finite", "a finite value",
+                  std::to_string(qs2.data()[i]));
+    ATTNREF_CHECK(qo2.absent() || std::isfinite(qo2.data()[i]), std::invalid_argument, fn,
+                  "quant_offset2[" + std::to_string(i) + "]", "not finite", "a finite value",
+                  std::to_string(qo2.absent() ? 0.0f : qo2.data()[i]));
+  }
   return {qs2.data(), qo2.absent() ? nullptr : qo2.data(), qs2.numel() != 1};
 }
 
