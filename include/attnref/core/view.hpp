@@ -75,6 +75,24 @@ class Dims {
 };
 
 namespace detail {
+/// The product of the extents (0 when one is 0, 1 for none); overflow throws
+/// std::invalid_argument naming StridedView::numel.
+template <class Extents>
+Index extent_product(const Extents& shape) {
+  for (Index e : shape)
+    if (e == 0) return 0;
+  Index n = 1;
+  for (Index e : shape) n = checked_mul("StridedView::numel", "shape", n, e);
+  return n;
+}
+
+template <class Extents>
+bool all_zero(const Extents& shape) {
+  for (Index e : shape)
+    if (e != 0) return false;
+  return true;
+}
+
 /// Row-major strides of a dense `shape` (last dimension contiguous); a negative extent or an
 /// element count past 64 bits throws std::invalid_argument naming `fn`.
 template <int Rank>
@@ -126,22 +144,11 @@ class StridedView {
   /// Number of elements (product of extents; 0 when any extent is 0). Throws
   /// std::invalid_argument when the product overflows 64 bits: operators run detail::check_view
   /// on their arguments first, so the error names the operator and the argument.
-  Index numel() const {
-    for (Index e : shape_)
-      if (e == 0) return 0;
-    Index n = 1;
-    for (Index e : shape_) n = detail::checked_mul("StridedView::numel", "shape", n, e);
-    return n;
-  }
+  Index numel() const { return detail::extent_product(shape_); }
   /// True for a default-constructed view (null data, every extent 0): an absent optional input.
   /// A view with null data and some nonzero extent is present (and empty when another extent is
   /// 0; rejected by check_view when it has elements).
-  bool absent() const {
-    if (data_ != nullptr) return false;
-    for (Index e : shape_)
-      if (e != 0) return false;
-    return true;
-  }
+  bool absent() const { return data_ == nullptr && detail::all_zero(shape_); }
 
   template <class... I>
   T& operator()(I... idx) const {
@@ -212,20 +219,9 @@ class StridedView<T, dynamic_rank> {
   Index stride(int dim) const { return strides_[dim]; }
 
   /// Number of elements (1 for rank 0; overflow throws, see the fixed-rank numel()).
-  Index numel() const {
-    for (Index e : shape_)
-      if (e == 0) return 0;
-    Index n = 1;
-    for (Index e : shape_) n = detail::checked_mul("StridedView::numel", "shape", n, e);
-    return n;
-  }
+  Index numel() const { return detail::extent_product(shape_); }
   /// True for null data with every extent 0 (a default-constructed view: an absent input).
-  bool absent() const {
-    if (data_ != nullptr) return false;
-    for (Index e : shape_)
-      if (e != 0) return false;
-    return true;
-  }
+  bool absent() const { return data_ == nullptr && detail::all_zero(shape_); }
   /// True when the strides are the dense row-major ones (extents of 1 may have any stride).
   bool dense() const {
     Index s = 1;
