@@ -518,6 +518,13 @@ const std::vector<PP>& perturbations() {
              c.each([&c](auto& in) { in.k_descale = vec(c.kd); });
            }),
       must("v_descale missing", [](Pa8& c, R&) { c.each([](auto& in) { in.v_descale = {}; }); }),
+      must("a scale not finite",
+           [](Pa8& c, R& r) {  // was accepted, giving NaN heads
+             std::vector<float>& s = !c.ps.empty() && r.chance(0.3) ? c.ps
+                                     : r.chance(0.5)                ? c.kd
+                                                                    : c.vd;
+             s[z(r.range(0, static_cast<Index>(s.size()) - 1))] = non_finite(r);
+           }),
       must("p_scale against the mode",
            [](Pa8& c, R&) {  // given for online / dequant, missing for offline
              c.ps.assign(c.online || !c.qkv ? z(c.nh) : 0, 50.0f);

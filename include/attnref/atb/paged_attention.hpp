@@ -59,6 +59,7 @@
 #include "attnref/attention/attention.hpp"
 #include "attnref/attention/paged_kv.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/quant.hpp"
 #include "attnref/core/view.hpp"
 
 namespace attnref {
@@ -422,6 +423,10 @@ void paged_attention(const PagedAttentionParams& params,
                   "k_descale / v_descale / p_scale / offsets", "given without quantization",
                   "absent", "a tensor");
   }
+  // Non-finite scales would give NaN heads (rejected, as PFA and SelfAttention do).
+  detail::check_finite("paged_attention", "k_descale", in.k_descale);
+  detail::check_finite("paged_attention", "v_descale", in.v_descale);
+  detail::check_finite("paged_attention", "p_scale", in.p_scale);
 
   // The engine problem: the packed query tokens against the paged cache.
   using EQ = std::conditional_t<kDequant, float, TQ>;

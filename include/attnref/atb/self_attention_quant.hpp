@@ -12,6 +12,7 @@
 #include "attnref/atb/self_attention_io.hpp"
 #include "attnref/atb/self_attention_params.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/quant.hpp"
 #include "attnref/core/view.hpp"
 
 namespace attnref {
@@ -85,11 +86,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
                   "[headNum] float", "none");
     ATTNREF_CHECK(s.size(0) == pl.nh, std::invalid_argument, fn, std::string(name) + ".shape[0]",
                   "mismatch with the number of heads", pl.nh, s.size(0));
-    for (Index h = 0; h < pl.nh; ++h)
-      ATTNREF_CHECK(std::isfinite(s(h)) && (!positive || s(h) > 0.0f), std::invalid_argument, fn,
-                    std::string(name) + "[" + std::to_string(h) + "]",
-                    positive ? "not a positive finite scale" : "not finite",
-                    positive ? "> 0 and finite" : "finite", s(h));
+    detail::check_finite(fn, name, s, positive);
   };
   check_scale(in.qk_descale, "qk_descale", false);
   check_scale(in.vpv_descale, "vpv_descale", false);

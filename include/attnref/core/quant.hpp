@@ -104,6 +104,16 @@ inline void check_scales(const char* fn, const QuantScales& s, Index rows, Index
                   "finite, != 0", s.scale[i]);
 }
 
+/// Every value of a scale / offset vector finite (and > 0 with `positive`), else
+/// std::invalid_argument naming fn and "<name>[i]". Absent vectors pass.
+inline void check_finite(const char* fn, const std::string& name,
+                         const StridedView<const float, 1>& s, bool positive = false) {
+  for (Index i = 0; i < s.size(0); ++i)
+    ATTNREF_CHECK(std::isfinite(s(i)) && (!positive || s(i) > 0.0f), std::invalid_argument, fn,
+                  name + "[" + std::to_string(i) + "]",
+                  positive ? "not a positive finite scale" : "not finite",
+                  positive ? "> 0 and finite" : "finite", s(i));
+}
 }  // namespace detail
 
 /// Scales that map x onto int8: symmetric, scale = amax / 127 (offset 0); asymmetric,
