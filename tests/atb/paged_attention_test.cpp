@@ -348,9 +348,9 @@ TEST(PagedAttention, BadInputThrowsBeforeWriting) {
       [](Case&, Built<half>& r) {
         r.table[static_cast<size_t>(3 * r.max_blocks + 1)] = static_cast<std::int32_t>(r.blocks);
       },
-      "attnref::paged_attention: block_table[3][1] out of range", true);
+      "attnref::paged_attention: block_tables[3][1] out of range", true);
   expect([](Case& c, Built<half>&) { c.ctx[2] = 10000; },
-         "context_lens[2] exceeds block_table.shape[1] * blockSize", false);
+         "context_lens[2] exceeds block_tables.shape[1] * blockSize", false);
   expect([](Case& c, Built<half>&) { c.nkv = 3; },
          "params.num_heads not a multiple of num_kv_heads", false);
   expect([](Case& c, Built<half>&) { c.status = {1, 1}; }, "batch_run_status size mismatch", false);

@@ -296,8 +296,9 @@ void paged_attention(const PagedAttentionParams& params,
       in.v_descale, "k_offset", in.k_offset, "v_offset", in.v_offset, "p_scale", in.p_scale);
   // The paged cache: shapes, lengths, every used block-table entry (std::out_of_range).
   PagedKvCache<const TKV> cache{kc, vc, in.block_tables, in.context_lens};
-  cache.validate(fn);
-  std::vector<Index> kv_len = in.context_lens;
+  cache.validate(fn, {"key_cache", "value_cache", "block_tables", "context_lens",
+                      "key_cache.shape[1] (blockSize)", "blockSize"});
+  std::vector<Index>& kv_len = cache.context_lens;  // inactive sequences read nothing (below)
   if (params.batch_run_status_enable) {
     ATTNREF_CHECK(static_cast<Index>(in.batch_run_status.size()) == batch, std::invalid_argument,
                   fn, "batch_run_status", "size mismatch", batch, in.batch_run_status.size());
@@ -438,10 +439,7 @@ void paged_attention(const PagedAttentionParams& params,
   if constexpr (!kDequant)
     e.q = StridedView<const EQ, 4>(in.query.data(), {1, tokens, nh, d},
                                    {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
-  e.k = kc;
-  e.v = vc;
-  e.block_table = in.block_tables;
-  e.seq.kv = kv_len;
+  e.read_kv(cache);
   e.seq.q_cu = q_cu;
   AttentionParams ep;
   ep.scale = kQkv ? 1.0f : params.qk_scale;
@@ -466,9 +464,7 @@ void paged_attention(const PagedAttentionParams& params,
     probe.q =
         StridedView<const TQ, 4>(in.query.data(), {1, tokens, nh, d},
                                  {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
-    probe.k = kc;
-    probe.v = vc;
-    probe.block_table = in.block_tables;
+    probe.read_kv(cache);
     probe.seq = e.seq;
     AttentionOutputs<TQ> po{
         StridedView<TQ, 4>(out.out.data(), {1, tokens, nh, dv},

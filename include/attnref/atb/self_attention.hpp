@@ -193,13 +193,12 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     ATTNREF_CHECK(!in.block_tables.absent(), std::invalid_argument, fn, "block_tables",
                   "missing for PrefixEncoder", "[batch, maxBlocks]", "none");
     // The paged caches under PrefixEncoder's names (the engine would name its own arguments).
-    detail::check_block_table(
-        fn, {"block_tables", "kv_seq_len", "key.shape[1] (blockSize)", "blockSize"},
-        in.block_tables, in.kv_seq_len, in.key.size(0), in.key.size(1));
-    e.k = detail::split_hidden(in.key, pl.nkv, pl.d);
-    e.v = detail::split_hidden(in.value, pl.nkv, pl.dv);
-    e.block_table = in.block_tables;
-    e.seq.kv = in.kv_seq_len;
+    const PagedKvCache<const T> cache{detail::split_hidden(in.key, pl.nkv, pl.d),
+                                      detail::split_hidden(in.value, pl.nkv, pl.dv),
+                                      in.block_tables, in.kv_seq_len};
+    cache.validate(fn, {"key", "value", "block_tables", "kv_seq_len", "key.shape[1] (blockSize)",
+                        "blockSize"});
+    e.read_kv(cache);
     pl.kv_len = in.kv_seq_len;
     extra.push_back(e.k);
     extra.push_back(e.v);

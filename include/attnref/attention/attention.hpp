@@ -189,8 +189,8 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
                   "missing with a block table", "the kv length of every sequence", "empty");
     ATTNREF_CHECK(static_cast<Index>(seq.kv.size()) == g.batch, std::invalid_argument, fn, "seq.kv",
                   "size mismatch", g.batch, seq.kv.size());
-    check_block_table(fn, {"block_table", "seq.kv", "k.shape[1] (block_size)", "block_size"}, bt,
-                      seq.kv, k.size(0), k.size(1));
+    in.paged_kv().validate(
+        fn, {"k", "v", "block_table", "seq.kv", "k.shape[1] (block_size)", "block_size"});
   } else if (kv_packed) {
     ATTNREF_CHECK(k.size(0) == 1, std::invalid_argument, fn, "k.shape[0]",
                   "must be 1 for packed (TND) kv with kv_cu", 1, k.size(0));

@@ -25,51 +25,16 @@
 
 namespace attnref {
 
-namespace detail {
-
-/// What a paged K/V input's pieces are called by its caller, for messages.
+/// What a paged cache's pieces are called by its caller, for messages: PagedAttention says
+/// "key_cache" and "block_tables", the engine "k" and "seq.kv", NSA "actual_cmp_kv_seq_len".
 struct PagedNames {
-  const char* table;       ///< the block table, e.g. "block_table" or "block_tables"
-  const char* lens;        ///< the per-sequence lengths, e.g. "seq.kv" or "context_lens"
-  const char* block_size;  ///< the block size's argument, e.g. "k.shape[1] (blockSize)"
-  const char* bs_word;     ///< the block size in a product, e.g. "block_size" or "blockSize"
+  const char* k = "k";                                ///< the key pool
+  const char* v = "v";                                ///< the value pool
+  const char* table = "block_table";                  ///< the block table
+  const char* lens = "context_lens";                  ///< the per-sequence lengths
+  const char* block_size = "k.shape[1] (blockSize)";  ///< the block size's argument
+  const char* bs_word = "blockSize";                  ///< the block size in a product
 };
-
-/// The block-table rules of every paged K/V input, written once: the engine, PagedKvCache and
-/// the operators that take a paged cache call this under their own argument names. A positive
-/// block size; a table `[batch, maxBlocks]` with one row per length; each length in
-/// [0, maxBlocks · blockSize] (checked product); every entry a sequence uses (the first
-/// ceil(len / blockSize)) a block id in [0, numBlocks), else std::out_of_range. Entries past
-/// them are never read (ATB pads with anything, -1 by convention).
-template <class Len>
-void check_block_table(const char* fn, const PagedNames& names,
-                       const StridedView<const std::int32_t, 2>& table,
-                       const std::vector<Len>& lens, Index num_blocks, Index block_size) {
-  const std::string t = names.table;
-  ATTNREF_CHECK(block_size > 0, std::invalid_argument, fn, names.block_size, "not positive", ">= 1",
-                block_size);
-  ATTNREF_CHECK(table.size(0) == static_cast<Index>(lens.size()), std::invalid_argument, fn,
-                t + ".shape[0]", std::string("mismatch with ") + names.lens, lens.size(),
-                table.size(0));
-  const std::string product = t + ".shape[1] * " + names.bs_word;
-  const Index capacity = checked_mul(fn, product.c_str(), table.size(1), block_size);
-  for (size_t b = 0; b < lens.size(); ++b) {
-    const std::string arg = std::string(names.lens) + "[" + std::to_string(b) + "]";
-    const Index len = static_cast<Index>(lens[b]);
-    ATTNREF_CHECK(len >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", len);
-    ATTNREF_CHECK(len <= capacity, std::invalid_argument, fn, arg, "exceeds " + product,
-                  "<= " + std::to_string(capacity), len);
-    const Index bi = static_cast<Index>(b);
-    for (Index j = 0; j * block_size < len; ++j) {
-      const Index id = table(bi, j);
-      ATTNREF_CHECK(id >= 0 && id < num_blocks, std::out_of_range, fn,
-                    t + "[" + std::to_string(b) + "][" + std::to_string(j) + "]", "out of range",
-                    "[0, " + std::to_string(num_blocks) + ")", id);
-    }
-  }
-}
-
-}  // namespace detail
 
 /// Where token t of a sequence lives.
 struct PagedSlot {
@@ -77,6 +42,9 @@ struct PagedSlot {
   Index offset;
 };
 
+/// The one paged K/V representation: the engine (AttentionInputs::read_kv), SelfAttention
+/// PREFIX_ENCODER, PagedAttention, IFA, MLA decode and the NSA operators each map their vendor
+/// tensors onto it and validate it with validate(), the only block-table check in attnref.
 template <class T>
 struct PagedKvCache {
   StridedView<T, 4> k;
@@ -88,8 +56,10 @@ struct PagedKvCache {
   Index num_blocks() const { return k.size(0); }
   Index block_size() const { return k.size(1); }
   Index length(Index b) const { return context_lens[static_cast<size_t>(b)]; }
-  /// Blocks sequence b uses: ceil(length / blockSize).
-  Index blocks_used(Index b) const { return (length(b) + block_size() - 1) / block_size(); }
+  /// Blocks sequence b uses: ceil(length / blockSize) (written so that it cannot overflow).
+  Index blocks_used(Index b) const {
+    return length(b) / block_size() + (length(b) % block_size() != 0 ? 1 : 0);
+  }
 
   /// Token t of sequence b -> (block, offset); throws std::out_of_range for t outside
   /// [0, length(b)) or a block id outside [0, numBlocks).
@@ -107,19 +77,41 @@ struct PagedKvCache {
     return {id, t % block_size()};
   }
 
-  /// Shapes, lengths and every used block-table entry; `fn` names the caller in messages.
-  void validate(const char* fn = "PagedKvCache::validate") const {
-    detail::check_view(fn, "k", k);
-    detail::check_view(fn, "v", v);
-    detail::check_view(fn, "block_table", block_table);
+  /// The views (extents, spans, data), v's pool matching k's, a positive block size, a table
+  /// [batch, maxBlocks] with one row per length, each length in [0, maxBlocks · blockSize]
+  /// (checked product), and every entry a sequence uses (the first ceil(len / blockSize)) a block
+  /// id in [0, numBlocks), else std::out_of_range. Entries past them are never read (ATB pads
+  /// with anything, -1 by convention). `fn` and `names` name the caller and its arguments.
+  void validate(const char* fn = "PagedKvCache::validate", const PagedNames& names = {}) const {
+    const std::string t = names.table;
+    detail::check_view(fn, names.k, k);
+    detail::check_view(fn, names.v, v);
+    detail::check_view(fn, names.table, block_table);
     ATTNREF_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2),
-                  std::invalid_argument, fn, "v.shape", "mismatch with k",
+                  std::invalid_argument, fn, std::string(names.v) + ".shape",
+                  std::string("mismatch with ") + names.k,
                   "[" + std::to_string(k.size(0)) + ", " + std::to_string(k.size(1)) + ", " +
                       std::to_string(k.size(2)) + ", headSizeV]",
                   detail::shape_str(v));
-    detail::check_block_table(
-        fn, {"block_table", "context_lens", "k.shape[1] (blockSize)", "blockSize"}, block_table,
-        context_lens, num_blocks(), block_size());
+    ATTNREF_CHECK(block_size() > 0, std::invalid_argument, fn, names.block_size, "not positive",
+                  ">= 1", block_size());
+    ATTNREF_CHECK(block_table.size(0) == batch(), std::invalid_argument, fn, t + ".shape[0]",
+                  std::string("mismatch with ") + names.lens, batch(), block_table.size(0));
+    const std::string product = t + ".shape[1] * " + names.bs_word;
+    const Index capacity =
+        detail::checked_mul(fn, product.c_str(), block_table.size(1), block_size());
+    for (Index b = 0; b < batch(); ++b) {
+      const std::string arg = std::string(names.lens) + "[" + std::to_string(b) + "]";
+      ATTNREF_CHECK(length(b) >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", length(b));
+      ATTNREF_CHECK(length(b) <= capacity, std::invalid_argument, fn, arg, "exceeds " + product,
+                    "<= " + std::to_string(capacity), length(b));
+      for (Index j = 0; j < blocks_used(b); ++j) {
+        const Index id = block_table(b, j);
+        ATTNREF_CHECK(id >= 0 && id < num_blocks(), std::out_of_range, fn,
+                      t + "[" + std::to_string(b) + "][" + std::to_string(j) + "]", "out of range",
+                      "[0, " + std::to_string(num_blocks()) + ")", id);
+      }
+    }
   }
 };
 

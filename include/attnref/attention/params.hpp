@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attnref/attention/paged_kv.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
 
@@ -57,6 +58,18 @@ struct AttentionInputs {
   /// (required) and seq.kv_cu must be empty. Entries past a sequence's last block are never read
   /// (-1 padding is fine); a used entry outside [0, num_blocks) throws std::out_of_range.
   StridedView<const std::int32_t, 2> block_table{};
+
+  /// Reads keys and values from a paged cache: k, v, block_table and seq.kv (its context_lens)
+  /// come from `cache` (the one paged K/V type every operator maps its vendor tensors onto).
+  AttentionInputs& read_kv(const PagedKvCache<const TKV>& cache) {
+    k = cache.k;
+    v = cache.v;
+    block_table = cache.block_table;
+    seq.kv = cache.context_lens;
+    return *this;
+  }
+  /// The paged cache these inputs read (meaningful when block_table is given).
+  PagedKvCache<const TKV> paged_kv() const { return {k, v, block_table, seq.kv}; }
 };
 
 /// Scalars and switches of the engine (no activations).

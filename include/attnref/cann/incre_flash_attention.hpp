@@ -110,11 +110,12 @@ namespace detail {
 /// kv lengths, the left-padding shifts and the key positions a mask / pse row must cover.
 template <class TKV>
 struct IfaKv {
-  StridedView<const TKV, 4> k, v;
-  StridedView<const std::int32_t, 2> block_table;
+  /// The views and the kv lengths (context_lens): paged, a validated cache; otherwise
+  /// block_table absent and k / v the [B, S, N, D] views that the pages below point into.
+  PagedKvCache<const TKV> cache;
   KvPages<TKV> pages;
   std::vector<TKV> packed_k, packed_v;  // BNSD tensor lists of different S, gathered
-  std::vector<Index> kv_len, shift;
+  std::vector<Index> shift;
   Index mask_cols = 0;
 };
 
@@ -155,18 +156,21 @@ void ifa_paged_kv(const char* fn, const IncreFlashAttentionParams& params,
   ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, "actual_seq_lengths",
                 "required when paged", "kv lengths", "none");
   kv.mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
-  kv.kv_len =
+  kv.cache.context_lens =
       detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, kv.mask_cols);
   if (kc.rank() == 3) {
-    kv.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
-    kv.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
+    kv.cache.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
+    kv.cache.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
   } else {
-    kv.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
-    kv.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+    kv.cache.k =
+        StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
+    kv.cache.v =
+        StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {kvn * bs * D, D, bs * D, 1});
   }
-  kv.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
+  kv.cache.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
   // Every used block-table entry, named (std::out_of_range), before anything is written.
-  PagedKvCache<const TKV>{kv.k, kv.v, kv.block_table, kv.kv_len}.validate(fn);
+  kv.cache.validate(fn, {"key[0]", "value[0]", "block_table", "actual_seq_lengths",
+                         "params.block_size", "blockSize"});
 }
 
 /// One tensor with batch B, or B tensors with batch 1 (their S may differ), with the optional
@@ -196,7 +200,7 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
     if (i > 0 && kd[1] != dims[0][1]) same_s = false;
     max_s = std::max(max_s, kd[1]);
   }
-  kv.kv_len.resize(static_cast<size_t>(B));
+  kv.cache.context_lens.resize(static_cast<size_t>(B));
   const auto& al = in.actual_seq_lengths;
   ATTNREF_CHECK(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B,
                 std::invalid_argument, fn, "actual_seq_lengths", "length neither 1 nor >= batch",
@@ -211,7 +215,7 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
                     "[0, " + std::to_string(s_b) + "]", std::to_string(v));
       l = static_cast<Index>(v);
     }
-    kv.kv_len[static_cast<size_t>(b)] = l;
+    kv.cache.context_lens[static_cast<size_t>(b)] = l;
   }
   const auto& kp = in.kv_padding_size;
   if (!kp.absent()) {
@@ -226,9 +230,9 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
     const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data()));
     kv.shift.assign(static_cast<size_t>(B), 0);
     for (Index b = 0; b < B; ++b) {
-      const Index start = S - pad - kv.kv_len[static_cast<size_t>(b)];
+      const Index start = S - pad - kv.cache.context_lens[static_cast<size_t>(b)];
       if (start < 0)
-        kv.kv_len[static_cast<size_t>(b)] = 0;  // the kernel's all-zero output
+        kv.cache.context_lens[static_cast<size_t>(b)] = 0;  // the kernel's all-zero output
       else
         kv.shift[static_cast<size_t>(b)] = start;
     }
@@ -237,14 +241,16 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
   for (Index b = 0; b < B; ++b)
     kv.mask_cols =
         std::max(kv.mask_cols, (kv.shift.empty() ? 0 : kv.shift[static_cast<size_t>(b)]) +
-                                   kv.kv_len[static_cast<size_t>(b)]);
+                                   kv.cache.context_lens[static_cast<size_t>(b)]);
   const bool gather = list && !same_s;
   if (!kv.shift.empty()) {
     // One page per sequence starting at its window; dims[0] has batch B (or 1 = B).
     const std::array<Index, 4> d0{B, dims[0][1], kvn, D};
     const auto v0 = detail::pfa_view(in.key[0].data(), layout, d0);
-    kv.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
-    kv.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.cache.k =
+        StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.cache.v =
+        StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
     kv.pages.page_size = std::max<Index>(1, d0[1]);
     for (Index b = 0; b < B; ++b) {
       const Index o = b * v0.stride(0) + kv.shift[static_cast<size_t>(b)] * v0.stride(1);
@@ -253,14 +259,16 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
       kv.pages.first.push_back(b);
     }
   } else if (!list) {
-    kv.k = detail::pfa_view(in.key[0].data(), layout, dims[0]);
-    kv.v = detail::pfa_view(in.value[0].data(), layout, dims[0]);
+    kv.cache.k = detail::pfa_view(in.key[0].data(), layout, dims[0]);
+    kv.cache.v = detail::pfa_view(in.value[0].data(), layout, dims[0]);
   } else if (!gather) {
     // One page per sequence, every tensor of tensor 0's shape.
     const std::array<Index, 4> d0{B, max_s, kvn, D};
     const auto v0 = detail::pfa_view(in.key[0].data(), layout, dims[0]);
-    kv.k = StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
-    kv.v = StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.cache.k =
+        StridedView<const TKV, 4>(in.key[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
+    kv.cache.v =
+        StridedView<const TKV, 4>(in.value[0].data(), d0, {0, v0.stride(1), v0.stride(2), 1});
     kv.pages.page_size = std::max<Index>(1, max_s);
     for (Index b = 0; b < B; ++b) {
       kv.pages.k.push_back(in.key[static_cast<size_t>(b)].data());
@@ -276,7 +284,7 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
                                        dims[static_cast<size_t>(b)]);
       const auto vb = detail::pfa_view(in.value[static_cast<size_t>(b)].data(), layout,
                                        dims[static_cast<size_t>(b)]);
-      for (Index t = 0; t < kv.kv_len[static_cast<size_t>(b)]; ++t)
+      for (Index t = 0; t < kv.cache.context_lens[static_cast<size_t>(b)]; ++t)
         for (Index h = 0; h < kvn; ++h)
           for (Index x = 0; x < D; ++x) {
             const size_t dst = static_cast<size_t>(((b * max_s + t) * kvn + h) * D + x);
@@ -284,8 +292,8 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
             kv.packed_v[dst] = vb(0, t, h, x);
           }
     }
-    kv.k = bsnd_view<const TKV>(kv.packed_k.data(), B, max_s, kvn, D);
-    kv.v = bsnd_view<const TKV>(kv.packed_v.data(), B, max_s, kvn, D);
+    kv.cache.k = bsnd_view<const TKV>(kv.packed_k.data(), B, max_s, kvn, D);
+    kv.cache.v = bsnd_view<const TKV>(kv.packed_v.data(), B, max_s, kvn, D);
   }
 }
 
@@ -346,9 +354,9 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
   else
     detail::ifa_listed_kv(fn, in, layout, B, kvn, D, kv);
   AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
-  e.k = kv.k, e.v = kv.v, e.block_table = kv.block_table, e.seq.kv = kv.kv_len;
+  e.read_kv(kv.cache);
   const detail::KvPages<TKV>& pages = kv.pages;
-  const std::vector<Index>& kv_len = kv.kv_len;
+  const std::vector<Index>& kv_len = kv.cache.context_lens;
   const std::vector<Index>& shift = kv.shift;  // kv left padding: position of each batch's key 0
   const Index mask_cols = kv.mask_cols;        // the key positions a mask / pse row must cover
 

@@ -17,6 +17,7 @@
 /// A sequence with no key gives 0. Block-table entries in use outside [0, blocks) throw
 /// std::out_of_range; everything is checked before anything is written.
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -73,22 +74,31 @@ struct MlaUnabsorbedInputs {
 
 namespace detail::mla {
 
+/// The latent cache [blocks, blockSize, 1, W] with its block table and lengths as the one paged
+/// type, validated under mla_decode's names: k reads all W columns of a row, v its first C.
 template <class T>
-void check_cache_table(const char* fn, const StridedView<const T>& cache,
-                       const StridedView<const std::int32_t>& table, const std::vector<Index>& lens,
-                       Index B, Index width) {
+PagedKvCache<const T> paged_cache(const char* fn, const StridedView<const T>& cache,
+                                  const StridedView<const std::int32_t>& table,
+                                  const std::vector<Index>& lens, Index B, Index W, Index C) {
   ATTNREF_CHECK(!cache.absent() && cache.rank() == 4 && cache.size(1) > 0 && cache.size(2) == 1 &&
-                    cache.size(3) == width,
+                    cache.size(3) == W,
                 std::invalid_argument, fn, "kv_cache.shape", "mismatch",
-                "[blocks, blockSize, 1, " + std::to_string(width) + "]", detail::shape_str(cache));
+                "[blocks, blockSize, 1, " + std::to_string(W) + "]", detail::shape_str(cache));
   ATTNREF_CHECK(!table.absent() && table.rank() == 2 && table.size(0) == B, std::invalid_argument,
                 fn, "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
                 detail::shape_str(table));
   ATTNREF_CHECK(static_cast<Index>(lens.size()) == B, std::invalid_argument, fn, "context_lens",
                 "size mismatch", std::to_string(B), std::to_string(lens.size()));
-  detail::check_block_table(
-      fn, {"block_table", "context_lens", "cache.shape[1] (blockSize)", "blockSize"},
-      table.template fixed<2>(fn, "block_table"), lens, cache.size(0), cache.size(1));
+  // A row of one element: any stride reads it.
+  const std::array<Index, 4> st{cache.stride(0), cache.stride(1), cache.stride(2),
+                                W == 1 ? 1 : cache.stride(3)};
+  const PagedKvCache<const T> pc{
+      StridedView<const T, 4>(cache.data(), {cache.size(0), cache.size(1), 1, W}, st),
+      StridedView<const T, 4>(cache.data(), {cache.size(0), cache.size(1), 1, C}, st),
+      table.template fixed<2>(fn, "block_table"), lens};
+  pc.validate(fn, {"kv_cache", "kv_cache", "block_table", "context_lens",
+                   "kv_cache.shape[1] (blockSize)", "blockSize"});
+  return pc;
 }
 
 /// Checks the decode params; returns the cache row width C + R.
@@ -123,24 +133,17 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
       std::invalid_argument, fn, "out.shape", "mismatch",
       "[" + std::to_string(B) + ", " + std::to_string(H) + ", " + std::to_string(C) + "]",
       detail::shape_str(out));
-  check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
-  const Index blocks = in.kv_cache.size(0), bs = in.kv_cache.size(1);
-  AttentionInputs<T, T> e;
   // Views of the caller's memory, any strides: q [B, heads, W] as [B, 1, heads, W]; the cache
   // rows hold k (all W) and v (the first C). A cache whose rows are not contiguous is copied
   // (the engine's decode kernels stream contiguous rows; another path would change the bits).
   detail::DenseArena arena(fn);  // also names mla_decode in the engine's rejections
-  const auto& q = in.q;
   StridedView<const T> kc = in.kv_cache;
-  if (!kc.dense() && kc.stride(3) != 1) arena.input("kv_cache", kc);
-  const Index es = W == 1 ? 1 : kc.stride(3);  // a row of one element: any stride reads it
+  if (kc.rank() == 4 && !kc.dense() && kc.stride(3) != 1) arena.input("kv_cache", kc);
+  const auto cache = paged_cache(fn, kc, in.block_table, in.context_lens, B, W, C);
+  const auto& q = in.q;
+  AttentionInputs<T, T> e;
   e.q = StridedView<const T, 4>(q.data(), {B, 1, H, W}, {q.stride(0), 0, q.stride(1), q.stride(2)});
-  e.k = StridedView<const T, 4>(kc.data(), {blocks, bs, 1, W},
-                                {kc.stride(0), kc.stride(1), kc.stride(2), es});
-  e.v = StridedView<const T, 4>(kc.data(), {blocks, bs, 1, C},
-                                {kc.stride(0), kc.stride(1), kc.stride(2), es});
-  e.block_table = in.block_table.template fixed<2>(fn, "block_table");
-  e.seq.kv = in.context_lens;
+  e.read_kv(cache);
   AttentionParams ep;
   ep.scale = params.scale;
   ep.num_threads = num_threads;
@@ -178,8 +181,7 @@ void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsor
   ATTNREF_CHECK((!out.absent() && out.shape() == std::vector<Index>{B, H, C}),
                 std::invalid_argument, fn, "out.shape", "mismatch", bh + std::to_string(C) + "]",
                 detail::shape_str(out));
-  check_cache_table(fn, in.kv_cache, in.block_table, in.context_lens, B, W);
-  const Index bs = in.kv_cache.size(1);
+  const auto cache = paged_cache(fn, in.kv_cache, in.block_table, in.context_lens, B, W, C);
   Index L = 1;
   for (Index l : in.context_lens) L = std::max(L, l);
   // Expanded keys [B, L, H, P + R] and values [B, L, H, C] in fp32.
@@ -197,8 +199,8 @@ void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsor
     }
   for (Index b = 0; b < B; ++b)
     for (Index t = 0; t < in.context_lens[static_cast<size_t>(b)]; ++t) {
-      const Index blk = in.block_table.data()[b * in.block_table.size(1) + t / bs];
-      const T* row = in.kv_cache.data() + (blk * bs + t % bs) * W;
+      const PagedSlot at = cache.locate(b, t);
+      const T* row = &cache.k(at.block, at.offset, 0, 0);  // dense: the arena's copy
       for (Index h = 0; h < H; ++h) {
         float* kr = k.data() + ((b * L + t) * H + h) * KW;
         for (Index j = 0; j < P; ++j) {

@@ -298,11 +298,13 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
       }
     }
   }
-  detail::check_block_table(
-      "nsa_compress_attention_infer",
-      {"block_table", "actual_cmp_kv_seq_len", "params.page_block_size", "page_block_size"},
-      StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}), in.actual_cmp_kv_seq_len, nb,
-      pbs);
+  const PagedKvCache<const T> cache{StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk}),
+                                    StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv}),
+                                    StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}),
+                                    cmp};
+  cache.validate("nsa_compress_attention_infer",
+                 {"key", "value", "block_table", "actual_cmp_kv_seq_len", "params.page_block_size",
+                  "page_block_size"});
   // The multi-token mask.
   const bool mask = !in.atten_mask.absent() && max_q > 1;
   std::vector<Index> tail(static_cast<size_t>(B), 0);
@@ -367,10 +369,7 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
     e.q = StridedView<const T, 4>(q.data(), {B, S, N, Dqk});
     e.seq.q = qlen;
   }
-  e.k = StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk});
-  e.v = StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv});
-  e.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
-  e.seq.kv = cmp;
+  e.read_kv(cache);
   AttentionParams ep;
   ep.scale = p.scale_value;
   ep.num_threads = num_threads;

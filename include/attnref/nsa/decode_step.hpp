@@ -214,11 +214,13 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
     e.q = StridedView<const T, 4>(in.query.data(), {d.B, d.S, d.N, d.Dqk});
     e.seq.q = d.qlen;
   }
-  e.k = StridedView<const T, 4>(kt.data(), {kt.size(0), pbs, d.KVN, d.Dqk});
-  e.v = StridedView<const T, 4>(in.value.data(), {kt.size(0), pbs, d.KVN, d.Dv});
-  e.block_table =
-      StridedView<const std::int32_t, 2>(in.block_table.data(), {d.B, in.block_table.size(1)});
-  for (std::int64_t s : in.actual_sel_kv_seq_len) e.seq.kv.push_back(static_cast<Index>(s));
+  PagedKvCache<const T> cache{
+      StridedView<const T, 4>(kt.data(), {kt.size(0), pbs, d.KVN, d.Dqk}),
+      StridedView<const T, 4>(in.value.data(), {kt.size(0), pbs, d.KVN, d.Dv}),
+      StridedView<const std::int32_t, 2>(in.block_table.data(), {d.B, in.block_table.size(1)}),
+      {}};
+  for (std::int64_t s : in.actual_sel_kv_seq_len) cache.context_lens.push_back(s);
+  e.read_kv(cache);  // resolve() below validates it, named by fn
   w.ep.scale = p.scale_value;
   w.ep.causal = CausalMode::BottomRight;
   w.ep.window = static_cast<Index>(p.window_size);
@@ -380,7 +382,7 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
                 detail::shape_str(cbt));
   const Index cmp_capacity =
       detail::checked_mul(fn, "cmp_block_table.shape[1] * cmp_page_block_size", cbt.size(1), cpbs);
-  std::vector<std::int64_t> cmp_len;
+  std::vector<Index> cmp_len;
   for (Index b = 0; b < d.B; ++b) {
     const Index sel = static_cast<Index>(in.actual_sel_kv_seq_len[static_cast<size_t>(b)]);
     const Index c = nsa_compressed_count(sel, l, d_);
@@ -391,10 +393,12 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
                   std::to_string(sel) + " (" + std::to_string(c) + " compressed)");
     cmp_len.push_back(c);
   }
-  detail::check_block_table(
-      fn, {"cmp_block_table", "compressed lengths", "cmp_page_block_size", "cmp_page_block_size"},
-      StridedView<const std::int32_t, 2>(cbt.data(), {d.B, cbt.size(1)}), cmp_len, ck.size(0),
-      cpbs);
+  const PagedKvCache<const T> cmp_cache{
+      StridedView<const T, 4>(ck.data(), {ck.size(0), cpbs, d.KVN, d.Dqk}),
+      StridedView<const T, 4>(cv.data(), {ck.size(0), cpbs, d.KVN, d.Dv}),
+      StridedView<const std::int32_t, 2>(cbt.data(), {d.B, cbt.size(1)}), cmp_len};
+  cmp_cache.validate(fn, {"cmp_key", "cmp_value", "cmp_block_table", "compressed lengths",
+                          "cmp_page_block_size", "cmp_page_block_size"});
 
   // The branches write into the caller's views or into scratch.
   const Index n_o = d.rows * d.N * d.Dv;
@@ -435,7 +439,7 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
   ci.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
   const std::uint8_t mask_flag = 1;  // the multi-token rule (its content is never read)
   ci.atten_mask = StridedView<const std::uint8_t>(&mask_flag, {1});
-  ci.actual_cmp_kv_seq_len = cmp_len;
+  ci.actual_cmp_kv_seq_len.assign(cmp_len.begin(), cmp_len.end());
   NsaCompressAttentionInferOutputs<T> co{o_cmp, topk};
 
   // The selected branch.

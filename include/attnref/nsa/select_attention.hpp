@@ -273,9 +273,12 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
                 "nsa_selected_attention_infer", "output.shape", "mismatch", dims_str(o_shape),
                 shape_str(out.output));
   // Index data: block tables, then every live row's top-k entries.
-  detail::check_block_table(
-      fn, {"block_table", "actual_sel_kv_seq_len", "params.page_block_size", "page_block_size"},
-      StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}), sel, nb, pbs);
+  const PagedKvCache<const T> cache{StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk}),
+                                    StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv}),
+                                    StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}),
+                                    sel};
+  cache.validate(fn, {"key", "value", "block_table", "actual_sel_kv_seq_len",
+                      "params.page_block_size", "page_block_size"});
   std::vector<std::int32_t> seen;
   for (Index b = 0; b < B; ++b) {
     const Index n_sel = sel[static_cast<size_t>(b)] / ls + (sel[static_cast<size_t>(b)] % ls != 0);
@@ -330,9 +333,9 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
         for (const std::int32_t j : blocks) {
           if (j < 0) continue;
           for (Index pos = j * ls; pos < std::min<Index>((j + 1) * ls, L); pos += u) {
-            const Index phys = bt.data()[b * bt.size(1) + pos / pbs] * pbs + pos % pbs;
-            pages.k.push_back(kt.data() + phys * kstride + g * Dqk);
-            pages.v.push_back(vt.data() + phys * vstride + g * Dv);
+            const PagedSlot at = cache.locate(b, pos);
+            pages.k.push_back(&cache.k(at.block, at.offset, g, 0));
+            pages.v.push_back(&cache.v(at.block, at.offset, g, 0));
           }
           n += std::max<Index>(0, std::min<Index>((j + 1) * ls, L) - j * ls);
         }
