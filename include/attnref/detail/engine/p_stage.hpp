@@ -1,0 +1,212 @@
+#pragma once
+/// The engine's P stage: the variant's mask and transform hooks on the raw scores (masked
+/// entries -inf and flagged, overflowed rows marked), the online-softmax update (with the
+/// quantize_p hook: P quantized block by block), and the second pass of round_p variants
+/// (P = exp(s - m) / l, rounded by the hook, then P·V).
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "attnref/detail/engine/products.hpp"
+#include "attnref/detail/engine/state.hpp"
+
+namespace attnref::detail {
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const SeqInfo& si, Index q0,
+                                                        Index nq, Index j0, Index cols,
+                                                        TileMask tm) const {
+  const Index rows = g.group * nq;
+  const bool partial = tm == TileMask::Partial;
+  const bool transform = var.has_transform();
+  if (!partial && !transform) {  // every position visible, raw scores used as they are
+    for (Index r = 0; r < rows; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
+    return;
+  }
+  for (Index r = 0; r < rows; ++r) {
+    const Index gi = r / nq;
+    const Index i = q0 + r % nq;
+    Acc* srow = hd.s + r * ld();
+    std::uint8_t* frow = hd.f + r * ld();
+    const Coord c0{si.batch, i, j0, hd.kv_head * g.group + gi, hd.kv_head};
+    // Rows whose visible keys form one interval [lo, hi) of the tile (or the whole tile) are
+    // masked by range; other rows ask the predicate per position.
+    Index lo = 0, hi = cols;
+    bool interval = !partial;
+    if constexpr (has_row_interval<Variant>::value) {
+      KvRange vr{0, 0};
+      if (partial && var.row_interval(si, c0, vr)) {
+        interval = true;
+        lo = std::clamp<Index>(vr.begin - j0, 0, cols);
+        hi = std::clamp<Index>(vr.end - j0, lo, cols);
+      }
+    }
+    if (interval) {
+      std::fill(frow, frow + lo, std::uint8_t{1});
+      std::fill(frow + lo, frow + hi, std::uint8_t{0});
+      std::fill(frow + hi, frow + cols, std::uint8_t{1});
+      flag_overflow(hd, r, srow + lo, hi - lo);
+      if (transform) transform_span(si, c0, srow, lo, hi);
+      std::fill(srow, srow + lo, kNegInf);
+      std::fill(srow + hi, srow + cols, kNegInf);
+      continue;
+    }
+    bool bad = false;  // a visible raw score that is not finite
+    for (Index c = 0; c < cols; ++c) {
+      frow[c] = var.masked(si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head}) ? 1 : 0;
+      bad = bad || (frow[c] == 0 && !std::isfinite(srow[c]));
+    }
+    if (bad) hd.st[r].overflow = true;
+    bool done = false;  // transform_row may see masked positions: they are overwritten below
+    if constexpr (has_transform_row<Variant, Acc>::value) {
+      if (transform) {
+        var.template transform_row<Acc>(si, c0, srow, cols);
+        done = true;
+      }
+    }
+    for (Index c = 0; c < cols; ++c) {
+      if (frow[c])
+        srow[c] = kNegInf;
+      else if (transform && !done)
+        srow[c] = var.template transform<Acc>(si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head},
+                                              srow[c]);
+    }
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::flag_overflow(const Head& hd, Index r, const Acc* raw,
+                                                          Index n) const {
+  // x · 0 is 0 for a finite x and NaN for ±inf / NaN: one vectorised pass, no branch.
+  if (n > 0 && !((ArrayMap<Acc>(const_cast<Acc*>(raw), n) * Acc(0)).sum() == Acc(0)))
+    hd.st[r].overflow = true;
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::transform_span(const SeqInfo& si, const Coord& c0,
+                                                           Acc* srow, Index lo, Index hi) const {
+  if (hi <= lo) return;
+  if constexpr (has_transform_row<Variant, Acc>::value) {
+    var.template transform_row<Acc>(si, Coord{c0.batch, c0.q, c0.kv + lo, c0.q_head, c0.kv_head},
+                                    srow + lo, hi - lo);
+  } else {
+    for (Index c = lo; c < hi; ++c)
+      srow[c] = var.template transform<Acc>(
+          si, Coord{c0.batch, c0.q, c0.kv + c, c0.q_head, c0.kv_head}, srow[c]);
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+bool Engine<Acc, TQ, TKV, TO, TS, Variant>::tile_has_visible(const Head& hd, Index r, Index cols,
+                                                             bool partial) const {
+  if (!partial) return cols > 0;
+  const std::uint8_t* frow = hd.f + r * ld();
+  return std::find(frow, frow + cols, std::uint8_t{0}) != frow + cols;
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::softmax_update(const Head& hd, const SeqInfo& si,
+                                                           Index rows, Index cols, bool partial,
+                                                           Index q0, Index nq, Index j0) const {
+  const Index dv = g.v_head_size;
+  for (Index r = 0; r < rows; ++r) {
+    Acc* srow = hd.s + r * ld();
+    ArrayMap<Acc> row(srow, cols);
+    SoftmaxState<Acc>& st = hd.st[r];
+    const Acc mx = row.maxCoeff();
+    const Acc m_new = std::max(st.m, mx);
+    if (m_new == kNegInf) {  // nothing visible to this row yet, or only overflowed scores
+      st.visible = st.visible || tile_has_visible(hd, r, cols, partial);
+      row.setZero();
+      if constexpr (kQuantP) hd.fac[r] = Acc(0);
+      continue;
+    }
+    st.visible = true;  // a finite maximum is a visible score (masked ones are -inf)
+    const Acc alpha = exp_diff(st.m, m_new);
+    row = (row - m_new).exp();
+    if (partial) {
+      const std::uint8_t* frow = hd.f + r * ld();
+      for (Index c = 0; c < cols; ++c)
+        if (frow[c]) srow[c] = Acc(0);
+    }
+    Acc tile_sum;
+    if constexpr (kQuantP) {
+      const Coord c0{si.batch, q0 + r % nq, j0, hd.kv_head * g.group + r / nq, hd.kv_head};
+      hd.fac[r] = var.template quantize_p<Acc>(c0, srow, cols, hd.aux[r], tile_sum);
+    } else {
+      tile_sum = row.sum();
+    }
+    st.l = st.l * alpha + tile_sum;
+    st.m = m_new;
+    if (alpha != Acc(1)) ArrayMap<Acc>(hd.o + r * dv, dv) *= alpha;
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
+                                                            const WorkItem& it) const {
+  const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
+  const SeqInfo si{it.seq, s.q_len, s.kv_len};
+  const Index nq = it.q_end - it.q_begin;
+  const Index rows = g.group * nq;
+  const bool want_probs = !out.probs.absent();
+  const Index span = it.kv_end - it.kv_begin;
+  if (want_probs)
+    for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
+      for (Index r = 0; r < rows; ++r)
+        for (Index j = 0; j < s.kv_len; ++j)
+          out.probs(s.q_batch, hkv * g.group + r / nq, s.q_off + it.q_begin + r % nq, j) = TS(0);
+  const Index step = small(rows) ? it.head_end - it.head_begin : 1;
+  for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
+    const Index cols = std::min(g.kv_tile, it.kv_end - j0);
+    const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
+    if (tm == TileMask::All) continue;
+    const bool partial = tm == TileMask::Partial;
+    tile_rows(ws, it.seq, j0, cols);
+    for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
+      const Index h1 = h0 + step;
+      for (Index h = h0; h < h1; ++h) {
+        const Head hd = head(ws, it, h);
+        for (Index r = 0; r < rows; ++r) {
+          const size_t at =
+              static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
+          std::copy_n(ws.cache_s.begin() + static_cast<std::ptrdiff_t>(at), cols, hd.s + r * ld());
+          if (partial)
+            std::copy_n(ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at), cols,
+                        hd.f + r * ld());
+        }
+        for (Index r = 0; r < rows; ++r) {
+          Acc* srow = hd.s + r * ld();
+          const SoftmaxState<Acc>& st = hd.st[r];
+          const std::uint8_t* frow = hd.f + r * ld();
+          const Acc inv = st.inv_l();
+          const Index qh = h * g.group + r / nq, qi = it.q_begin + r % nq;
+          ArrayMap<Acc> row(srow, cols);
+          if (st.l == Acc(0) && !st.undefined()) {
+            row.setZero();
+          } else {
+            row = (row - st.m).exp() * inv;
+            if (partial)
+              for (Index c = 0; c < cols; ++c)
+                if (frow[c]) srow[c] = Acc(0);
+          }
+          if (want_probs) {
+            TS* dst = out.probs.ptr(s.q_batch, qh, s.q_off + qi, j0);
+            if (std::is_same_v<TS, Acc> && out.probs.stride(3) == 1)
+              std::copy_n(srow, cols, dst);
+            else
+              for (Index c = 0; c < cols; ++c)
+                dst[c * out.probs.stride(3)] = static_cast<TS>(srow[c]);
+          }
+          var.template round_p<Acc>(Coord{si.batch, qi, j0, qh, h}, srow, cols);
+        }
+      }
+      accumulate_pv(ws, it, h0, h1, rows, cols, partial);
+    }
+  }
+}
+
+}  // namespace attnref::detail

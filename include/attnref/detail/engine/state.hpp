@@ -1,0 +1,226 @@
+#pragma once
+/// The engine's state for one call: the resolved problem (views, variant, geometry, pages), the
+/// mode switches chosen once from the types and the variant (small-row SIMD, int8 kernels,
+/// quantized P, two-pass rounded P), and the per-worker scratch. Its member functions are
+/// defined by concern in products.hpp, p_stage.hpp and driver.hpp.
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/attention/params.hpp"
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/softmax.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/core/view.hpp"
+#include "attnref/detail/engine/rows.hpp"
+#include "attnref/detail/engine/work.hpp"
+#include "attnref/detail/gemm_i8.hpp"
+#include "attnref/detail/simd.hpp"
+
+namespace attnref::detail {
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+struct Engine {
+  const AttentionInputs<TQ, TKV>& in;
+  const AttentionOutputs<TO, TS>& out;
+  const Variant& var;
+  const Geometry& g;
+  const KvPages<TKV>& pages;
+  Acc scale;
+  Index max_rows;     // stacked rows (group x q positions x kv heads) of the largest item
+  simd::Level level;  // hand-vectorised level in use for this call (Portable: none)
+
+  static constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  static constexpr bool kMapK = std::is_same_v<TKV, Acc>;
+  /// The variant quantizes P before P·V (quantize_p hook).
+  static constexpr bool kQuantP = has_quantize_p<Variant, Acc>::value;
+  static constexpr bool kTwoPass = has_round_p<Variant, Acc>::value;
+  static_assert(!(kQuantP && kTwoPass), "quantize_p and round_p do not combine");
+  /// int8 q / k / v with quantized P: both products can run on the int8 kernels.
+  static constexpr bool kI8 = kQuantP && std::is_same_v<Acc, float> &&
+                              std::is_same_v<TQ, std::int8_t> && std::is_same_v<TKV, std::int8_t>;
+  /// The int8 kernels are in use for this call (compiled in, level Avx512, unit element strides).
+  bool i8() const {
+    return kI8 && i8::enabled() && in.q.stride(3) == 1 && in.k.stride(3) == 1 &&
+           in.v.stride(3) == 1 && g.head_size % 4 == 0;
+  }
+  /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
+  /// whose packing and conversion buffers cost more than the products, and stream K/V rows
+  /// through the hand-vectorised kernels instead (when compiled in and enabled).
+  static constexpr Index kSmallRows = 8;
+  bool small(Index rows) const {
+    return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
+           rows <= kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1;
+  }
+  /// Per-worker scratch, sized once per call (O(tile), independent of sequence lengths).
+  /// Aligned to Eigen's packet size: Eigen's vectorised reductions and exp peel unaligned heads
+  /// in scalar code, so an address-dependent alignment would make the bits depend on which
+  /// worker (and which allocation) ran an item.
+  struct Workspace {
+    AlignedVector<Acc> q, s, k, v, o;
+    std::vector<SoftmaxState<Acc>> st;
+    std::vector<std::uint8_t> flags;
+    std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
+    AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
+    // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
+    std::vector<std::uint8_t> q8, p8;
+    std::vector<std::int8_t> kp, vp;
+    std::vector<std::int32_t> kcorr, vcorr;
+    // round_p variants: the item's hooked scores and mask flags, kept from the first pass
+    AlignedVector<Acc> cache_s;
+    std::vector<std::uint8_t> cache_f;
+  };
+
+  /// One kv head of an item: its rows of Q, O, softmax state, scores and mask flags inside the
+  /// workspace (scores and flags: row stride ld()).
+  struct Head {
+    Index kv_head;
+    Acc* q;
+    Acc* o;
+    SoftmaxState<Acc>* st;
+    Acc* s;
+    std::uint8_t* f;
+    Acc* aux;  // quantize_p row state and tile factors (null without the hook)
+    Acc* fac;
+  };
+
+  /// Row stride of the score and flag buffers: the tile width rounded up to 16 plus 16, so
+  /// consecutive rows never sit a power of two apart (which maps them onto the same cache sets).
+  Index ld() const { return (g.kv_tile + 15) / 16 * 16 + 16; }
+
+  Workspace make_workspace() const {
+    Workspace ws;
+    const Index rows = max_rows;
+    ws.q.resize(static_cast<size_t>(rows * g.head_size));
+    ws.o.resize(static_cast<size_t>(rows * g.v_head_size));
+    ws.st.resize(static_cast<size_t>(rows));
+    ws.s.resize(static_cast<size_t>(rows * ld()));
+    ws.flags.resize(static_cast<size_t>(rows * ld()));
+    ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
+    ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
+    ws.krow.resize(static_cast<size_t>(g.kv_tile));
+    ws.vrow.resize(static_cast<size_t>(g.kv_tile));
+    if (kQuantP) {
+      ws.aux.resize(static_cast<size_t>(rows));
+      ws.fac.resize(static_cast<size_t>(rows));
+      ws.pv.resize(static_cast<size_t>(rows * g.v_head_size));
+    }
+    if (i8()) {
+      const Index tile16 = i8::round_up(g.kv_tile, 16), tile4 = i8::round_up(g.kv_tile, 4);
+      const Index dv16 = i8::round_up(g.v_head_size, 16);
+      ws.q8.resize(static_cast<size_t>(rows * g.head_size));
+      ws.p8.resize(static_cast<size_t>(rows * tile4));
+      ws.kp.resize(static_cast<size_t>(g.head_size * tile16));
+      ws.kcorr.resize(static_cast<size_t>(tile16));
+      ws.vp.resize(static_cast<size_t>(tile4 * dv16));
+      ws.vcorr.resize(static_cast<size_t>(dv16));
+    }
+    return ws;
+  }
+
+  Head head(Workspace& ws, const WorkItem& it, Index hkv) const {
+    const Index rows = g.group * (it.q_end - it.q_begin);
+    const Index k = (hkv - it.head_begin) * rows;
+    return {hkv,
+            ws.q.data() + k * g.head_size,
+            ws.o.data() + k * g.v_head_size,
+            ws.st.data() + k,
+            ws.s.data() + k * ld(),
+            ws.flags.data() + k * ld(),
+            kQuantP ? ws.aux.data() + k : nullptr,
+            kQuantP ? ws.fac.data() + k : nullptr};
+  }
+
+  /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages.
+  void tile_rows(Workspace& ws, Index seq, Index j0, Index cols) const {
+    Index page = pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size;
+    Index off = j0 % pages.page_size;
+    for (Index c = 0; c < cols; ++c) {
+      ws.krow[static_cast<size_t>(c)] = pages.k[static_cast<size_t>(page)] + off * in.k.stride(1);
+      ws.vrow[static_cast<size_t>(c)] = pages.v[static_cast<size_t>(page)] + off * in.v.stride(1);
+      if (++off == pages.page_size) {
+        off = 0;
+        ++page;
+      }
+    }
+  }
+
+  /// K or V rows of the current tile for kv head h as an Acc matrix: a Map into the input when
+  /// the storage is Acc with a contiguous head dimension and the rows are evenly spaced (one
+  /// page, or adjacent pages), else converted once into `buf`.
+  ConstRowMap<Acc> kv_tile(const StridedView<const TKV, 4>& x, const std::vector<const TKV*>& row,
+                           Index h, Index cols, Index width, AlignedVector<Acc>& buf) const {
+    const Index hs = h * x.stride(2);
+    if constexpr (kMapK) {
+      bool even = x.stride(3) == 1;
+      for (Index c = 1; even && c < cols; ++c)
+        even = row[static_cast<size_t>(c)] == row[0] + c * x.stride(1);
+      if (even)
+        return ConstRowMap<Acc>(row[0] + hs, cols, width, Eigen::OuterStride<>(x.stride(1)));
+    }
+    for (Index c = 0; c < cols; ++c)
+      load_row<Acc>(row[static_cast<size_t>(c)] + hs, x.stride(3), width, buf.data() + c * width,
+                    Acc(1));
+    return ConstRowMap<Acc>(buf.data(), cols, width, Eigen::OuterStride<>(width));
+  }
+
+  /// Gathers the q rows of one head into its workspace rows (pre-multiplied by the scale).
+  void load_q(const Head& hd, const ResolvedSeq& s, Index q0, Index nq) const {
+    for (Index gi = 0; gi < g.group; ++gi) {
+      const Index h = hd.kv_head * g.group + gi;
+      for (Index t = 0; t < nq; ++t) {
+        const TQ* src = in.q.ptr(s.q_batch, s.q_off + q0 + t, h, 0);
+        load_row<Acc>(src, in.q.stride(3), g.head_size, hd.q + (gi * nq + t) * g.head_size, scale);
+      }
+    }
+  }
+
+  // The score and P·V products (engine/products.hpp).
+  /// Raw scores q·k of one tile for heads [h0, h1) of an item. Small row blocks stream the keys
+  /// token by token across the heads (contiguous memory in token-major caches) through the
+  /// hand-vectorised kernels; larger ones use one Eigen GEMM per head.
+  void raw_scores(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
+                  Index cols) const;
+  /// O += P·V for heads [h0, h1) and one tile. A position masked for a row is never read for
+  /// that row, so NaN/Inf stored there cannot leak (0 * NaN would).
+  void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
+                     bool partial) const;
+
+  // The P stage: mask / transform hooks, online softmax, the rounded-P second pass
+  // (engine/p_stage.hpp).
+  /// Mask and transform hooks on one head's raw scores: masked entries become -inf and are
+  /// flagged, visible ones go through the transform hook.
+  void apply_hooks(const Head& hd, const SeqInfo& si, Index q0, Index nq, Index j0, Index cols,
+                   TileMask tm) const;
+  /// Marks row r when one of its n visible raw scores is not finite: scale·q·k overflowed the
+  /// compute type (or an unmasked input holds inf / NaN), so the row's softmax is undefined and
+  /// its result NaN (SoftmaxState::overflow) — whatever the other scores of the row.
+  void flag_overflow(const Head& hd, Index r, const Acc* raw, Index n) const;
+  /// The transform hook on the visible columns [lo, hi) of one row (c0: its first column).
+  void transform_span(const SeqInfo& si, const Coord& c0, Acc* srow, Index lo, Index hi) const;
+  /// True when row r of the tile has a visible position (SoftmaxState::visible: a row that saw
+  /// visible keys but ends with l = 0, every visible score -inf after the hooks, is NaN, never
+  /// the zero row of a masked one).
+  bool tile_has_visible(const Head& hd, Index r, Index cols, bool partial) const;
+  /// Online-softmax update of one head with the scores of one tile; leaves P in hd.s (with the
+  /// quantize_p hook: the quantized P, and the tile's factor per row in hd.fac).
+  void softmax_update(const Head& hd, const SeqInfo& si, Index rows, Index cols, bool partial,
+                      Index q0, Index nq, Index j0) const;
+  /// The second pass of round_p variants, on the scores kept from the first: P = exp(s - m) / l
+  /// per tile, written to the probs output when asked, rounded by the hook, then O += P·V (O
+  /// ends normalised).
+  void normalised_pass(Workspace& ws, const WorkItem& it) const;
+
+  // One item from its Q rows to its output rows (engine/driver.hpp).
+  /// Runs one item: online softmax over its kv range, leaving (state, unnormalised O) in ws.
+  void run_item(Workspace& ws, const WorkItem& it) const;
+  /// Writes the normalised output rows (and LSE) of a finished item; st / o hold its rows.
+  void finalize(const WorkItem& it, const SoftmaxState<Acc>* st, const Acc* o) const;
+  /// Debug pass after run_item: recomputes the scores and writes P = exp(s - m) / l.
+  void write_probs(Workspace& ws, const WorkItem& it) const;
+};
+
+}  // namespace attnref::detail
