@@ -124,44 +124,25 @@ inline constexpr bool pa_float_v =
 
 }  // namespace detail
 
-/// ATB PagedAttention. Three type families (checked against params.quant_type):
-///   unquantized       TQ = TKV = TM = TO: half, bfloat16 or float
-///   DEQUANT_FUSION    TQ = TM = TO: half, bfloat16 or float; TKV = int8
-///   QKV_OFFLINE/ONLINE TQ = TKV = int8; TO = half or bfloat16 (params.out_data_type); TM: half
-///                     or bfloat16
-/// Every check runs before `out` is written; results never depend on num_threads (0 = OpenMP's
-/// default).
-template <class TQ, class TKV, class TM, class TO>
-void paged_attention(const PagedAttentionParams& params,
-                     const PagedAttentionInputs<TQ, TKV, TM>& in,
-                     const PagedAttentionOutputs<TO>& out, int num_threads = 0) {
+namespace detail {
+
+/// What PagedAttention's checks found: sizes, the query tokens of each sequence (q_cu), and the
+/// validated paged cache (context_lens 0 for the sequences batch_run_status turns off).
+template <class TKV>
+struct PaPlan {
+  Index batch = 0, tokens = 0, nh = 0, d = 0, nkv = 0, dv = 0, max_q = 0, max_kv = 0;
+  std::vector<Index> q_cu;
+  PagedKvCache<const TKV> cache;
+};
+
+/// The params against each other and against the type family (nothing read from the tensors).
+template <class TQ, class TKV, class TO>
+void pa_check_modes(const PagedAttentionParams& params) {
   using P = PagedAttentionParams;
-  using detail::pa_len;
+  constexpr const char* fn = "paged_attention";
   constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
   constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
-  static_assert(kQkv ? std::is_same_v<TKV, std::int8_t> &&
-                           (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)&&(
-                               std::is_same_v<TM, half> || std::is_same_v<TM, bfloat16>)
-                     : detail::pa_float_v<TQ> && std::is_same_v<TM, TQ> && std::is_same_v<TO, TQ> &&
-                           (kDequant || std::is_same_v<TKV, TQ>),
-                "paged_attention types: TQ = TKV = TM = TO (half, bfloat16, float); int8 caches "
-                "(dequant fusion); or int8 q and caches with half / bfloat16 out and mask");
-  constexpr const char* fn = "paged_attention";
   validate(params);
-  detail::check_view(fn, "query", in.query);
-  detail::check_view(fn, "key_cache", in.key_cache);
-  detail::check_view(fn, "value_cache", in.value_cache);
-  detail::check_view(fn, "block_tables", in.block_tables);
-  detail::check_view(fn, "mask", in.mask);
-  detail::check_view(fn, "spec_mask", in.spec_mask);
-  detail::check_view(fn, "alibi_mask", in.alibi_mask);
-  detail::check_view(fn, "log_n", in.log_n);
-  detail::check_view(fn, "k_descale", in.k_descale);
-  detail::check_view(fn, "v_descale", in.v_descale);
-  detail::check_view(fn, "k_offset", in.k_offset);
-  detail::check_view(fn, "v_offset", in.v_offset);
-  detail::check_view(fn, "p_scale", in.p_scale);
-  detail::check_view(fn, "out", out.out);
   const std::string mt = std::to_string(static_cast<int>(params.mask_type));
   const bool spec = params.calc_type == P::CalcType::Spec;
   const bool mla = params.mla_v_head_size > 0;
@@ -227,18 +208,45 @@ void paged_attention(const PagedAttentionParams& params,
   if (mla)
     ATTNREF_CHECK(params.mask_type != P::MaskType::Alibi, std::invalid_argument, "paged_attention",
                   "params.mask_type", "Alibi not supported with MLA", "not Alibi", mt);
+}
 
-  const Index batch = static_cast<Index>(in.context_lens.size());
-  const Index tokens = in.query.size(0);
-  const Index nh = in.query.size(1), d = in.query.size(2);
-  const Index nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
+/// The tensors' shapes and lengths, the output against every input, and the paged cache (every
+/// used block-table entry: std::out_of_range).
+template <class TQ, class TKV, class TM, class TO>
+PaPlan<TKV> pa_plan(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+                    const PagedAttentionOutputs<TO>& out) {
+  using P = PagedAttentionParams;
+  constexpr const char* fn = "paged_attention";
+  const bool spec = params.calc_type == P::CalcType::Spec;
+  const bool mla = params.mla_v_head_size > 0;
+  detail::check_view(fn, "query", in.query);
+  detail::check_view(fn, "key_cache", in.key_cache);
+  detail::check_view(fn, "value_cache", in.value_cache);
+  detail::check_view(fn, "block_tables", in.block_tables);
+  detail::check_view(fn, "mask", in.mask);
+  detail::check_view(fn, "spec_mask", in.spec_mask);
+  detail::check_view(fn, "alibi_mask", in.alibi_mask);
+  detail::check_view(fn, "log_n", in.log_n);
+  detail::check_view(fn, "k_descale", in.k_descale);
+  detail::check_view(fn, "v_descale", in.v_descale);
+  detail::check_view(fn, "k_offset", in.k_offset);
+  detail::check_view(fn, "v_offset", in.v_offset);
+  detail::check_view(fn, "p_scale", in.p_scale);
+  detail::check_view(fn, "out", out.out);
+  PaPlan<TKV> pl;
+  const Index batch = pl.batch = static_cast<Index>(in.context_lens.size());
+  const Index tokens = pl.tokens = in.query.size(0);
+  const Index nh = pl.nh = in.query.size(1), d = pl.d = in.query.size(2);
+  const Index nkv = pl.nkv = params.num_kv_heads > 0 ? params.num_kv_heads : params.num_heads;
   // headSizeV: value_cache's (MLA: params.mla_v_head_size, V being the first dims of K).
-  const Index dv = mla ? static_cast<Index>(params.mla_v_head_size) : in.value_cache.size(3);
+  const Index dv = pl.dv =
+      mla ? static_cast<Index>(params.mla_v_head_size) : in.value_cache.size(3);
   ATTNREF_CHECK(batch >= 1, std::invalid_argument, fn, "context_lens", "empty", ">= 1 sequence", 0);
   ATTNREF_CHECK(nh == params.num_heads, std::invalid_argument, fn, "query.shape[1]",
                 "mismatch with params.num_heads", params.num_heads, nh);
   // Query tokens per sequence.
-  std::vector<Index> q_cu(static_cast<size_t>(batch + 1), 0);
+  std::vector<Index>& q_cu = pl.q_cu;
+  q_cu.assign(static_cast<size_t>(batch + 1), 0);
   if (spec) {
     ATTNREF_CHECK(static_cast<Index>(in.q_seq_lens.size()) == batch, std::invalid_argument,
                   "paged_attention", "q_seq_lens",
@@ -264,9 +272,8 @@ void paged_attention(const PagedAttentionParams& params,
     ATTNREF_CHECK(tokens == batch, std::invalid_argument, fn, "query.shape[0]",
                   "mismatch with the number of sequences (one query token each)", batch, tokens);
   }
-  Index max_q = 0;
   for (Index b = 0; b < batch; ++b)
-    max_q = std::max(max_q, q_cu[static_cast<size_t>(b + 1)] - q_cu[static_cast<size_t>(b)]);
+    pl.max_q = std::max(pl.max_q, q_cu[static_cast<size_t>(b + 1)] - q_cu[static_cast<size_t>(b)]);
 
   const auto& kc = in.key_cache;
   ATTNREF_CHECK(kc.size(2) == nkv && kc.size(3) == d, std::invalid_argument, fn, "key_cache.shape",
@@ -295,10 +302,10 @@ void paged_attention(const PagedAttentionParams& params,
       "alibi_mask", in.alibi_mask, "log_n", in.log_n, "k_descale", in.k_descale, "v_descale",
       in.v_descale, "k_offset", in.k_offset, "v_offset", in.v_offset, "p_scale", in.p_scale);
   // The paged cache: shapes, lengths, every used block-table entry (std::out_of_range).
-  PagedKvCache<const TKV> cache{kc, vc, in.block_tables, in.context_lens};
-  cache.validate(fn, {"key_cache", "value_cache", "block_tables", "context_lens",
-                      "key_cache.shape[1] (blockSize)", "blockSize"});
-  std::vector<Index>& kv_len = cache.context_lens;  // inactive sequences read nothing (below)
+  pl.cache = {kc, vc, in.block_tables, in.context_lens};
+  pl.cache.validate(fn, {"key_cache", "value_cache", "block_tables", "context_lens",
+                         "key_cache.shape[1] (blockSize)", "blockSize"});
+  std::vector<Index>& kv_len = pl.cache.context_lens;  // inactive sequences read nothing (below)
   if (params.batch_run_status_enable) {
     ATTNREF_CHECK(static_cast<Index>(in.batch_run_status.size()) == batch, std::invalid_argument,
                   fn, "batch_run_status", "size mismatch", batch, in.batch_run_status.size());
@@ -309,14 +316,19 @@ void paged_attention(const PagedAttentionParams& params,
       if (st == 0) kv_len[static_cast<size_t>(b)] = 0;
     }
   }
-  Index max_kv = 0;
-  for (Index l : kv_len) max_kv = std::max(max_kv, l);
+  for (Index l : kv_len) pl.max_kv = std::max(pl.max_kv, l);
+  return pl;
+}
 
-  // Masks: exactly the tensor of params.mask_type.
-  using Variant =
-      std::conditional_t<kQkv, detail::AtbPagedQuantVariant<TM>, detail::AtbPagedVariant<TM>>;
-  Variant var{};
-  var.q_cu = &q_cu;
+/// Masks (exactly the tensor of params.mask_type) and logN, checked and bound to the variant.
+template <class TQ, class TKV, class TM, class Variant>
+void pa_bind_masks(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+                   const PaPlan<TKV>& pl, Variant& var) {
+  using P = PagedAttentionParams;
+  const Index batch = pl.batch, tokens = pl.tokens, nh = pl.nh, max_q = pl.max_q,
+              max_kv = pl.max_kv;
+  const std::string mt = std::to_string(static_cast<int>(params.mask_type));
+  var.q_cu = &pl.q_cu;
   var.num_heads = nh;
   const auto mask_t = params.mask_type;
   ATTNREF_CHECK(in.mask.absent() || mask_t == P::MaskType::Norm, std::invalid_argument,
@@ -372,8 +384,17 @@ void paged_attention(const PagedAttentionParams& params,
                   "[batch] float", pa_len(in.log_n));
     var.log_n = in.log_n;
   }
+}
 
-  // Quantization scales.
+/// The quantization scales of the type family, checked (finite) and bound to the variant.
+template <class TQ, class TKV, class TM, class Variant>
+void pa_bind_scales(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+                    const PaPlan<TKV>& pl, Variant& var) {
+  using P = PagedAttentionParams;
+  constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
+  constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
+  const Index nh = pl.nh, d = pl.d, nkv = pl.nkv, dv = pl.dv;
+  const auto qt = params.quant_type;
   const Index kch = nkv * d, vch = nkv * dv;
   if constexpr (kDequant) {
     ATTNREF_CHECK(!in.k_descale.absent() && in.k_descale.size(0) == kch, std::invalid_argument,
@@ -428,8 +449,21 @@ void paged_attention(const PagedAttentionParams& params,
   detail::check_finite("paged_attention", "k_descale", in.k_descale);
   detail::check_finite("paged_attention", "v_descale", in.v_descale);
   detail::check_finite("paged_attention", "p_scale", in.p_scale);
+}
 
-  // The engine problem: the packed query tokens against the paged cache.
+/// The engine problem (the packed query tokens against the paged cache), validated against the
+/// caller's tensors, then run: q pre-scaled (q_scale; DequantFusion folds k_descale into q and
+/// k_offset into a row bias) and, for DequantFusion, V's affine map applied to the output.
+template <class TQ, class TKV, class TM, class TO, class Variant>
+void pa_run(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+            const PagedAttentionOutputs<TO>& out, const PaPlan<TKV>& pl, Variant& var,
+            int num_threads) {
+  constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
+  constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
+  const Index batch = pl.batch, tokens = pl.tokens, nh = pl.nh, d = pl.d, nkv = pl.nkv, dv = pl.dv;
+  const std::vector<Index>& q_cu = pl.q_cu;
+  const std::vector<Index>& kv_len = pl.cache.context_lens;
+  const PagedKvCache<const TKV>& cache = pl.cache;
   using EQ = std::conditional_t<kDequant, float, TQ>;
   using EO = std::conditional_t<kDequant, float, TO>;
   std::vector<EQ> q_buf;
@@ -519,6 +553,39 @@ void paged_attention(const PagedAttentionParams& params,
             out.out(t, h, x) = TO(v);
           }
   }
+}
+
+}  // namespace detail
+
+/// ATB PagedAttention. Three type families (checked against params.quant_type):
+///   unquantized       TQ = TKV = TM = TO: half, bfloat16 or float
+///   DEQUANT_FUSION    TQ = TM = TO: half, bfloat16 or float; TKV = int8
+///   QKV_OFFLINE/ONLINE TQ = TKV = int8; TO = half or bfloat16 (params.out_data_type); TM: half
+///                     or bfloat16
+/// Every check runs before `out` is written; results never depend on num_threads (0 = OpenMP's
+/// default).
+template <class TQ, class TKV, class TM, class TO>
+void paged_attention(const PagedAttentionParams& params,
+                     const PagedAttentionInputs<TQ, TKV, TM>& in,
+                     const PagedAttentionOutputs<TO>& out, int num_threads = 0) {
+  constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
+  constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
+  static_assert(kQkv ? std::is_same_v<TKV, std::int8_t> &&
+                           (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)&&(
+                               std::is_same_v<TM, half> || std::is_same_v<TM, bfloat16>)
+                     : detail::pa_float_v<TQ> && std::is_same_v<TM, TQ> && std::is_same_v<TO, TQ> &&
+                           (kDequant || std::is_same_v<TKV, TQ>),
+                "paged_attention types: TQ = TKV = TM = TO (half, bfloat16, float); int8 caches "
+                "(dequant fusion); or int8 q and caches with half / bfloat16 out and mask");
+  detail::pa_check_modes<TQ, TKV, TO>(params);
+  const detail::PaPlan<TKV> pl = detail::pa_plan(params, in, out);
+  using Variant =
+      std::conditional_t<kQkv, detail::AtbPagedQuantVariant<TM>, detail::AtbPagedVariant<TM>>;
+  Variant var{};
+  detail::pa_bind_masks(params, in, pl, var);
+  detail::pa_bind_scales(params, in, pl, var);
+  // Nothing has been written yet: pa_run validates the engine problem before it writes.
+  detail::pa_run(params, in, out, pl, var, num_threads);
 }
 
 }  // namespace attnref
