@@ -130,21 +130,24 @@ inline bool nsa_step16(std::int64_t v, std::int64_t hi) {
 }  // namespace detail
 
 namespace detail {
-/// nsa_compress_attention_infer on dense arguments: the public entry below passes every view
-/// through a DenseArena first.
+/// What nsa_compress_attention_infer's checks found: block sizes and heads (params), the batch
+/// and its lengths, the validated compressed cache, the multi-token mask's tails.
 template <class T>
-void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p,
-                                        const NsaCompressAttentionInferInputs<T>& in,
-                                        const NsaCompressAttentionInferOutputs<T>& out,
-                                        int num_threads) {
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
-                "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
-  using detail::shape_str;
-  detail::check_views("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
-                      in.value, "atten_mask", in.atten_mask, "block_table", in.block_table,
-                      "output", out.output, "topk", out.topk, "probs", out.probs, "head_scores",
-                      out.head_scores, "group_scores", out.group_scores);
-  const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+struct NsaCmpPlan {
+  std::int64_t l = 0, d = 0, ls = 0, k = 0;
+  Index N = 0, KVN = 0, G = 0, B = 0, S = 0, total = 0, max_q = 0, Dqk = 0, Dv = 0;
+  Index max_cmp = 0, max_sel_blocks = 0;
+  bool tnd = false, mask = false;
+  std::string rule;  // appended to the messages of the vendor's rules (params.strict)
+  std::vector<Index> qlen, cmp, tail;
+  PagedKvCache<const T> cache;
+};
+
+/// Block sizes, layout, scale and heads.
+template <class T>
+void nsa_cmp_params(const NsaCompressAttentionInferParams& p, NsaCmpPlan<T>& pl) {
+  pl.rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+  const std::string& rule = pl.rule;
   // Block sizes.
   const std::int64_t l = p.compress_block_size, d = p.compress_block_stride,
                      ls = p.select_block_size, k = p.select_block_count;
@@ -193,7 +196,19 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
     ATTNREF_CHECK(G <= 128 && 128 % G == 0, std::invalid_argument, "nsa_compress_attention_infer",
                   "params.num_heads / num_key_value_heads", "group size not supported" + rule,
                   "a divisor of 128", std::to_string(G));
-  const bool tnd = layout == Layout::TND;
+  pl.l = l, pl.d = d, pl.ls = ls, pl.k = k;
+  pl.N = N, pl.KVN = KVN, pl.G = G;
+  pl.tnd = layout == Layout::TND;
+}
+
+/// The query, the batch (block_table's rows) and the query lengths.
+template <class T>
+void nsa_cmp_lengths(const NsaCompressAttentionInferParams& p,
+                     const NsaCompressAttentionInferInputs<T>& in, NsaCmpPlan<T>& pl) {
+  using detail::shape_str;
+  const bool tnd = pl.tnd;
+  const Index N = pl.N;
+  const std::string& rule = pl.rule;
   const auto& q = in.query;
   ATTNREF_CHECK(
       !q.absent() && q.rank() == (tnd ? 3 : 4) && q.size(tnd ? 1 : 2) == N, std::invalid_argument,
@@ -218,7 +233,7 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
   ATTNREF_CHECK(tnd || q.size(0) == B, std::invalid_argument, "nsa_compress_attention_infer",
                 "query.shape[0]", "differs from block_table's batch", std::to_string(B),
                 shape_str(q));
-  std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), cmp(static_cast<size_t>(B));
+  std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S);
   if (!in.actual_q_seq_len.empty()) {
     ATTNREF_CHECK(static_cast<Index>(in.actual_q_seq_len.size()) == B, std::invalid_argument,
                   "nsa_compress_attention_infer", "actual_q_seq_len", "size mismatch",
@@ -240,6 +255,21 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
   else
     ATTNREF_CHECK(S >= 1 && S <= 4, std::invalid_argument, "nsa_compress_attention_infer",
                   "query.shape[1]", "q_S out of range", "[1, 4]", std::to_string(S));
+  pl.Dqk = Dqk, pl.B = B, pl.S = S, pl.total = total, pl.max_q = max_q;
+  pl.qlen = std::move(qlen);
+}
+
+/// The paged compressed K / V with their lengths (the vendor's limits under params.strict).
+template <class T>
+void nsa_cmp_cache(const NsaCompressAttentionInferParams& p,
+                   const NsaCompressAttentionInferInputs<T>& in, NsaCmpPlan<T>& pl) {
+  using detail::shape_str;
+  const Index B = pl.B, KVN = pl.KVN, Dqk = pl.Dqk;
+  const std::int64_t l = pl.l, d = pl.d, ls = pl.ls, k = pl.k;
+  const std::string& rule = pl.rule;
+  const auto& bt = in.block_table;
+  std::vector<Index>& cmp = pl.cmp;
+  cmp.assign(static_cast<size_t>(B), 0);
   // Paged compressed K / V.
   const auto& kt = in.key;
   const auto& vt = in.value;
@@ -298,16 +328,26 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
       }
     }
   }
-  const PagedKvCache<const T> cache{StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk}),
-                                    StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv}),
-                                    StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}),
-                                    cmp};
-  cache.validate("nsa_compress_attention_infer",
-                 {"key", "value", "block_table", "actual_cmp_kv_seq_len", "params.page_block_size",
-                  "page_block_size"});
+  pl.cache = {StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk}),
+              StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv}),
+              StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}), cmp};
+  pl.cache.validate("nsa_compress_attention_infer",
+                    {"key", "value", "block_table", "actual_cmp_kv_seq_len",
+                     "params.page_block_size", "page_block_size"});
+  pl.Dv = Dv, pl.max_cmp = max_cmp, pl.max_sel_blocks = max_sel_blocks;
+}
+
+/// The multi-token mask: each batch's tail, consistent with its selected and compressed lengths.
+template <class T>
+void nsa_cmp_mask(const NsaCompressAttentionInferInputs<T>& in, NsaCmpPlan<T>& pl) {
+  const Index B = pl.B;
+  const std::int64_t l = pl.l, d = pl.d;
+  const std::vector<Index>& cmp = pl.cmp;
+  const std::vector<Index>& qlen = pl.qlen;
   // The multi-token mask.
-  const bool mask = !in.atten_mask.absent() && max_q > 1;
-  std::vector<Index> tail(static_cast<size_t>(B), 0);
+  const bool mask = pl.mask = !in.atten_mask.absent() && pl.max_q > 1;
+  std::vector<Index>& tail = pl.tail;
+  tail.assign(static_cast<size_t>(B), 0);
   if (mask) {
     ATTNREF_CHECK(static_cast<Index>(in.actual_sel_kv_seq_len.size()) == B, std::invalid_argument,
                   "nsa_compress_attention_infer", "actual_sel_kv_seq_len",
@@ -329,6 +369,16 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
       tail[static_cast<size_t>(b)] = static_cast<Index>(t);
     }
   }
+}
+
+/// The output, topk and the optional debug outputs.
+template <class T>
+void nsa_cmp_outputs(const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl) {
+  using detail::shape_str;
+  const bool tnd = pl.tnd;
+  const Index B = pl.B, S = pl.S, total = pl.total, N = pl.N, KVN = pl.KVN, Dv = pl.Dv;
+  const Index max_cmp = pl.max_cmp, max_sel_blocks = pl.max_sel_blocks;
+  const std::int64_t k = pl.k;
   // Outputs.
   auto out_shape = [&](Index last, Index heads) {
     return tnd ? std::vector<Index>{total, heads, last} : std::vector<Index>{B, S, heads, last};
@@ -356,8 +406,23 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
   debug(out.probs, "probs", N, max_cmp);
   debug(out.head_scores, "head_scores", N, max_sel_blocks);
   debug(out.group_scores, "group_scores", KVN, max_sel_blocks);
-  // Nothing has been written yet.
+}
 
+/// The engine (P of every batch, head and query token over its compressed keys), then the
+/// importance scores, forced blocks and top-k of every row.
+template <class T>
+void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
+                 const NsaCompressAttentionInferInputs<T>& in,
+                 const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl,
+                 int num_threads) {
+  const bool tnd = pl.tnd;
+  const Index B = pl.B, S = pl.S, total = pl.total, N = pl.N, KVN = pl.KVN, G = pl.G;
+  const Index Dqk = pl.Dqk, Dv = pl.Dv, max_cmp = pl.max_cmp, max_sel_blocks = pl.max_sel_blocks;
+  const std::int64_t l = pl.l, d = pl.d, ls = pl.ls, k = pl.k;
+  const std::vector<Index>& qlen = pl.qlen;
+  const std::vector<Index>& cmp = pl.cmp;
+  const auto& q = in.query;
+  const PagedKvCache<const T>& cache = pl.cache;
   // The engine: P of every (batch, head, query token) over its compressed keys.
   AttentionInputs<T, T> e;
   std::vector<Index> q_cu{0};
@@ -385,7 +450,7 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
              : StridedView<T, 4>(out.output.data(), {B, S, N, Dv});
   eo.probs = StridedView<float, 4>(probs.data(), {pb, N, ps, pc});
   detail::NsaVariant<T> var;
-  if (mask) var.tail = &tail;
+  if (pl.mask) var.tail = &pl.tail;
   attention_with(var, e, ep, eo);
 
   // Importance, forced blocks, top-k from the probabilities; padded BSND rows give 0.
@@ -433,6 +498,29 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
         }
       }
     }
+}
+
+/// nsa_compress_attention_infer on dense arguments: the public entry below passes every view
+/// through a DenseArena first.
+template <class T>
+void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p,
+                                        const NsaCompressAttentionInferInputs<T>& in,
+                                        const NsaCompressAttentionInferOutputs<T>& out,
+                                        int num_threads) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
+  detail::check_views("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
+                      in.value, "atten_mask", in.atten_mask, "block_table", in.block_table,
+                      "output", out.output, "topk", out.topk, "probs", out.probs, "head_scores",
+                      out.head_scores, "group_scores", out.group_scores);
+  NsaCmpPlan<T> pl;
+  nsa_cmp_params(p, pl);
+  nsa_cmp_lengths(p, in, pl);
+  nsa_cmp_cache(p, in, pl);
+  nsa_cmp_mask(in, pl);
+  nsa_cmp_outputs(out, pl);
+  // Nothing has been written yet.
+  nsa_cmp_run(p, in, out, pl, num_threads);
 }
 }  // namespace detail
 
