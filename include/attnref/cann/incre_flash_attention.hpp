@@ -297,41 +297,39 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
   }
 }
 
-/// incre_flash_attention on dense arguments (the public entry passes every view through a
-/// DenseArena).
+/// What IFA's checks found: the layout, heads and query dims (CannFront), the keys and values
+/// as the engine reads them, and the antiquant mode.
+template <class TKV>
+struct IfaPlan : CannFront {
+  Index B = 0, D = 0, per = 0;  // per: antiquant values per K or V (KV_N·D, or 1)
+  bool paged = false, per_token = false;
+  IfaKv<TKV> kv;
+};
+
+/// Views, layout, heads, params and the output shape, then the keys and values (paged or
+/// listed, with lengths and left padding).
 template <class T, class TKV, class TM, class TO>
-void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
-                                 const IncreFlashAttentionInputs<T, TKV, TM>& in,
-                                 const IncreFlashAttentionOutputs<TO>& out, int num_threads) {
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
-                "incre_flash_attention query: half, bfloat16 or float");
-  static_assert(std::is_same_v<TKV, T> || std::is_same_v<TKV, std::int8_t>,
-                "incre_flash_attention key / value: the query's type or int8 (antiquant)");
-  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
-  static_assert(std::is_same_v<TO, T> || kInt8Out,
-                "incre_flash_attention: the output type is the query's, or int8");
-  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
-                    std::is_same_v<TM, std::uint8_t>,
-                "incre_flash_attention mask: bool, int8 or uint8");
-  constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
-  using detail::shape_str;
-  constexpr const char* fn = "incre_flash_attention";
-  detail::check_views(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask", in.atten_mask,
-                      "antiquant_scale", in.antiquant_scale, "antiquant_offset",
-                      in.antiquant_offset, "antiquant_scale_per_token",
-                      in.antiquant_scale_per_token, "antiquant_offset_per_token",
-                      in.antiquant_offset_per_token, "kv_padding_size", in.kv_padding_size,
-                      "block_table", in.block_table, "quant_scale2", in.quant_scale2,
-                      "quant_offset2", in.quant_offset2, "attention_out", out.attention_out);
+IfaPlan<TKV> ifa_plan(const char* fn, const IncreFlashAttentionParams& params,
+                      const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                      const IncreFlashAttentionOutputs<TO>& out) {
+  check_views(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask", in.atten_mask,
+              "antiquant_scale", in.antiquant_scale, "antiquant_offset", in.antiquant_offset,
+              "antiquant_scale_per_token", in.antiquant_scale_per_token,
+              "antiquant_offset_per_token", in.antiquant_offset_per_token, "kv_padding_size",
+              in.kv_padding_size, "block_table", in.block_table, "quant_scale2", in.quant_scale2,
+              "quant_offset2", in.quant_offset2, "attention_out", out.attention_out);
   for (size_t i = 0; i < in.key.size(); ++i)
-    detail::check_view(fn, "key[" + std::to_string(i) + "]", in.key[i]);
+    check_view(fn, "key[" + std::to_string(i) + "]", in.key[i]);
   for (size_t i = 0; i < in.value.size(); ++i)
-    detail::check_view(fn, "value[" + std::to_string(i) + "]", in.value[i]);
-  const auto [layout, n, kvn, qd] = detail::cann_front(
-      fn, params.input_layout, true, params.num_heads, params.num_key_value_heads, in.query);
-  ATTNREF_CHECK(qd[1] == 1, std::invalid_argument, fn, "query.shape",
+    check_view(fn, "value[" + std::to_string(i) + "]", in.value[i]);
+  IfaPlan<TKV> pl;
+  static_cast<CannFront&>(pl) = cann_front(fn, params.input_layout, true, params.num_heads,
+                                           params.num_key_value_heads, in.query);
+  ATTNREF_CHECK(pl.qd[1] == 1, std::invalid_argument, fn, "query.shape",
                 "query sequence length must be 1", "S = 1", shape_str(in.query));
-  const Index B = qd[0], D = qd[3];
+  const Index B = pl.B = pl.qd[0], D = pl.D = pl.qd[3];
+  const Index kvn = pl.kvn;
+  const Layout layout = pl.layout;
   ATTNREF_CHECK(params.inner_precise == 0 || params.inner_precise == 1, std::invalid_argument, fn,
                 "params.inner_precise", "out of range for IncreFlashAttention", "0 or 1",
                 std::to_string(params.inner_precise));
@@ -340,7 +338,7 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
   ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == in.query.shape(),
                 std::invalid_argument, fn, "attention_out.shape", "mismatch (the query's shape)",
                 shape_str(in.query), shape_str(out.attention_out));
-  const bool paged = !in.block_table.absent();
+  const bool paged = pl.paged = !in.block_table.absent();
   ATTNREF_CHECK(in.key.size() == in.value.size() && !in.key.empty(), std::invalid_argument, fn,
                 "key / value", "tensor lists of different or zero length", "equal lengths >= 1",
                 std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
@@ -348,24 +346,24 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
   // Keys and values: the engine view (shape of sequence 0 / the pool), pages, lengths.
   ATTNREF_CHECK(in.kv_padding_size.absent() || !paged, std::invalid_argument, fn, "kv_padding_size",
                 "not supported with a paged cache", "no block_table", shape_str(in.block_table));
-  detail::IfaKv<TKV> kv;
+  IfaKv<TKV>& kv = pl.kv;
   if (paged)
-    detail::ifa_paged_kv(fn, params, in, layout, B, kvn, D, kv);
+    ifa_paged_kv(fn, params, in, layout, B, kvn, D, kv);
   else
-    detail::ifa_listed_kv(fn, in, layout, B, kvn, D, kv);
-  AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
-  e.read_kv(kv.cache);
-  const detail::KvPages<TKV>& pages = kv.pages;
-  const std::vector<Index>& kv_len = kv.cache.context_lens;
-  const std::vector<Index>& shift = kv.shift;  // kv left padding: position of each batch's key 0
-  const Index mask_cols = kv.mask_cols;        // the key positions a mask / pse row must cover
+    ifa_listed_kv(fn, in, layout, B, kvn, D, kv);
+  return pl;
+}
 
-  // Mask, pse, antiquant.
-  detail::CannVariant<TM, T> var{};
+/// The mask and pse_shift, checked against the key positions and bound to the variant.
+template <class T, class TKV, class TM>
+void ifa_bind_masks(const char* fn, const IncreFlashAttentionParams& params,
+                    const IncreFlashAttentionInputs<T, TKV, TM>& in, const IfaPlan<TKV>& pl,
+                    CannVariant<TM, T>& var) {
+  const Index B = pl.B, n = pl.n, mask_cols = pl.kv.mask_cols;
   var.fill = -1e12f;
   var.num_heads = n;
   var.scale = static_cast<float>(params.scale_value);
-  if (!shift.empty()) var.kv_shift = shift.data();
+  if (!pl.kv.shift.empty()) var.kv_shift = pl.kv.shift.data();
   const auto& m = in.atten_mask;
   if (!m.absent()) {
     const Index r = m.rank();
@@ -389,10 +387,18 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
     var.pse = StridedView<const T, 4>(ps.data(), {ps.size(0), ps.size(1), 1, ps.size(3)});
     var.add_then_scale = params.pse_order == PseOrder::AddThenScale;
   }
+}
+
+/// The antiquant mode and its scale / offset shapes (per channel, per tensor or per token).
+template <class T, class TKV, class TM>
+void ifa_antiquant(const char* fn, const IncreFlashAttentionParams& params,
+                   const IncreFlashAttentionInputs<T, TKV, TM>& in, IfaPlan<TKV>& pl) {
+  constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
+  const Index B = pl.B, D = pl.D, kvn = pl.kvn, mask_cols = pl.kv.mask_cols;
   // Antiquant scales: per channel (KV_N·D) or per tensor, [0] key and [1] value.
   const auto& as = in.antiquant_scale;
   const auto& ao = in.antiquant_offset;
-  Index per = 0;  // values per K or V: KV_N·D, or 1
+  Index& per = pl.per;  // values per K or V: KV_N·D, or 1
   const auto& ts = in.antiquant_scale_per_token;
   const auto& to = in.antiquant_offset_per_token;
   ATTNREF_CHECK(
@@ -400,7 +406,7 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
       fn, "params.antiquant_mode", "not supported",
       kQuant ? "0 (per channel / per tensor) or 1 (per token)" : "0 (no int8 key / value)",
       std::to_string(params.antiquant_mode));
-  const bool per_token = params.antiquant_mode == 1;
+  const bool per_token = pl.per_token = params.antiquant_mode == 1;
   if (per_token) {
     ATTNREF_CHECK(as.absent() && ao.absent(), std::invalid_argument, fn,
                   "antiquant_scale / antiquant_offset", "given with antiquant_mode 1 (per token)",
@@ -438,16 +444,41 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
                     "none", shape_str(as));
     }
   }
+}
 
+/// The engine problem (B sequences of one query token), validated against the caller's tensors,
+/// then run: int8 keys fold the K antiquant into q (per channel) or are dequantized (per token),
+/// V's affine map and the output quantization follow.
+template <class T, class TKV, class TM, class TO>
+void ifa_run(const IncreFlashAttentionParams& params,
+             const IncreFlashAttentionInputs<T, TKV, TM>& in,
+             const IncreFlashAttentionOutputs<TO>& out, const IfaPlan<TKV>& pl,
+             CannVariant<TM, T>& var, int num_threads) {
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
+  constexpr const char* fn = "incre_flash_attention";
+  const Layout layout = pl.layout;
+  const Index B = pl.B, D = pl.D, n = pl.n, kvn = pl.kvn, per = pl.per;
+  const auto& qd = pl.qd;
+  const bool paged = pl.paged, per_token = pl.per_token;
+  const auto& as = in.antiquant_scale;
+  const auto& ao = in.antiquant_offset;
+  const auto& ts = in.antiquant_scale_per_token;
+  const auto& to = in.antiquant_offset_per_token;
+  AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
+  e.read_kv(pl.kv.cache);
+  const KvPages<TKV>& pages = pl.kv.pages;
+  const std::vector<Index>& kv_len = pl.kv.cache.context_lens;
+  const std::vector<Index>& shift = pl.kv.shift;
   // The engine problem: B sequences of one query token.
   AttentionParams ep;
   ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
   ep.num_threads = num_threads;
   std::vector<float> q_buf, o_buf, bias;
-  const auto qv = detail::pfa_view(in.query.data(), layout, qd);
-  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data(), layout, qd);
-  const detail::CannPostQuant post =
-      detail::cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * D, kInt8Out);
+  const auto qv = pfa_view(in.query.data(), layout, qd);
+  const StridedView<TO, 4> ov = pfa_view(out.attention_out.data(), layout, qd);
+  const CannPostQuant post =
+      cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * D, kInt8Out);
   AttentionOutputs<TO> probe_o{ov};
   if constexpr (!kQuant) {
     e.q = qv;
@@ -466,7 +497,7 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
     if (pages.first.empty())
       attention_with(var, e, ep, eo);
     else
-      detail::attention_with_pages(var, e, ep, eo, pages);
+      attention_with_pages(var, e, ep, eo, pages);
   };
   if constexpr (!kQuant && !kInt8Out) {
     run(probe_o);
@@ -564,6 +595,30 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
             ov(b, 0, h, x) = TO(v);
         }
   }
+}
+
+/// incre_flash_attention on dense arguments (the public entry passes every view through a
+/// DenseArena).
+template <class T, class TKV, class TM, class TO>
+void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
+                                 const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                                 const IncreFlashAttentionOutputs<TO>& out, int num_threads) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "incre_flash_attention query: half, bfloat16 or float");
+  static_assert(std::is_same_v<TKV, T> || std::is_same_v<TKV, std::int8_t>,
+                "incre_flash_attention key / value: the query's type or int8 (antiquant)");
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  static_assert(std::is_same_v<TO, T> || kInt8Out,
+                "incre_flash_attention: the output type is the query's, or int8");
+  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
+                    std::is_same_v<TM, std::uint8_t>,
+                "incre_flash_attention mask: bool, int8 or uint8");
+  IfaPlan<TKV> pl = ifa_plan("incre_flash_attention", params, in, out);
+  CannVariant<TM, T> var{};
+  ifa_bind_masks("incre_flash_attention", params, in, pl, var);
+  ifa_antiquant("incre_flash_attention", params, in, pl);
+  // Nothing has been written yet: ifa_run validates the engine problem before it writes.
+  ifa_run(params, in, out, pl, var, num_threads);
 }
 }  // namespace detail
 
