@@ -42,6 +42,12 @@
 ///       // (0 for masked keys), writes it to the probs output when asked, lets the hook round
 ///       // `row` (the keys c.kv .. c.kv + cols - 1 of one row) and adds P·V to the (already
 ///       // normalised) output. Items are never split; not combinable with quantize_p.
+///   bool has_kv_dequant() const;                                   // optional, with:
+///   void kv_dequant(const SeqInfo& s, Index kv, KvAffine& k, KvAffine& v) const;
+///       // Per-token dequantization as the keys and values are loaded (IFA's antiquant_mode 1):
+///       // element x of key kv of sequence s is read as (x + k.offset) · k.scale in the compute
+///       // type, its value's as (x + v.offset) · v.scale. Tile by tile, into the engine's O(tile)
+///       // scratch: nothing proportional to the kv length. has_kv_dequant() false: never called.
 ///
 /// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
 /// counted from the start of the sequence. A masked position is never read after its score is
@@ -81,6 +87,20 @@ struct KvRange {
   Index begin;
   Index end;
 };
+
+/// The per-token affine map of a dequantized key or value: x -> (x + offset) · scale.
+struct KvAffine {
+  float scale = 1.0f;
+  float offset = 0.0f;
+};
+
+/// True when V has the optional kv_dequant hook.
+template <class V, class = void>
+struct has_kv_dequant : std::false_type {};
+template <class V>
+struct has_kv_dequant<V, std::void_t<decltype(std::declval<const V&>().kv_dequant(
+                             std::declval<const SeqInfo&>(), Index{}, std::declval<KvAffine&>(),
+                             std::declval<KvAffine&>()))>> : std::true_type {};
 
 /// True when V has the optional transform_row hook for accumulator Acc.
 template <class V, class Acc, class = void>

@@ -29,6 +29,7 @@ namespace attnref::detail {
 ///   row_bias: the antiquant K-offset term of each (batch, head) (scaled like the score)
 ///   kv_shift: per batch, the position of key 0 in the mask / pse columns (IFA's kv left
 ///          padding); null: 0
+///   tok_scale / tok_offset: IFA's per-token antiquant, applied as the engine loads each tile
 template <class TM, class TP>
 struct CannVariant {
   bool band = false;
@@ -45,8 +46,21 @@ struct CannVariant {
   const float* row_bias = nullptr;  // [batch * num_heads]
   Index num_heads = 0;
   const Index* kv_shift = nullptr;  // [batch]
+  /// IFA's per-token antiquant (kv_dequant hook): scales (and offsets) [2, tok_batch,
+  /// tok_stride], [0] the keys', [1] the values', indexed by the key's column (col()).
+  const float* tok_scale = nullptr;
+  const float* tok_offset = nullptr;
+  Index tok_batch = 0, tok_stride = 0;
 
   Index col(const Coord& c) const { return kv_shift == nullptr ? c.kv : c.kv + kv_shift[c.batch]; }
+
+  bool has_kv_dequant() const { return tok_scale != nullptr; }
+  void kv_dequant(const SeqInfo& s, Index kv, KvAffine& k, KvAffine& v) const {
+    const Index p = s.batch * tok_stride + (kv_shift == nullptr ? kv : kv + kv_shift[s.batch]);
+    const Index pv = tok_batch * tok_stride + p;
+    k = {tok_scale[p], tok_offset == nullptr ? 0.0f : tok_offset[p]};
+    v = {tok_scale[pv], tok_offset == nullptr ? 0.0f : tok_offset[pv]};
+  }
 
   Index off(const SeqInfo& s) const { return bottom_right ? s.kv_len - s.q_len : 0; }
   KvRange visible(const SeqInfo& s, Index i) const {

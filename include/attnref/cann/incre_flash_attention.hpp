@@ -460,7 +460,7 @@ void ifa_run(const IncreFlashAttentionParams& params,
   const Layout layout = pl.layout;
   const Index B = pl.B, D = pl.D, n = pl.n, kvn = pl.kvn, per = pl.per;
   const auto& qd = pl.qd;
-  const bool paged = pl.paged, per_token = pl.per_token;
+  const bool per_token = pl.per_token;
   const auto& as = in.antiquant_scale;
   const auto& ao = in.antiquant_offset;
   const auto& ts = in.antiquant_scale_per_token;
@@ -469,7 +469,6 @@ void ifa_run(const IncreFlashAttentionParams& params,
   e.read_kv(pl.kv.cache);
   const KvPages<TKV>& pages = pl.kv.pages;
   const std::vector<Index>& kv_len = pl.kv.cache.context_lens;
-  const std::vector<Index>& shift = pl.kv.shift;
   // The engine problem: B sequences of one query token.
   AttentionParams ep;
   ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
@@ -512,49 +511,7 @@ void ifa_run(const IncreFlashAttentionParams& params,
                  ? 0.0f
                  : static_cast<float>(ao.data()[which * per + (per == 1 ? 0 : c)]);
     };
-    std::vector<float> kf, vf;  // per token: the dequantized keys and values read
-    AttentionInputs<float, float> ef;
-    if (per_token) {
-      q_buf.resize(static_cast<size_t>(B * n * D));
-      for (Index b = 0; b < B; ++b)
-        for (Index h = 0; h < n; ++h)
-          for (Index x = 0; x < D; ++x)
-            q_buf[static_cast<size_t>((b * n + h) * D + x)] = static_cast<float>(qv(b, 0, h, x));
-      Index lmax = 1;
-      for (Index l : kv_len) lmax = std::max(lmax, l);
-      kf.assign(static_cast<size_t>(B * lmax * kvn * D), 0.0f);
-      vf.assign(kf.size(), 0.0f);
-      const Index sp = ts.size(2);
-      // Element (b, t, h, x) of K or V however it is stored.
-      auto elem = [&](const StridedView<const TKV, 4>& view, const std::vector<const TKV*>& pg,
-                      Index b, Index t, Index h, Index x) {
-        if (paged) {
-          const Index bs = view.size(1);
-          return static_cast<float>(view(e.block_table(b, t / bs), t % bs, h, x));
-        }
-        if (!pages.first.empty())
-          return static_cast<float>(
-              pg[static_cast<size_t>(b)][t * view.stride(1) + h * view.stride(2) + x]);
-        return static_cast<float>(view(b, t, h, x));
-      };
-      for (Index b = 0; b < B; ++b)
-        for (Index t = 0; t < kv_len[static_cast<size_t>(b)]; ++t) {
-          const Index p = b * sp + (shift.empty() ? 0 : shift[static_cast<size_t>(b)]) + t;
-          const float ks = ts.data()[p], vs = ts.data()[B * sp + p];
-          const float ko = to.absent() ? 0.0f : to.data()[p];
-          const float vo = to.absent() ? 0.0f : to.data()[B * sp + p];
-          for (Index h = 0; h < kvn; ++h)
-            for (Index x = 0; x < D; ++x) {
-              const size_t dst = static_cast<size_t>(((b * lmax + t) * kvn + h) * D + x);
-              kf[dst] = (elem(e.k, pages.k, b, t, h, x) + ko) * ks;
-              vf[dst] = (elem(e.v, pages.v, b, t, h, x) + vo) * vs;
-            }
-        }
-      ef.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
-      ef.k = bsnd_view<const float>(kf.data(), B, lmax, kvn, D);
-      ef.v = bsnd_view<const float>(vf.data(), B, lmax, kvn, D);
-      ef.seq.kv = kv_len;
-    } else if constexpr (kQuant) {
+    if constexpr (kQuant) {
       q_buf.resize(static_cast<size_t>(B * n * D));
       bias.assign(static_cast<size_t>(B * n), 0.0f);
       for (Index b = 0; b < B; ++b)
@@ -570,16 +527,19 @@ void ifa_run(const IncreFlashAttentionParams& params,
               static_cast<float>(ep.scale) * static_cast<float>(acc);
         }
       if (!ao.absent()) var.row_bias = bias.data();
+      if (per_token) {  // the engine dequantizes each key and value as it loads its tile
+        var.tok_scale = ts.data();
+        var.tok_offset = to.absent() ? nullptr : to.data();
+        var.tok_batch = B;
+        var.tok_stride = ts.size(2);
+      }
       e.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
     } else {
       e.q = qv;
     }
     o_buf.assign(static_cast<size_t>(B * n * D), 0.0f);
     AttentionOutputs<float> eo{bsnd_view<float>(o_buf.data(), B, 1, n, D)};
-    if (per_token)
-      attention_with(var, ef, ep, eo);
-    else
-      run(eo);
+    run(eo);
     // V's affine map (antiquant), then the output type or its int8 quantization; batches without
     // keys give 0.
     for (Index b = 0; b < B; ++b)

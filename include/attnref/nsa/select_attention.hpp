@@ -333,9 +333,9 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
         for (const std::int32_t j : blocks) {
           if (j < 0) continue;
           for (Index pos = j * ls; pos < std::min<Index>((j + 1) * ls, L); pos += u) {
-            const PagedSlot at = cache.locate(b, pos);
-            pages.k.push_back(&cache.k(at.block, at.offset, g, 0));
-            pages.v.push_back(&cache.v(at.block, at.offset, g, 0));
+            const Index blk = cache.block_table(b, pos / pbs);  // validated above
+            pages.k.push_back(&cache.k(blk, pos % pbs, g, 0));
+            pages.v.push_back(&cache.v(blk, pos % pbs, g, 0));
           }
           n += std::max<Index>(0, std::min<Index>((j + 1) * ls, L) - j * ls);
         }

@@ -49,12 +49,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
     const size_t n = static_cast<size_t>((it.head_end - it.head_begin) * rows * span);
     if (ws.cache_s.size() < n) ws.cache_s.resize(n), ws.cache_f.resize(n);
   }
-  for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
-    const Index cols = std::min(g.kv_tile, it.kv_end - j0);
-    const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
-    if (tm == TileMask::All) continue;
+  for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
     const bool partial = tm == TileMask::Partial;
-    tile_rows(ws, it.seq, j0, cols);
     for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
       const Index h1 = h0 + step;
       raw_scores(ws, it, h0, h1, rows, cols);
@@ -75,7 +71,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
       }
       if constexpr (!kTwoPass) accumulate_pv(ws, it, h0, h1, rows, cols, partial);
     }
-  }
+  });
   if constexpr (kTwoPass) normalised_pass(ws, it);
 }
 
@@ -113,11 +109,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::write_probs(Workspace& ws, const Wor
       const Index i = it.q_begin + r % nq;
       for (Index j = 0; j < s.kv_len; ++j) out.probs(s.q_batch, h, s.q_off + i, j) = TS(0);
     }
-    for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
-      const Index cols = std::min(g.kv_tile, it.kv_end - j0);
-      const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
-      if (tm == TileMask::All) continue;
-      tile_rows(ws, it.seq, j0, cols);
+    for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
       raw_scores(ws, it, hkv, hkv + 1, rows, cols);
       apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
       for (Index r = 0; r < rows; ++r) {
@@ -134,7 +126,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::write_probs(Workspace& ws, const Wor
               static_cast<TS>(std::exp(srow[c] - st.m) * inv);
         }
       }
-    }
+    });
   }
 }
 

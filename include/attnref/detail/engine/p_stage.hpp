@@ -160,12 +160,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
         for (Index j = 0; j < s.kv_len; ++j)
           out.probs(s.q_batch, hkv * g.group + r / nq, s.q_off + it.q_begin + r % nq, j) = TS(0);
   const Index step = small(rows) ? it.head_end - it.head_begin : 1;
-  for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
-    const Index cols = std::min(g.kv_tile, it.kv_end - j0);
-    const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
-    if (tm == TileMask::All) continue;
+  for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
     const bool partial = tm == TileMask::Partial;
-    tile_rows(ws, it.seq, j0, cols);
     for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
       const Index h1 = h0 + step;
       for (Index h = h0; h < h1; ++h) {
@@ -206,7 +202,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
       }
       accumulate_pv(ws, it, h0, h1, rows, cols, partial);
     }
-  }
+  });
 }
 
 }  // namespace attnref::detail

@@ -16,33 +16,94 @@
 namespace attnref::detail {
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+template <class RowOf>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::scores_small(Workspace& ws, const WorkItem& it,
+                                                         Index h0, Index h1, Index rows, Index cols,
+                                                         const RowOf& row_of) const {
+  using X = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(Index{}, Index{}))>>;
+  simd::with_vector(level, [&](auto vec) {
+    using V = decltype(vec);
+    simd::with_rows(rows, [&](auto R) {
+      // Tokens per step: R * kTokens accumulators, at most half the vector registers.
+      constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
+      constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
+      Index c = 0;
+      for (; c + kTokens <= cols; c += kTokens)
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          const X* k[kTokens];
+          for (int t = 0; t < kTokens; ++t) k[t] = row_of(h, c + t);
+          simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
+        }
+      for (; c < cols; ++c)
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          const X* k[1] = {row_of(h, c)};
+          simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
+        }
+    });
+  });
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+template <class RowOf>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_small(Workspace& ws, const WorkItem& it, Index h0,
+                                                     Index h1, Index rows, Index cols, bool partial,
+                                                     const RowOf& row_of) const {
+  using X = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(Index{}, Index{}))>>;
+  const Index dv = g.v_head_size;
+  auto seen_by = [&](const Head& hd, Index c) {
+    Index n = 0;
+    for (Index r = 0; r < rows; ++r) n += hd.f[r * ld() + c] == 0 ? 1 : 0;
+    return n;
+  };
+  simd::with_vector(level, [&](auto vec) {
+    using V = decltype(vec);
+    simd::with_rows(rows, [&](auto R) {
+      for (Index c = 0; c < cols; c += 4) {
+        const Index n = std::min<Index>(4, cols - c);
+        for (Index h = h0; h < h1; ++h) {
+          const Head hd = head(ws, it, h);
+          bool all = n == 4;
+          for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
+          if (all) {
+            const X* v4[4] = {row_of(h, c), row_of(h, c + 1), row_of(h, c + 2), row_of(h, c + 3)};
+            simd::axpy_rows<V, R(), 4>(hd.s + c, ld(), v4, dv, hd.o, dv);
+            continue;
+          }
+          for (Index k = c; k < c + n; ++k) {
+            const Index seen = partial ? seen_by(hd, k) : rows;
+            const X* v1[1] = {row_of(h, k)};
+            if (seen == rows) {
+              simd::axpy_rows<V, R(), 1>(hd.s + k, ld(), v1, dv, hd.o, dv);
+            } else if (seen > 0) {
+              for (Index r = 0; r < rows; ++r)
+                if (hd.f[r * ld() + k] == 0)
+                  simd::axpy_rows<V, 1, 1>(hd.s + r * ld() + k, 0, v1, dv, hd.o + r * dv, 0);
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const WorkItem& it, Index h0,
                                                        Index h1, Index rows, Index cols) const {
   if (small(rows)) {
     if constexpr (std::is_same_v<Acc, float>) {
-      simd::with_vector(level, [&](auto vec) {
-        using V = decltype(vec);
-        simd::with_rows(rows, [&](auto R) {
-          // Tokens per step: R * kTokens accumulators, at most half the vector registers.
-          constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
-          constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
-          Index c = 0;
-          for (; c + kTokens <= cols; c += kTokens)
-            for (Index h = h0; h < h1; ++h) {
-              const Head hd = head(ws, it, h);
-              const TKV* k[kTokens];
-              for (int t = 0; t < kTokens; ++t)
-                k[t] = ws.krow[static_cast<size_t>(c + t)] + h * in.k.stride(2);
-              simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
-            }
-          for (; c < cols; ++c)
-            for (Index h = h0; h < h1; ++h) {
-              const Head hd = head(ws, it, h);
-              const TKV* k[1] = {ws.krow[static_cast<size_t>(c)] + h * in.k.stride(2)};
-              simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
-            }
+      if (dequant()) {  // each head's keys dequantized into ws.k, then streamed
+        for (Index h = h0; h < h1; ++h) {
+          kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, ws.kdq.data());
+          scores_small(ws, it, h, h + 1, rows, cols,
+                       [&](Index, Index c) -> const Acc* { return ws.k.data() + c * g.head_size; });
+        }
+      } else {
+        scores_small(ws, it, h0, h1, rows, cols, [&](Index h, Index c) {
+          return ws.krow[static_cast<size_t>(c)] + h * in.k.stride(2);
         });
-      });
+      }
     }
     return;
   }
@@ -64,7 +125,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
     const Head hd = head(ws, it, h);
     ConstRowMap<Acc> Q(hd.q, rows, g.head_size, Eigen::OuterStride<>(g.head_size));
     RowMap<Acc> S(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
-    auto K = kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k);
+    auto K =
+        kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, dequant() ? ws.kdq.data() : nullptr);
     S.noalias() = Q * K.transpose();
   }
 }
@@ -76,43 +138,17 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
   const Index dv = g.v_head_size;
   if (small(rows)) {  // stream V token by token across the heads, four tokens at a time
     if constexpr (std::is_same_v<Acc, float>) {
-      auto vrow = [&](Index h, Index c) {
-        return ws.vrow[static_cast<size_t>(c)] + h * in.v.stride(2);
-      };
-      auto seen_by = [&](const Head& hd, Index c) {
-        Index n = 0;
-        for (Index r = 0; r < rows; ++r) n += hd.f[r * ld() + c] == 0 ? 1 : 0;
-        return n;
-      };
-      simd::with_vector(level, [&](auto vec) {
-        using V = decltype(vec);
-        simd::with_rows(rows, [&](auto R) {
-          for (Index c = 0; c < cols; c += 4) {
-            const Index n = std::min<Index>(4, cols - c);
-            for (Index h = h0; h < h1; ++h) {
-              const Head hd = head(ws, it, h);
-              bool all = n == 4;
-              for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
-              if (all) {
-                const TKV* v4[4] = {vrow(h, c), vrow(h, c + 1), vrow(h, c + 2), vrow(h, c + 3)};
-                simd::axpy_rows<V, R(), 4>(hd.s + c, ld(), v4, dv, hd.o, dv);
-                continue;
-              }
-              for (Index k = c; k < c + n; ++k) {
-                const Index seen = partial ? seen_by(hd, k) : rows;
-                const TKV* v1[1] = {vrow(h, k)};
-                if (seen == rows) {
-                  simd::axpy_rows<V, R(), 1>(hd.s + k, ld(), v1, dv, hd.o, dv);
-                } else if (seen > 0) {
-                  for (Index r = 0; r < rows; ++r)
-                    if (hd.f[r * ld() + k] == 0)
-                      simd::axpy_rows<V, 1, 1>(hd.s + r * ld() + k, 0, v1, dv, hd.o + r * dv, 0);
-                }
-              }
-            }
-          }
+      if (dequant()) {  // each head's values dequantized into ws.v, then streamed
+        for (Index h = h0; h < h1; ++h) {
+          kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, ws.vdq.data());
+          pv_small(ws, it, h, h + 1, rows, cols, partial,
+                   [&](Index, Index c) -> const Acc* { return ws.v.data() + c * dv; });
+        }
+      } else {
+        pv_small(ws, it, h0, h1, rows, cols, partial, [&](Index h, Index c) {
+          return ws.vrow[static_cast<size_t>(c)] + h * in.v.stride(2);
         });
-      });
+      }
     }
     return;
   }
@@ -143,7 +179,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
     // Quantized P: the tile's product alone (exact), then scaled by each row's factor.
     RowMap<Acc> T(kQuantP ? ws.pv.data() : hd.o, rows, dv, Eigen::OuterStride<>(dv));
-    auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v);
+    auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr);
     if (partial && !V.allFinite()) {
       if (kQuantP) T.setZero();
       for (Index r = 0; r < rows; ++r)

@@ -5,6 +5,7 @@
 /// defined by concern in products.hpp, p_stage.hpp and driver.hpp.
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -47,6 +48,14 @@ struct Engine {
     return kI8 && i8::enabled() && in.q.stride(3) == 1 && in.k.stride(3) == 1 &&
            in.v.stride(3) == 1 && g.head_size % 4 == 0;
   }
+  /// The variant dequantizes keys and values per token as they are loaded (kv_dequant hook).
+  static constexpr bool kKvDequant = has_kv_dequant<Variant>::value;
+  bool dequant() const {
+    if constexpr (kKvDequant)
+      return var.has_kv_dequant();
+    else
+      return false;
+  }
   /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
   /// whose packing and conversion buffers cost more than the products, and stream K/V rows
   /// through the hand-vectorised kernels instead (when compiled in and enabled).
@@ -64,6 +73,7 @@ struct Engine {
     std::vector<SoftmaxState<Acc>> st;
     std::vector<std::uint8_t> flags;
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
+    std::vector<KvAffine> kdq, vdq;      // kv_dequant: the current tile's per-token maps
     AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
     // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
     std::vector<std::uint8_t> q8, p8;
@@ -103,6 +113,10 @@ struct Engine {
     ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
     ws.krow.resize(static_cast<size_t>(g.kv_tile));
     ws.vrow.resize(static_cast<size_t>(g.kv_tile));
+    if (dequant()) {
+      ws.kdq.resize(static_cast<size_t>(g.kv_tile));
+      ws.vdq.resize(static_cast<size_t>(g.kv_tile));
+    }
     if (kQuantP) {
       ws.aux.resize(static_cast<size_t>(rows));
       ws.fac.resize(static_cast<size_t>(rows));
@@ -134,8 +148,17 @@ struct Engine {
             kQuantP ? ws.fac.data() + k : nullptr};
   }
 
-  /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages.
+  /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages
+  /// (and, with the kv_dequant hook, their per-token maps).
   void tile_rows(Workspace& ws, Index seq, Index j0, Index cols) const {
+    if constexpr (kKvDequant) {
+      if (dequant()) {
+        const ResolvedSeq& s = g.seqs[static_cast<size_t>(seq)];
+        for (Index c = 0; c < cols; ++c)
+          var.kv_dequant(SeqInfo{seq, s.q_len, s.kv_len}, j0 + c, ws.kdq[static_cast<size_t>(c)],
+                         ws.vdq[static_cast<size_t>(c)]);
+      }
+    }
     Index page = pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size;
     Index off = j0 % pages.page_size;
     for (Index c = 0; c < cols; ++c) {
@@ -148,22 +171,45 @@ struct Engine {
     }
   }
 
+  /// Calls f(j0, cols, tm) for every kv tile [j0, j0 + cols) of an item that is not fully
+  /// masked (tm: TileMask None or Partial), after resolving its K / V rows (tile_rows).
+  template <class F>
+  void for_each_tile(Workspace& ws, const WorkItem& it, const SeqInfo& si, F&& f) const {
+    for (Index j0 = it.kv_begin; j0 < it.kv_end; j0 += g.kv_tile) {
+      const Index cols = std::min(g.kv_tile, it.kv_end - j0);
+      const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
+      if (tm == TileMask::All) continue;
+      tile_rows(ws, it.seq, j0, cols);
+      f(j0, cols, tm);
+    }
+  }
+
   /// K or V rows of the current tile for kv head h as an Acc matrix: a Map into the input when
   /// the storage is Acc with a contiguous head dimension and the rows are evenly spaced (one
-  /// page, or adjacent pages), else converted once into `buf`.
+  /// page, or adjacent pages), else converted once into `buf`. `dq` (kv_dequant: the tile's
+  /// per-token maps, else null) converts element x of row c to (x + dq[c].offset) · dq[c].scale.
   ConstRowMap<Acc> kv_tile(const StridedView<const TKV, 4>& x, const std::vector<const TKV*>& row,
-                           Index h, Index cols, Index width, AlignedVector<Acc>& buf) const {
+                           Index h, Index cols, Index width, AlignedVector<Acc>& buf,
+                           const KvAffine* dq = nullptr) const {
     const Index hs = h * x.stride(2);
     if constexpr (kMapK) {
-      bool even = x.stride(3) == 1;
+      bool even = x.stride(3) == 1 && dq == nullptr;
       for (Index c = 1; even && c < cols; ++c)
         even = row[static_cast<size_t>(c)] == row[0] + c * x.stride(1);
       if (even)
         return ConstRowMap<Acc>(row[0] + hs, cols, width, Eigen::OuterStride<>(x.stride(1)));
     }
-    for (Index c = 0; c < cols; ++c)
-      load_row<Acc>(row[static_cast<size_t>(c)] + hs, x.stride(3), width, buf.data() + c * width,
-                    Acc(1));
+    for (Index c = 0; c < cols; ++c) {
+      Acc* dst = buf.data() + c * width;
+      const TKV* src = row[static_cast<size_t>(c)] + hs;
+      if (dq == nullptr) {
+        load_row<Acc>(src, x.stride(3), width, dst, Acc(1));
+        continue;
+      }
+      const Acc scale = static_cast<Acc>(dq[c].scale), offset = static_cast<Acc>(dq[c].offset);
+      for (Index e = 0; e < width; ++e)
+        dst[e] = (convert<Acc>(src[e * x.stride(3)]) + offset) * scale;
+    }
     return ConstRowMap<Acc>(buf.data(), cols, width, Eigen::OuterStride<>(width));
   }
 
@@ -188,6 +234,15 @@ struct Engine {
   /// that row, so NaN/Inf stored there cannot leak (0 * NaN would).
   void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
                      bool partial) const;
+
+  /// The small-row kernels: scores / P·V of heads [h0, h1) streaming the K / V rows
+  /// row_of(h, c) (the input's, or the tile dequantized into the workspace).
+  template <class RowOf>
+  void scores_small(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
+                    const RowOf& row_of) const;
+  template <class RowOf>
+  void pv_small(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
+                bool partial, const RowOf& row_of) const;
 
   // The P stage: mask / transform hooks, online softmax, the rounded-P second pass
   // (engine/p_stage.hpp).
