@@ -90,20 +90,23 @@ struct NsaSelectedAttentionInferOutputs {
 };
 
 namespace detail {
-/// nsa_selected_attention_infer on dense arguments: the public entry below passes every view
-/// through a DenseArena first.
+/// What nsa_selected_attention_infer's checks found: block size and heads, the layout, the
+/// batch and its lengths (row0: each batch's first query row), and the paged cache.
 template <class T>
-void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p,
-                                        const NsaSelectedAttentionInferInputs<T>& in,
-                                        const NsaSelectedAttentionInferOutputs<T>& out,
-                                        int num_threads) {
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
-                "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
-  using detail::shape_str;
-  const char* fn = "nsa_selected_attention_infer";
-  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "topk_indices",
-                      in.topk_indices, "block_table", in.block_table, "output", out.output);
-  const std::string rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+struct NsaSelPlan {
+  std::int64_t ls = 0, k = 0;
+  Index N = 0, KVN = 0, G = 0, B = 0, S = 0, R = 0, Dqk = 0, Dv = 0;
+  Layout layout = Layout::TND;
+  std::string rule;  // appended to the messages of the vendor's rules (params.strict)
+  std::vector<Index> qlen, sel, row0;
+  PagedKvCache<const T> cache;
+};
+
+/// Block size and count, layout, scale and heads.
+template <class T>
+void nsa_sel_params(const NsaSelectedAttentionInferParams& p, NsaSelPlan<T>& pl) {
+  pl.rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
+  const std::string& rule = pl.rule;
   const std::int64_t ls = p.select_block_size, k = p.select_block_count;
   ATTNREF_CHECK(ls > 0 && k > 0, std::invalid_argument, "nsa_selected_attention_infer",
                 "params.select_block_size / select_block_count", "not positive", "> 0",
@@ -134,6 +137,18 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
                   "params.num_key_value_heads", "not supported" + rule, "<= 256",
                   std::to_string(KVN));
   }
+  pl.ls = ls, pl.k = k, pl.N = N, pl.KVN = KVN, pl.G = G;
+  pl.layout = layout;
+}
+
+/// The query, the batch (block_table's rows) and the query lengths.
+template <class T>
+void nsa_sel_lengths(const NsaSelectedAttentionInferParams& p,
+                     const NsaSelectedAttentionInferInputs<T>& in, NsaSelPlan<T>& pl) {
+  using detail::shape_str;
+  const Layout layout = pl.layout;
+  const Index N = pl.N;
+  const std::string& rule = pl.rule;
   // The query and its layout.
   const bool tnd = layout == Layout::TND, bsh = layout == Layout::BSH;
   const auto& q = in.query;
@@ -175,7 +190,7 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
   if (!tnd)
     ATTNREF_CHECK(S >= 1 && S <= 4, std::invalid_argument, "nsa_selected_attention_infer",
                   "query.shape[1]", "q_S out of range", "[1, 4]", std::to_string(S));
-  std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S), sel(static_cast<size_t>(B));
+  std::vector<Index> qlen(static_cast<size_t>(B), tnd ? 1 : S);
   if (!in.actual_q_seq_len.empty()) {
     ATTNREF_CHECK(static_cast<Index>(in.actual_q_seq_len.size()) == B, std::invalid_argument,
                   "nsa_selected_attention_infer", "actual_q_seq_len", "size mismatch",
@@ -196,6 +211,24 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
     ATTNREF_CHECK(q.size(0) == R, std::invalid_argument, "nsa_selected_attention_infer",
                   "query.shape[0]", "differs from the sum of actual_q_seq_len", std::to_string(R),
                   shape_str(q));
+  pl.Dqk = Dqk, pl.B = B, pl.S = S, pl.R = R;
+  pl.qlen = std::move(qlen);
+  pl.row0 = std::move(row0);
+}
+
+/// The paged caches and the selected lengths.
+template <class T>
+void nsa_sel_cache(const NsaSelectedAttentionInferParams& p,
+                   const NsaSelectedAttentionInferInputs<T>& in, NsaSelPlan<T>& pl) {
+  using detail::shape_str;
+  constexpr const char* fn = "nsa_selected_attention_infer";
+  const Layout layout = pl.layout;
+  const Index B = pl.B, KVN = pl.KVN, Dqk = pl.Dqk;
+  const std::string& rule = pl.rule;
+  const std::vector<Index>& qlen = pl.qlen;
+  const auto& bt = in.block_table;
+  std::vector<Index>& sel = pl.sel;
+  sel.assign(static_cast<size_t>(B), 0);
   // The paged caches: [numBlocks, pbs, KV_N·D] or [numBlocks, pbs, KV_N, D].
   const auto& kt = in.key;
   const auto& vt = in.value;
@@ -253,6 +286,20 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
   }
   // (The docs also bound selectBlockCount · selectBlockSize by max(actualSelKvSeqLen); the host
   // checks do not, and the docs' own example (sel 48, l' 64, k 1) breaks it: not checked.)
+  pl.Dv = Dv;
+  pl.cache = {StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk}),
+              StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv}),
+              StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}), sel};
+}
+
+/// The top-k indices' and the output's shapes.
+template <class T>
+void nsa_sel_outputs(const NsaSelectedAttentionInferInputs<T>& in,
+                     const NsaSelectedAttentionInferOutputs<T>& out, const NsaSelPlan<T>& pl) {
+  using detail::shape_str;
+  const bool tnd = pl.layout == Layout::TND, bsh = pl.layout == Layout::BSH;
+  const Index B = pl.B, S = pl.S, R = pl.R, N = pl.N, KVN = pl.KVN, Dv = pl.Dv;
+  const std::int64_t k = pl.k;
   // The top-k indices.
   const auto& tk = in.topk_indices;
   const std::vector<Index> tk_shape =
@@ -272,13 +319,21 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
   ATTNREF_CHECK(!out.output.absent() && out.output.shape() == o_shape, std::invalid_argument,
                 "nsa_selected_attention_infer", "output.shape", "mismatch", dims_str(o_shape),
                 shape_str(out.output));
+}
+
+/// Index data: the block table (every used entry), then every live row's top-k entries.
+template <class T>
+void nsa_sel_indices(const NsaSelectedAttentionInferInputs<T>& in, const NsaSelPlan<T>& pl) {
+  constexpr const char* fn = "nsa_selected_attention_infer";
+  const Index B = pl.B, KVN = pl.KVN;
+  const std::int64_t ls = pl.ls, k = pl.k;
+  const std::vector<Index>& qlen = pl.qlen;
+  const std::vector<Index>& sel = pl.sel;
+  const std::vector<Index>& row0 = pl.row0;
+  const auto& tk = in.topk_indices;
   // Index data: block tables, then every live row's top-k entries.
-  const PagedKvCache<const T> cache{StridedView<const T, 4>(kt.data(), {nb, pbs, KVN, Dqk}),
-                                    StridedView<const T, 4>(vt.data(), {nb, pbs, KVN, Dv}),
-                                    StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)}),
-                                    sel};
-  cache.validate(fn, {"key", "value", "block_table", "actual_sel_kv_seq_len",
-                      "params.page_block_size", "page_block_size"});
+  pl.cache.validate(fn, {"key", "value", "block_table", "actual_sel_kv_seq_len",
+                         "params.page_block_size", "page_block_size"});
   std::vector<std::int32_t> seen;
   for (Index b = 0; b < B; ++b) {
     const Index n_sel = sel[static_cast<size_t>(b)] / ls + (sel[static_cast<size_t>(b)] % ls != 0);
@@ -304,8 +359,27 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
                       dup == seen.end() ? "" : "block " + std::to_string(*dup) + " twice");
       }
   }
-  // Nothing has been written yet.
+}
 
+/// One engine sequence per (query row, kv head): G query heads, one kv head, pages of
+/// gcd(l', pageBlockSize) tokens pointing into the cache at the kv head's slice.
+template <class T>
+void nsa_sel_run(const NsaSelectedAttentionInferParams& p,
+                 const NsaSelectedAttentionInferInputs<T>& in,
+                 const NsaSelectedAttentionInferOutputs<T>& out, const NsaSelPlan<T>& pl,
+                 int num_threads) {
+  const bool tnd = pl.layout == Layout::TND;
+  const Index B = pl.B, S = pl.S, R = pl.R, KVN = pl.KVN, G = pl.G, Dqk = pl.Dqk, Dv = pl.Dv;
+  const std::int64_t ls = pl.ls, k = pl.k;
+  const Index pbs = pl.cache.block_size();
+  const std::vector<Index>& qlen = pl.qlen;
+  const std::vector<Index>& sel = pl.sel;
+  const std::vector<Index>& row0 = pl.row0;
+  const PagedKvCache<const T>& cache = pl.cache;
+  const auto& q = in.query;
+  const auto& tk = in.topk_indices;
+  const auto& kt = in.key;
+  const auto& vt = in.value;
   // One engine sequence per (query row, kv head): G query heads, one kv head, pages of u
   // tokens pointing into the cache at the kv head's slice.
   const Index u = std::gcd(ls, pbs);
@@ -356,6 +430,28 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
   eo.o = StridedView<T, 4>(out.output.data(), {E, 1, G, Dv});
   DefaultVariant var;
   detail::attention_with_pages(var, ein, ep, eo, pages);
+}
+
+/// nsa_selected_attention_infer on dense arguments: the public entry below passes every view
+/// through a DenseArena first.
+template <class T>
+void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p,
+                                        const NsaSelectedAttentionInferInputs<T>& in,
+                                        const NsaSelectedAttentionInferOutputs<T>& out,
+                                        int num_threads) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
+  constexpr const char* fn = "nsa_selected_attention_infer";
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "topk_indices",
+                      in.topk_indices, "block_table", in.block_table, "output", out.output);
+  NsaSelPlan<T> pl;
+  nsa_sel_params(p, pl);
+  nsa_sel_lengths(p, in, pl);
+  nsa_sel_cache(p, in, pl);
+  nsa_sel_outputs(in, out, pl);
+  nsa_sel_indices(in, pl);
+  // Nothing has been written yet.
+  nsa_sel_run(p, in, out, pl, num_threads);
 }
 }  // namespace detail
 
