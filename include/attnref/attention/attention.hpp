@@ -104,14 +104,13 @@ constexpr void check_types() {
   static_assert(std::is_floating_point_v<TS>, "lse / probs must be float or double");
 }
 
-/// Validates everything and resolves the geometry (throws before any output is written).
+/// The views (extents, spans, data), the heads and head sizes, and the params.
 template <class TQ, class TKV, class TO, class TS>
-Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
-                 const AttentionOutputs<TO, TS>& out) {
+void resolve_heads(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
+                   const AttentionOutputs<TO, TS>& out, Geometry& g) {
   const auto& q = in.q;
   const auto& k = in.k;
   const auto& v = in.v;
-  const auto& seq = in.seq;
   // Every view first: extents >= 0, sizes and spans within 64 bits, data where there are
   // elements (so no size computed below can overflow).
   check_view(fn, "q", q);
@@ -123,7 +122,6 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   check_view(fn, "mask_add", in.mask_add);
   check_view(fn, "mask_bool", in.mask_bool);
   check_view(fn, "block_table", in.block_table);
-  Geometry g;
   g.num_heads = q.size(2);
   g.num_kv_heads = k.size(2);
   g.head_size = q.size(3);
@@ -161,7 +159,18 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
                 p.q_tile);
   ATTNREF_CHECK(p.kv_tile >= 0, std::invalid_argument, fn, "params.kv_tile", "negative", ">= 0",
                 p.kv_tile);
+}
 
+/// The sequence structure (padded, packed with cu offsets, or paged through a validated cache):
+/// g.batch and g.seqs; max_q / max_kv: the longest query and kv lengths.
+template <class TQ, class TKV>
+void resolve_seqs(const char* fn, const AttentionInputs<TQ, TKV>& in, Geometry& g, Index& max_q,
+                  Index& max_kv) {
+  max_q = 0;
+  max_kv = 0;
+  const auto& q = in.q;
+  const auto& k = in.k;
+  const auto& seq = in.seq;
   // Sequence structure.
   const bool q_packed = !seq.q_cu.empty();
   const bool kv_packed = !seq.kv_cu.empty();
@@ -203,7 +212,6 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
     if (!seq.kv.empty()) check_lengths(fn, "seq.kv", seq.kv, g.batch, k.size(1), "k.shape[1]");
   }
   g.seqs.resize(static_cast<size_t>(g.batch));
-  Index max_q = 0, max_kv = 0;
   for (Index b = 0; b < g.batch; ++b) {
     ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
     const size_t ub = static_cast<size_t>(b);
@@ -227,7 +235,16 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
     max_q = std::max(max_q, s.q_len);
     max_kv = std::max(max_kv, s.kv_len);
   }
+}
 
+/// The outputs' shapes, the masks' extents, and no output overlapping an input or another output.
+template <class TQ, class TKV, class TO, class TS>
+void resolve_outputs(const char* fn, const AttentionInputs<TQ, TKV>& in,
+                     const AttentionOutputs<TO, TS>& out, const Geometry& g, Index max_q,
+                     Index max_kv) {
+  const auto& q = in.q;
+  const auto& k = in.k;
+  const auto& v = in.v;
   // Outputs.
   const std::array<Index, 4> o_shape{q.size(0), q.size(1), g.num_heads, g.v_head_size};
   ATTNREF_CHECK(out.o.shape() == o_shape, std::invalid_argument, fn, "o.shape", "mismatch",
@@ -264,7 +281,17 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   check_no_overlap(fn, "o", out.o, "block_table", in.block_table);
   check_no_overlap(fn, "lse", out.lse, "block_table", in.block_table);
   check_no_overlap(fn, "probs", out.probs, "block_table", in.block_table);
+}
 
+/// Validates everything and resolves the geometry (throws before any output is written).
+template <class TQ, class TKV, class TO, class TS>
+Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
+                 const AttentionOutputs<TO, TS>& out) {
+  Geometry g;
+  resolve_heads(fn, in, p, out, g);
+  Index max_q = 0, max_kv = 0;
+  resolve_seqs(fn, in, g, max_q, max_kv);
+  resolve_outputs(fn, in, out, g, max_q, max_kv);
   // Tiling (depends on the problem only, never on threads).
   g.q_tile = p.q_tile > 0 ? p.q_tile : std::max<Index>(1, 256 / g.group);
   g.kv_tile = p.kv_tile > 0 ? p.kv_tile : 256;
