@@ -334,38 +334,31 @@ void pfa_mask_band(const char* fn, const PromptFlashAttentionParams& params,
   }
 }
 
-/// prompt_flash_attention on dense arguments (the public entry passes every view through a
-/// DenseArena).
+/// What PFA's checks found: the layout, heads and query dims (CannFront), the key / value /
+/// output dims, the lengths of every batch.
+struct PfaPlan : CannFront {
+  std::array<Index, 4> kd{}, vd{}, od{};
+  Index D = 0, Dv = 0, S1 = 0, S2 = 0;
+  bool tnd = false;
+  PfaLengths lens;
+};
+
+/// Views' dims and layout, the params, the lengths and the output shape.
 template <class T, class TM, class TP, class TO>
-void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
-                                  const PromptFlashAttentionInputs<T, TM, TP>& in,
-                                  const PromptFlashAttentionOutputs<TO>& out, int num_threads) {
-  constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
-  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
-  static_assert(
-      std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> || kInt8In,
-      "prompt_flash_attention data: half, bfloat16, float or int8");
-  static_assert(kInt8Out || (kInt8In ? std::is_same_v<TO, half> : std::is_same_v<TO, T>),
-                "prompt_flash_attention output: the input's type (half for int8 input) or int8");
-  static_assert(std::is_same_v<TP, typename detail::pfa_pse<T>::type>,
-                "prompt_flash_attention pse: the input's type (half for int8 input)");
-  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
-                    std::is_same_v<TM, std::uint8_t>,
-                "prompt_flash_attention mask: bool, int8 or uint8");
+PfaPlan pfa_plan(const char* fn, const PromptFlashAttentionParams& params,
+                 const PromptFlashAttentionInputs<T, TM, TP>& in,
+                 const PromptFlashAttentionOutputs<TO>& out) {
   using detail::shape_str;
-  using L = Layout;
-  constexpr const char* fn = "prompt_flash_attention";
-  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
-                      in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
-                      "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",
-                      in.quant_scale2, "quant_offset2", in.quant_offset2, "attention_out",
-                      out.attention_out);
-  const auto [layout, n, kvn, qd] = detail::cann_front(
-      fn, params.input_layout, false, params.num_heads, params.num_key_value_heads, in.query);
-  const auto kd = detail::pfa_dims(fn, "key", in.key, layout, kvn);
+  PfaPlan pl;
+  static_cast<CannFront&>(pl) = cann_front(fn, params.input_layout, false, params.num_heads,
+                                           params.num_key_value_heads, in.query);
+  const Layout layout = pl.layout;
+  const Index n = pl.n, kvn = pl.kvn;
+  const auto& qd = pl.qd;
+  const auto kd = pl.kd = pfa_dims(fn, "key", in.key, layout, kvn);
   // value: its own head size (BSH: H_v / KV_N).
-  const auto vd = detail::pfa_dims(fn, "value", in.value, layout, kvn);
-  const Index D = qd[3], Dv = vd[3];
+  const auto vd = pl.vd = pfa_dims(fn, "value", in.value, layout, kvn);
+  const Index D = pl.D = qd[3], Dv = pl.Dv = vd[3];
   ATTNREF_CHECK(kd[3] == D, std::invalid_argument, fn, "key.shape",
                 "head size differs from the query's", std::to_string(D), shape_str(in.key));
   ATTNREF_CHECK(kd[0] == qd[0] && vd[0] == qd[0] && vd[1] == kd[1], std::invalid_argument, fn,
@@ -387,25 +380,29 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
                 std::to_string(params.quant_block_size));
   ATTNREF_CHECK(std::isfinite(params.scale_value), std::invalid_argument, fn, "params.scale_value",
                 "not finite", "a finite value", std::to_string(params.scale_value));
-  const bool tnd = layout == L::TND;
+  const bool tnd = pl.tnd = layout == Layout::TND;
 
   // Lengths.
-  const Index S1 = qd[1], S2 = kd[1];
-  const detail::PfaLengths lens = detail::pfa_lengths(fn, in, tnd, sm, qd[0], S1, S2);
-  const Index B = lens.B;
-  const std::vector<Index>& q_len = lens.q_len;
-  const std::vector<Index>& kv_len = lens.kv_len;
-  const std::vector<Index>& q_cu = lens.q_cu;
-  const std::vector<Index>& kv_cu = lens.kv_cu;
-  const std::array<Index, 4> od{qd[0], qd[1], n, Dv};
-  const std::vector<Index> oshape = detail::pfa_shape(layout, od);
+  const Index S1 = pl.S1 = qd[1], S2 = pl.S2 = kd[1];
+  pl.lens = pfa_lengths(fn, in, tnd, sm, qd[0], S1, S2);
+  const std::array<Index, 4> od = pl.od = {qd[0], qd[1], n, Dv};
+  const std::vector<Index> oshape = pfa_shape(layout, od);
   ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == oshape,
-                std::invalid_argument, fn, "attention_out.shape", "mismatch",
-                detail::dims_str(oshape), shape_str(out.attention_out));
+                std::invalid_argument, fn, "attention_out.shape", "mismatch", dims_str(oshape),
+                shape_str(out.attention_out));
 
+  return pl;
+}
+
+/// The mask and band, and pse_shift, checked and bound to the variant.
+template <class T, class TM, class TP>
+void pfa_bind(const char* fn, const PromptFlashAttentionParams& params,
+              const PromptFlashAttentionInputs<T, TM, TP>& in, const PfaPlan& pl,
+              CannVariant<TM, TP>& var) {
+  using detail::shape_str;
+  const Index B = pl.lens.B, S1 = pl.S1, S2 = pl.S2, n = pl.n;
   // Mask and band.
-  detail::CannVariant<TM, TP> var{};
-  detail::pfa_mask_band(fn, params, in.atten_mask, B, S1, S2, var);
+  pfa_mask_band(fn, params, in.atten_mask, B, S1, S2, var);
   // pseShift.
   const auto& ps = in.pse_shift;
   if (!ps.absent()) {
@@ -421,7 +418,25 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
   var.add_then_scale = ats && !ps.absent();
   var.scale = static_cast<float>(params.scale_value);
   var.num_heads = n;
+}
 
+/// The quantization scales, then the engine problem (validated before anything is written),
+/// run with the int8 path's variant or the plain one; padded rows 0; the int8 output.
+template <class T, class TM, class TP, class TO>
+void pfa_run(const PromptFlashAttentionParams& params,
+             const PromptFlashAttentionInputs<T, TM, TP>& in,
+             const PromptFlashAttentionOutputs<TO>& out, const PfaPlan& pl,
+             const CannVariant<TM, TP>& var, int num_threads) {
+  using detail::shape_str;
+  constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  using L = Layout;
+  constexpr const char* fn = "prompt_flash_attention";
+  const Layout layout = pl.layout;
+  const Index n = pl.n, Dv = pl.Dv, S1 = pl.S1, B = pl.lens.B;
+  const auto &qd = pl.qd, &kd = pl.kd, &vd = pl.vd, &od = pl.od;
+  const bool tnd = pl.tnd;
+  const std::vector<Index>& q_len = pl.lens.q_len;
   // Quantization: the int8 path's three per-tensor scales, the int8 output's scale / offset.
   auto scalar = [&](const StridedView<const float>& t, const char* arg, bool want) {
     if (!want) {
@@ -441,33 +456,33 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
   const float deq1 = scalar(in.deq_scale1, "deq_scale1", kInt8In);
   const float qs1 = scalar(in.quant_scale1, "quant_scale1", kInt8In);
   const float deq2 = scalar(in.deq_scale2, "deq_scale2", kInt8In);
-  const detail::CannPostQuant post =
-      detail::cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * Dv, kInt8Out);
+  const CannPostQuant post =
+      cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * Dv, kInt8Out);
 
   // The engine problem.
   AttentionInputs<T> e;
-  e.q = detail::pfa_view(in.query.data(), layout, qd);
-  e.k = detail::pfa_view(in.key.data(), layout, kd);
-  e.v = detail::pfa_view(in.value.data(), layout, vd);
+  e.q = pfa_view(in.query.data(), layout, qd);
+  e.k = pfa_view(in.key.data(), layout, kd);
+  e.v = pfa_view(in.value.data(), layout, vd);
   if (tnd) {
-    e.seq.q_cu = q_cu;
-    e.seq.kv_cu = kv_cu;
+    e.seq.q_cu = pl.lens.q_cu;
+    e.seq.kv_cu = pl.lens.kv_cu;
   } else {
     e.seq.q = q_len;
-    e.seq.kv = kv_len;
+    e.seq.kv = pl.lens.kv_len;
   }
   AttentionParams ep;
   ep.scale = var.add_then_scale || kInt8In ? 1.0 : params.scale_value;
   ep.num_threads = num_threads;
   if (kInt8In) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
-  const StridedView<TO, 4> ov = detail::pfa_view(out.attention_out.data(), out_layout, od);
+  const StridedView<TO, 4> ov = pfa_view(out.attention_out.data(), out_layout, od);
   using EO = std::conditional_t<kInt8Out, float, TO>;
   std::vector<float> o_buf;
   StridedView<EO, 4> eov;
   if constexpr (kInt8Out) {
     o_buf.assign(static_cast<size_t>(ov.numel()), 0.0f);
-    eov = detail::pfa_view(o_buf.data(), out_layout, od);
+    eov = pfa_view(o_buf.data(), out_layout, od);
     AttentionOutputs<TO> probe{ov};
     validate(e, ep, probe);  // overlaps and data checks; nothing written yet
   } else {
@@ -482,8 +497,8 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
         for (Index h = 0; h < n; ++h)
           for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = EO(0.0f);
   if constexpr (kInt8In) {
-    detail::CannQuantVariant<TM, TP> qv{};
-    static_cast<detail::CannVariant<TM, TP>&>(qv) = var;
+    CannQuantVariant<TM, TP> qv{};
+    static_cast<CannVariant<TM, TP>&>(qv) = var;
     qv.int8_scores = true;
     qv.deq1 = deq1;
     qv.qs1 = qs1;
@@ -505,6 +520,36 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
           for (Index h = 0; h < n; ++h)
             for (Index x = 0; x < Dv; ++x) ov(b, i, h, x) = std::int8_t{0};
   }
+}
+
+/// prompt_flash_attention on dense arguments (the public entry passes every view through a
+/// DenseArena).
+template <class T, class TM, class TP, class TO>
+void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
+                                  const PromptFlashAttentionInputs<T, TM, TP>& in,
+                                  const PromptFlashAttentionOutputs<TO>& out, int num_threads) {
+  constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
+  constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
+  static_assert(
+      std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float> || kInt8In,
+      "prompt_flash_attention data: half, bfloat16, float or int8");
+  static_assert(kInt8Out || (kInt8In ? std::is_same_v<TO, half> : std::is_same_v<TO, T>),
+                "prompt_flash_attention output: the input's type (half for int8 input) or int8");
+  static_assert(std::is_same_v<TP, typename detail::pfa_pse<T>::type>,
+                "prompt_flash_attention pse: the input's type (half for int8 input)");
+  static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
+                    std::is_same_v<TM, std::uint8_t>,
+                "prompt_flash_attention mask: bool, int8 or uint8");
+  constexpr const char* fn = "prompt_flash_attention";
+  detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
+                      in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
+                      "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",
+                      in.quant_scale2, "quant_offset2", in.quant_offset2, "attention_out",
+                      out.attention_out);
+  const PfaPlan pl = pfa_plan(fn, params, in, out);
+  CannVariant<TM, TP> var{};
+  pfa_bind(fn, params, in, pl, var);
+  pfa_run(params, in, out, pl, var, num_threads);
 }
 }  // namespace detail
 
