@@ -325,37 +325,31 @@ void nsa_gated_sum(const StridedView<const float>& gates, const StridedView<cons
 }
 
 namespace detail {
-/// nsa_decode_step on dense arguments: the public entry below passes every view through a
-/// DenseArena first.
+/// The step's outputs (output, the optional branch outputs and topk), the gates and the window.
 template <class T>
-void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                           const NsaDecodeOutputs<T>& out, int num_threads) {
-  constexpr const char* fn = "nsa_decode_step";
-  detail::check_views(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out, "sel_out",
-                      out.sel_out, "win_out", out.win_out);
-  const detail::NsaStepDims d = detail::nsa_step_dims(fn, p, in);
-  const bool tnd = d.tnd;
-  const std::vector<Index> o_shape =
-      tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
-  const std::int64_t k = p.select_block_count;
-  const std::vector<Index> t_shape =
-      tnd ? std::vector<Index>{d.rows, d.KVN, k} : std::vector<Index>{d.B, d.S, d.KVN, k};
+void nsa_step_outputs(const char* fn, const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                      const NsaDecodeOutputs<T>& out, const NsaStepDims& d,
+                      const std::vector<Index>& o_shape, const std::vector<Index>& t_shape) {
   ATTNREF_CHECK(!out.output.absent() && out.output.shape() == o_shape, std::invalid_argument, fn,
-                "output.shape", "mismatch", detail::nsa_dims_str(o_shape),
-                detail::shape_str(out.output));
+                "output.shape", "mismatch", nsa_dims_str(o_shape), shape_str(out.output));
   for (const auto* t : {&out.cmp_out, &out.sel_out, &out.win_out})
     ATTNREF_CHECK(t->absent() || (!t->absent() && t->shape() == o_shape), std::invalid_argument, fn,
-                  "cmp_out / sel_out / win_out shape", "mismatch", detail::nsa_dims_str(o_shape),
-                  detail::shape_str(*t));
+                  "cmp_out / sel_out / win_out shape", "mismatch", nsa_dims_str(o_shape),
+                  shape_str(*t));
   ATTNREF_CHECK(out.topk.absent() || (out.topk.shape() == t_shape), std::invalid_argument, fn,
-                "topk.shape", "mismatch", detail::nsa_dims_str(t_shape),
-                detail::shape_str(out.topk));
+                "topk.shape", "mismatch", nsa_dims_str(t_shape), shape_str(out.topk));
   ATTNREF_CHECK((!in.gates.absent() && in.gates.shape() == std::vector<Index>{d.rows, d.N, 3}),
                 std::invalid_argument, fn, "gates.shape", "mismatch",
-                detail::nsa_dims_str({d.rows, d.N, 3}), detail::shape_str(in.gates));
+                nsa_dims_str({d.rows, d.N, 3}), shape_str(in.gates));
   ATTNREF_CHECK(p.window_size >= 1, std::invalid_argument, fn, "params.window_size", "not positive",
                 ">= 1", std::to_string(p.window_size));
-  // The compressed cache, named as the step's arguments (the compressed branch checks it again).
+}
+
+/// The compressed cache, named as the step's arguments (the compressed branch checks it
+/// again): its shapes, and the compressed length of every batch within its block table.
+template <class T>
+std::vector<Index> nsa_step_cmp_cache(const char* fn, const NsaDecodeParams& p,
+                                      const NsaDecodeInputs<T>& in, const NsaStepDims& d) {
   const Index l = p.compress_block_size, d_ = p.compress_block_stride;
   ATTNREF_CHECK(l >= 1 && d_ >= 1 && l >= d_, std::invalid_argument, fn,
                 "params.compress_block_size / compress_block_stride",
@@ -369,19 +363,19 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
           ck.size(2) == d.KVN * d.Dqk,
       std::invalid_argument, fn, "cmp_key.shape", "mismatch",
       "[numCmpBlocks, " + std::to_string(cpbs) + ", " + std::to_string(d.KVN * d.Dqk) + "]",
-      detail::shape_str(ck));
+      shape_str(ck));
   ATTNREF_CHECK(!cv.absent() && cv.rank() == 3 && cv.size(0) == ck.size(0) && cv.size(1) == cpbs &&
                     cv.size(2) == d.KVN * d.Dv,
                 std::invalid_argument, fn, "cmp_value.shape", "mismatch",
                 "[" + std::to_string(ck.size(0)) + ", " + std::to_string(cpbs) + ", " +
                     std::to_string(d.KVN * d.Dv) + "]",
-                detail::shape_str(cv));
+                shape_str(cv));
   const auto& cbt = in.cmp_block_table;
   ATTNREF_CHECK(!cbt.absent() && cbt.rank() == 2 && cbt.size(0) == d.B, std::invalid_argument, fn,
                 "cmp_block_table.shape", "mismatch", "[" + std::to_string(d.B) + ", maxCmpBlocks]",
-                detail::shape_str(cbt));
+                shape_str(cbt));
   const Index cmp_capacity =
-      detail::checked_mul(fn, "cmp_block_table.shape[1] * cmp_page_block_size", cbt.size(1), cpbs);
+      checked_mul(fn, "cmp_block_table.shape[1] * cmp_page_block_size", cbt.size(1), cpbs);
   std::vector<Index> cmp_len;
   for (Index b = 0; b < d.B; ++b) {
     const Index sel = static_cast<Index>(in.actual_sel_kv_seq_len[static_cast<size_t>(b)]);
@@ -399,7 +393,26 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
       StridedView<const std::int32_t, 2>(cbt.data(), {d.B, cbt.size(1)}), cmp_len};
   cmp_cache.validate(fn, {"cmp_key", "cmp_value", "cmp_block_table", "compressed lengths",
                           "cmp_page_block_size", "cmp_page_block_size"});
+  return cmp_len;
+}
 
+/// nsa_decode_step on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
+template <class T>
+void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                           const NsaDecodeOutputs<T>& out, int num_threads) {
+  constexpr const char* fn = "nsa_decode_step";
+  detail::check_views(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out, "sel_out",
+                      out.sel_out, "win_out", out.win_out);
+  const detail::NsaStepDims d = detail::nsa_step_dims(fn, p, in);
+  const bool tnd = d.tnd;
+  const std::vector<Index> o_shape =
+      tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
+  const std::int64_t k = p.select_block_count;
+  const std::vector<Index> t_shape =
+      tnd ? std::vector<Index>{d.rows, d.KVN, k} : std::vector<Index>{d.B, d.S, d.KVN, k};
+  nsa_step_outputs(fn, p, in, out, d, o_shape, t_shape);
+  const std::vector<Index> cmp_len = nsa_step_cmp_cache(fn, p, in, d);
   // The branches write into the caller's views or into scratch.
   const Index n_o = d.rows * d.N * d.Dv;
   std::vector<T> scratch;
