@@ -88,17 +88,26 @@ inline void sa_check_implemented(const SelfAttentionParams& params) {
                           std::to_string(static_cast<int>(m)) + " (ALiBi masks with BNSD inputs)");
 }
 
-/// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
-/// `prepare` (zeroing, cache writes: after every check), and the engine.
-template <class T, class TIn, class Prepare>
-void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, int num_threads,
-            const std::vector<StridedView<const TIn, 4>>& extra_inputs, Prepare&& prepare,
-            const SaQuant* quant = nullptr) {
+/// The mask tensors, slopes and logN of a SelfAttention plan, resolved and checked against
+/// params.mask_type / scale_type (shapes and extents), with the switches sa_run reads.
+template <class T>
+struct SaMasks {
+  StridedView<const T, 3> mask{};
+  StridedView<const float, 1> log_n{};
+  StridedView<const T, 4> head_mask{};
+  StridedView<const float, 1> slopes{};
+  bool swa_norm = false, alibi_compressed = false, head_mask_form = false;
+};
+
+template <class T, class TIn>
+SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T, TIn>& pl) {
   using P = SelfAttentionParams;
   constexpr const char* fn = "self_attention";
-  const StridedView<const T, 3> mask = pl.mask ? *pl.mask : StridedView<const T, 3>{};
-  const StridedView<const float, 1> log_n = pl.log_n ? *pl.log_n : StridedView<const float, 1>{};
-  const bool swa_norm = params.mask_type == P::MaskType::SlidingWindowNorm;
+  SaMasks<T> mk;
+  const StridedView<const T, 3>& mask = mk.mask = pl.mask ? *pl.mask : StridedView<const T, 3>{};
+  const StridedView<const float, 1>& log_n = mk.log_n =
+      pl.log_n ? *pl.log_n : StridedView<const float, 1>{};
+  const bool swa_norm = mk.swa_norm = params.mask_type == P::MaskType::SlidingWindowNorm;
   if (swa_norm && pl.decoder)
     ATTNREF_CHECK(mask.absent(), std::invalid_argument, fn, "mask",
                   "given with SLIDING_WINDOW_NORM and DECODER (the window is generated)", "none",
@@ -124,14 +133,16 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
     ATTNREF_CHECK(mask.shape() == want, std::invalid_argument, fn, "mask.shape",
                   "mismatch for NORM_COMPRESS", shape_str<3>(want), shape_str(mask));
   }
-  const StridedView<const T, 4> head_mask =
+  const StridedView<const T, 4>& head_mask = mk.head_mask =
       pl.head_mask ? *pl.head_mask : StridedView<const T, 4>{};
-  const StridedView<const float, 1> slopes = pl.slopes ? *pl.slopes : StridedView<const float, 1>{};
-  const bool alibi_compressed = params.mask_type == P::MaskType::AlibiCompress ||
-                                params.mask_type == P::MaskType::AlibiCompressSqrt ||
-                                params.mask_type == P::MaskType::AlibiCompressLeftAlign;
+  const StridedView<const float, 1>& slopes = mk.slopes =
+      pl.slopes ? *pl.slopes : StridedView<const float, 1>{};
+  const bool alibi_compressed = mk.alibi_compressed =
+      params.mask_type == P::MaskType::AlibiCompress ||
+      params.mask_type == P::MaskType::AlibiCompressSqrt ||
+      params.mask_type == P::MaskType::AlibiCompressLeftAlign;
   // ALIBI_COMPRESS takes either the [256, 256] tile with slopes or a [headNum, seqLen, 128] mask.
-  const bool head_mask_form =
+  const bool head_mask_form = mk.head_mask_form =
       params.mask_type == P::MaskType::AlibiCompress && !head_mask.absent() && mask.absent();
   if (params.mask_type == P::MaskType::Alibi) {
     ATTNREF_CHECK(!head_mask.absent(), std::invalid_argument, fn, "head_mask", "missing for ALIBI",
@@ -196,6 +207,25 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
                   pl.decoder ? "smaller than the batch" : "smaller than the longest sequence",
                   ">= " + std::to_string(need), log_n.size(0));
   }
+
+  return mk;
+}
+
+/// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
+/// `prepare` (zeroing, cache writes: after every check), and the engine.
+template <class T, class TIn, class Prepare>
+void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, int num_threads,
+            const std::vector<StridedView<const TIn, 4>>& extra_inputs, Prepare&& prepare,
+            const SaQuant* quant = nullptr) {
+  using P = SelfAttentionParams;
+  constexpr const char* fn = "self_attention";
+  const SaMasks<T> mk = sa_masks(params, pl);
+  const StridedView<const T, 3>& mask = mk.mask;
+  const StridedView<const float, 1>& log_n = mk.log_n;
+  const StridedView<const T, 4>& head_mask = mk.head_mask;
+  const StridedView<const float, 1>& slopes = mk.slopes;
+  const bool swa_norm = mk.swa_norm, alibi_compressed = mk.alibi_compressed,
+             head_mask_form = mk.head_mask_form;
 
   // qScale multiplies q in the data type before the product (ATB golden); the engine's scale
   // would multiply in float, so a scaled copy of q (never of K/V) is made when qScale != 1.
