@@ -194,20 +194,20 @@ inline std::vector<SelfAttentionFeature> self_attention_features(const SelfAtten
   return f;
 }
 
-/// Checks the parameters alone: ranges, the co-existence table (every conflicting pair throws
-/// std::invalid_argument naming both features) and the per-feature constraints of the vendor's
-/// feature list. Shapes and dtypes of the inputs are checked by the operator.
-inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) {
+namespace detail {
+
+/// The enums, head counts, scales, clamp interval and sizes of SelfAttentionParams.
+inline void sa_check_ranges(const SelfAttentionParams& p) {
   using P = SelfAttentionParams;
-  detail::check_enum("self_attention", "params.calc_type", p.calc_type, 0, 4);
-  detail::check_enum("self_attention", "params.kernel_type", p.kernel_type, 0, 1);
-  detail::check_enum("self_attention", "params.clamp_type", p.clamp_type, 0, 1);
-  detail::check_enum("self_attention", "params.mask_type", p.mask_type, 0, 9);
-  detail::check_enum("self_attention", "params.kvcache_cfg", p.kvcache_cfg, 0, 1);
-  detail::check_enum("self_attention", "params.scale_type", p.scale_type, 0, 1);
-  detail::check_enum("self_attention", "params.quant_type", p.quant_type, 0, 3);
-  detail::check_enum("self_attention", "params.input_layout", p.input_layout, 0, 1);
-  detail::check_enum("self_attention", "params.cache_type", p.cache_type, 0, 1);
+  check_enum("self_attention", "params.calc_type", p.calc_type, 0, 4);
+  check_enum("self_attention", "params.kernel_type", p.kernel_type, 0, 1);
+  check_enum("self_attention", "params.clamp_type", p.clamp_type, 0, 1);
+  check_enum("self_attention", "params.mask_type", p.mask_type, 0, 9);
+  check_enum("self_attention", "params.kvcache_cfg", p.kvcache_cfg, 0, 1);
+  check_enum("self_attention", "params.scale_type", p.scale_type, 0, 1);
+  check_enum("self_attention", "params.quant_type", p.quant_type, 0, 3);
+  check_enum("self_attention", "params.input_layout", p.input_layout, 0, 1);
+  check_enum("self_attention", "params.cache_type", p.cache_type, 0, 1);
   const int od = static_cast<int>(p.out_data_type);
   ATTNREF_CHECK(od == -1 || od == 1 || od == 27, std::invalid_argument, "self_attention",
                 "params.out_data_type", "not supported",
@@ -238,17 +238,11 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
                 std::to_string(p.mla_v_head_size));
   ATTNREF_CHECK(p.window_size >= 0, std::invalid_argument, "self_attention", "params.window_size",
                 "negative", ">= 0", std::to_string(p.window_size));
+}
 
-  // The co-existence table.
-  const std::vector<SelfAttentionFeature> f = self_attention_features(p, kv_tensor_list);
-  for (size_t i = 0; i < f.size(); ++i)
-    for (size_t j = i + 1; j < f.size(); ++j)
-      ATTNREF_CHECK(self_attention_features_combine(f[i], f[j]), std::invalid_argument,
-                    "self_attention",
-                    std::string("params ") + to_string(f[i]) + " + " + to_string(f[j]),
-                    "not supported together", "at most one of them", "both");
-
-  // Per-feature constraints.
+/// The vendor's per-feature constraints (calc types, masks, logN, quantization).
+inline void sa_check_features(const SelfAttentionParams& p) {
+  using P = SelfAttentionParams;
   const bool pa = p.calc_type == P::CalcType::PaEncoder;
   const char* calc_names[] = {"Undefined", "Encoder", "Decoder", "PaEncoder", "PrefixEncoder"};
   const std::string calc = calc_names[static_cast<int>(p.calc_type)];
@@ -290,6 +284,15 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
   if (p.mask_type == P::MaskType::Undefined)
     ATTNREF_CHECK(p.is_triu_mask == 0, std::invalid_argument, "self_attention",
                   "params.is_triu_mask", "set without a mask type", "0", "1");
+}
+
+/// The vendor's per-feature constraints (layouts, PREFIX_ENCODER, the kv tensor list, MLA,
+/// sliding windows and their caches).
+inline void sa_check_layout_features(const SelfAttentionParams& p, bool kv_tensor_list) {
+  using P = SelfAttentionParams;
+  const bool pa = p.calc_type == P::CalcType::PaEncoder;
+  const char* calc_names[] = {"Undefined", "Encoder", "Decoder", "PaEncoder", "PrefixEncoder"};
+  const std::string calc = calc_names[static_cast<int>(p.calc_type)];
   if (p.input_layout == P::InputLayout::BNSD) {
     ATTNREF_CHECK(p.calc_type != P::CalcType::PrefixEncoder, std::invalid_argument,
                   "self_attention", "params.calc_type", "not supported with BNSD input",
@@ -392,6 +395,27 @@ inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) 
                   "self_attention", "params.mask_type",
                   "SlidingWindowCompress not supported by the decoder", "SlidingWindowNorm",
                   "SlidingWindowCompress");
+}
+
+}  // namespace detail
+
+/// Checks the parameters alone: ranges, the co-existence table (every conflicting pair throws
+/// std::invalid_argument naming both features) and the per-feature constraints of the vendor's
+/// feature list. Shapes and dtypes of the inputs are checked by the operator.
+inline void validate(const SelfAttentionParams& p, bool kv_tensor_list = false) {
+  detail::sa_check_ranges(p);
+  // The co-existence table.
+  const std::vector<SelfAttentionFeature> f = self_attention_features(p, kv_tensor_list);
+  for (size_t i = 0; i < f.size(); ++i)
+    for (size_t j = i + 1; j < f.size(); ++j)
+      ATTNREF_CHECK(self_attention_features_combine(f[i], f[j]), std::invalid_argument,
+                    "self_attention",
+                    std::string("params ") + to_string(f[i]) + " + " + to_string(f[j]),
+                    "not supported together", "at most one of them", "both");
+
+  // Per-feature constraints.
+  detail::sa_check_features(p);
+  detail::sa_check_layout_features(p, kv_tensor_list);
 }
 
 }  // namespace attnref
