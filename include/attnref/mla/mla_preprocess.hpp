@@ -95,30 +95,22 @@ struct MlaPreprocessOutputs {
 };
 
 namespace detail {
-/// mla_preprocess on dense arguments: the public entry below passes every view through a
-/// DenseArena first.
-template <class T>
-void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
-                          const MlaPreprocessOutputs<T>& out, int num_threads) {
-  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
-                "mla_preprocess: half or bfloat16 (the model dtype)");
-  using namespace detail::mla;
-  constexpr const char* fn = "mla_preprocess";
-  detail::check_views(fn, "input", in.input, "gamma0", in.gamma0, "beta0", in.beta0, "quant_scale0",
-                      in.quant_scale0, "quant_offset0", in.quant_offset0, "wdqkv", in.wdqkv.tensor,
-                      "wdqkv_float", in.wdqkv_float.tensor, "de_scale0", in.de_scale0,
-                      "de_scale0_bits", in.de_scale0_bits, "bias0", in.bias0, "gamma1", in.gamma1,
-                      "beta1", in.beta1, "quant_scale1", in.quant_scale1, "quant_offset1",
-                      in.quant_offset1, "wuq", in.wuq.tensor, "wuq_float", in.wuq_float.tensor,
-                      "de_scale1", in.de_scale1, "de_scale1_bits", in.de_scale1_bits, "bias1",
-                      in.bias1, "gamma2", in.gamma2, "cos", in.cos, "sin", in.sin, "wuk",
-                      in.wuk.tensor, "slot_mapping", in.slot_mapping, "ctkv_scale", in.ctkv_scale,
-                      "q_nope_scale", in.q_nope_scale, "q_out", out.q_out, "q_out_i8", out.q_out_i8,
-                      "q_rope_out", out.q_rope_out, "kv_cache", out.caches.kv_cache, "ctkv",
-                      out.caches.ctkv, "ctkv_i8", out.caches.ctkv_i8, "krope", out.caches.krope);
+namespace mla {
+/// What mla_preprocess's checks found: the dims, the token and head counts, the modes and the
+/// caches' block size.
+struct MlaPrePlan {
+  Index H0 = 0, C = 0, R = 0, Q = 0, P = 0, W1 = 0, W2 = 0, N = 0, NH = 0, bs = 0;
+  MlaQuantMode mode = MlaQuantMode::Unquant;
+  MlaCacheMode cm = MlaCacheMode::KvCache;
+  bool unquant = false, per_tensor = false, int8_q = false;
+};
+
+/// The params: dims (sizes, int32 range, the int8 matmuls' limit), the fixed fields, the modes.
+inline MlaPrePlan mla_pre_params(const char* fn, const MlaPreprocessParams& params) {
   const MlaDims& d = params.dims;
-  const Index H0 = d.hidden_size, C = d.kv_lora_rank, R = d.rope_dim, Q = d.q_lora_rank,
-              P = d.nope_dim;
+  MlaPrePlan pl;
+  const Index H0 = pl.H0 = d.hidden_size, C = pl.C = d.kv_lora_rank, R = pl.R = d.rope_dim,
+              Q = pl.Q = d.q_lora_rank, P = pl.P = d.nope_dim;
   ATTNREF_CHECK(H0 > 0 && C > 0 && R > 0 && R % 2 == 0 && Q > 0 && P > 0, std::invalid_argument, fn,
                 "params.dims", "not positive (rope_dim even)", "positive sizes",
                 "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " +
@@ -128,7 +120,7 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
                 std::invalid_argument, fn, "params.dims", "too large", "each below 2^31",
                 "H0 " + std::to_string(H0) + ", C " + std::to_string(C) + ", R " +
                     std::to_string(R) + ", Q " + std::to_string(Q) + ", P " + std::to_string(P));
-  const Index W1 = C + R + Q;
+  pl.W1 = C + R + Q;
   ATTNREF_CHECK(params.wdq_dim == 0 || Index(params.wdq_dim) == Q, std::invalid_argument, fn,
                 "params.wdq_dim", "differs from dims.q_lora_rank", "0 or " + std::to_string(Q),
                 std::to_string(params.wdq_dim));
@@ -150,10 +142,10 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
   const int qm = static_cast<int>(params.quant_mode);
   ATTNREF_CHECK(qm >= 0 && qm <= 3, std::invalid_argument, fn, "params.quant_mode", "out of range",
                 "0 to 3", std::to_string(qm));
-  const MlaQuantMode mode = params.quant_mode;
-  const MlaCacheMode cm = params.cache_mode;
-  const bool unquant = mode == MlaQuantMode::Unquant;
-  const bool per_tensor = mode == MlaQuantMode::PerTensorAsymm;
+  const MlaQuantMode mode = pl.mode = params.quant_mode;
+  pl.cm = params.cache_mode;
+  const bool unquant = pl.unquant = mode == MlaQuantMode::Unquant;
+  pl.per_tensor = mode == MlaQuantMode::PerTensorAsymm;
   // The int8 matmuls reduce over H0 and Q in exact int32 only up to 2^16 (int8_matmul's limit):
   // checked here, under the argument that sets it, not inside the computation.
   ATTNREF_CHECK(unquant || (H0 <= (Index{1} << 16) && Q <= (Index{1} << 16)), std::invalid_argument,
@@ -161,31 +153,38 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
                 "hidden_size and q_lora_rank <= 65536 in the quantized modes",
                 "H0 " + std::to_string(H0) + ", Q " + std::to_string(Q));
 
+  return pl;
+}
+
+/// The input, wuk, the norm parameters, the static scales and the two matmuls' arguments.
+template <class T>
+void mla_pre_inputs(const char* fn, const MlaPreprocessInputs<T>& in, MlaPrePlan& pl) {
+  const Index H0 = pl.H0, C = pl.C, R = pl.R, Q = pl.Q, P = pl.P, W1 = pl.W1;
+  const bool unquant = pl.unquant, per_tensor = pl.per_tensor;
   ATTNREF_CHECK(!in.input.absent() && in.input.rank() == 2 && in.input.size(1) == H0,
                 std::invalid_argument, fn, "input.shape", "mismatch",
-                "[N, " + std::to_string(H0) + "]", detail::shape_str(in.input));
-  const Index N = in.input.size(0);
+                "[N, " + std::to_string(H0) + "]", shape_str(in.input));
+  const Index N = pl.N = in.input.size(0);
   ATTNREF_CHECK(N > 0, std::invalid_argument, fn, "input.shape[0]", "no tokens", ">= 1",
                 std::to_string(N));
   const auto& wk = in.wuk.tensor;
   ATTNREF_CHECK(!wk.absent() && (wk.rank() == 3 || wk.rank() == 4) && wk.size(0) > 0,
                 std::invalid_argument, fn, "wuk.shape", "not [heads, P, C] or NZ",
-                "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]",
-                detail::shape_str(wk));
-  const Index NH = wk.size(0), W2 = NH * (P + R);
+                "[heads, " + std::to_string(P) + ", " + std::to_string(C) + "]", shape_str(wk));
+  const Index NH = pl.NH = wk.size(0), W2 = pl.W2 = NH * (P + R);
   if (!in.wuk.nz)
     ATTNREF_CHECK(
         wk.rank() == 3 && wk.size(1) == P && wk.size(2) == C, std::invalid_argument, fn,
         "wuk.shape", "mismatch",
         "[" + std::to_string(NH) + ", " + std::to_string(P) + ", " + std::to_string(C) + "]",
-        detail::shape_str(wk));
+        shape_str(wk));
   else
     ATTNREF_CHECK(wk.rank() == 4 && wk.size(1) * 16 == C && wk.size(2) == (P + 15) / 16 * 16 &&
                       wk.size(3) == 16,
                   std::invalid_argument, fn, "wuk.shape", "mismatch (NZ)",
                   "[" + std::to_string(NH) + ", " + std::to_string(C / 16) + ", " +
                       std::to_string((P + 15) / 16 * 16) + ", 16]",
-                  detail::shape_str(wk));
+                  shape_str(wk));
 
   // Norm parameters.
   check_vector(fn, "gamma0", in.gamma0, H0);
@@ -206,7 +205,7 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
     } else {
       ATTNREF_CHECK(s.absent() && o.absent(), std::invalid_argument, fn,
                     std::string(sn) + " / " + on, "given for a mode without a static scale", "none",
-                    detail::shape_str(s));
+                    shape_str(s));
     }
   };
   static_scale(in.quant_scale0, in.quant_offset0, "quant_scale0", "quant_offset0");
@@ -226,7 +225,7 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
     }
     check_weight(fn, wn.c_str(), w, rows, cols);
     ATTNREF_CHECK(wf.tensor.absent(), std::invalid_argument, fn, wn + "_float",
-                  "given in a quantized mode", "none", detail::shape_str(wf.tensor));
+                  "given in a quantized mode", "none", shape_str(wf.tensor));
     ATTNREF_CHECK(ds.absent() != db.absent(), std::invalid_argument, fn, sn + " / " + sn + "_bits",
                   "exactly one is required", "one of them", "none or both");
     if (!ds.absent()) check_vector(fn, sn.c_str(), ds, rows);
@@ -235,13 +234,21 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
       if (!bias.absent()) check_vector(fn, bn.c_str(), bias, rows);
     } else {
       ATTNREF_CHECK(bias.absent(), std::invalid_argument, fn, bn,
-                    "given with per-token quantization", "none", detail::shape_str(bias));
+                    "given with per-token quantization", "none", shape_str(bias));
     }
   };
   matmul_args(in.wdqkv, in.wdqkv_float, in.de_scale0, in.de_scale0_bits, in.bias0, W1, H0, "wdqkv",
               "de_scale0", "bias0");
   matmul_args(in.wuq, in.wuq_float, in.de_scale1, in.de_scale1_bits, in.bias1, W2, Q, "wuq",
               "de_scale1", "bias1");
+}
+
+/// The outputs of the cache mode, the caches, the int8 cache's scales and the slot mapping.
+template <class T>
+void mla_pre_outputs(const char* fn, const MlaPreprocessInputs<T>& in,
+                     const MlaPreprocessOutputs<T>& out, MlaPrePlan& pl) {
+  const Index C = pl.C, R = pl.R, N = pl.N, NH = pl.NH;
+  const MlaCacheMode cm = pl.cm;
   // Outputs and caches.
   auto shape3 = [](Index a, Index b, Index c) {
     return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
@@ -250,12 +257,12 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
     ATTNREF_CHECK(
         !t.absent() && t.rank() == 3 && t.size(0) == N && t.size(1) == NH && t.size(2) == w,
         std::invalid_argument, fn, std::string(name) + ".shape", "mismatch", shape3(N, NH, w),
-        detail::shape_str(t));
+        shape_str(t));
   };
   const int cmi = static_cast<int>(cm);
   ATTNREF_CHECK(cmi >= 0 && cmi <= 3, std::invalid_argument, fn, "params.cache_mode",
                 "out of range", "0 to 3", std::to_string(cmi));
-  const bool int8_q = cm == MlaCacheMode::Int8NzCache;
+  const bool int8_q = pl.int8_q = cm == MlaCacheMode::Int8NzCache;
   if (cm == MlaCacheMode::KvCache) {
     out3(out.q_out, "q_out", C + R);
     ATTNREF_CHECK(out.q_out_i8.absent() && out.q_rope_out.absent(), std::invalid_argument, fn,
@@ -265,16 +272,15 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
     if (int8_q) {
       out3(out.q_out_i8, "q_out_i8", C);
       ATTNREF_CHECK(out.q_out.absent(), std::invalid_argument, fn, "q_out",
-                    "given with cache_mode Int8NzCache", "none (q_out_i8)",
-                    detail::shape_str(out.q_out));
+                    "given with cache_mode Int8NzCache", "none (q_out_i8)", shape_str(out.q_out));
     } else {
       out3(out.q_out, "q_out", C);
       ATTNREF_CHECK(out.q_out_i8.absent(), std::invalid_argument, fn, "q_out_i8",
-                    "given without cache_mode Int8NzCache", "none",
-                    detail::shape_str(out.q_out_i8));
+                    "given without cache_mode Int8NzCache", "none", shape_str(out.q_out_i8));
     }
   }
   const auto [blocks, bs] = check_caches(fn, cm, out.caches, C, R);
+  pl.bs = bs;
   const bool nz_cache = cm == MlaCacheMode::Int8NzCache || cm == MlaCacheMode::NzCache;
   ATTNREF_CHECK(nz_cache ? bs == 128 : (bs <= 128 || bs == 256), std::invalid_argument, fn,
                 "caches block size", "not supported by ATB",
@@ -291,8 +297,18 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
                   "a tensor");
   }
   check_slots<T>(fn, in.slot_mapping, N, blocks * bs);
-  // Nothing has been written yet; from here on only internal buffers until the last step.
+}
 
+/// The stages on internal buffers (norms, matmuls, the absorbed q_nope, the ropes), then the
+/// outputs and the caches.
+template <class T>
+void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+                 const MlaPreprocessOutputs<T>& out, const MlaPrePlan& pl, int num_threads) {
+  const Index H0 = pl.H0, C = pl.C, R = pl.R, Q = pl.Q, P = pl.P, W1 = pl.W1, W2 = pl.W2;
+  const Index N = pl.N, NH = pl.NH, bs = pl.bs;
+  const MlaQuantMode mode = pl.mode;
+  const MlaCacheMode cm = pl.cm;
+  const bool unquant = pl.unquant, per_tensor = pl.per_tensor, int8_q = pl.int8_q;
   std::vector<T> mm1(static_cast<size_t>(N * W1)), mm2(static_cast<size_t>(N * W2));
   auto norm_matmul = [&](const StridedView<const T>& x, Index K, const StridedView<const T>& g,
                          const StridedView<const T>& b, const StridedView<const T>& qs,
@@ -384,6 +400,35 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
       int8_q ? static_cast<float>(T(1.0 / double(static_cast<float>(in.ctkv_scale.data()[0]))))
              : 0.0f;
   write_caches(cm, kn.data(), kr.data(), in.slot_mapping.data(), N, C, R, bs, inv3, out.caches);
+}
+
+}  // namespace mla
+
+/// mla_preprocess on dense arguments: the public entry below passes every view through a
+/// DenseArena first.
+template <class T>
+void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+                          const MlaPreprocessOutputs<T>& out, int num_threads) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                "mla_preprocess: half or bfloat16 (the model dtype)");
+  constexpr const char* fn = "mla_preprocess";
+  detail::check_views(fn, "input", in.input, "gamma0", in.gamma0, "beta0", in.beta0, "quant_scale0",
+                      in.quant_scale0, "quant_offset0", in.quant_offset0, "wdqkv", in.wdqkv.tensor,
+                      "wdqkv_float", in.wdqkv_float.tensor, "de_scale0", in.de_scale0,
+                      "de_scale0_bits", in.de_scale0_bits, "bias0", in.bias0, "gamma1", in.gamma1,
+                      "beta1", in.beta1, "quant_scale1", in.quant_scale1, "quant_offset1",
+                      in.quant_offset1, "wuq", in.wuq.tensor, "wuq_float", in.wuq_float.tensor,
+                      "de_scale1", in.de_scale1, "de_scale1_bits", in.de_scale1_bits, "bias1",
+                      in.bias1, "gamma2", in.gamma2, "cos", in.cos, "sin", in.sin, "wuk",
+                      in.wuk.tensor, "slot_mapping", in.slot_mapping, "ctkv_scale", in.ctkv_scale,
+                      "q_nope_scale", in.q_nope_scale, "q_out", out.q_out, "q_out_i8", out.q_out_i8,
+                      "q_rope_out", out.q_rope_out, "kv_cache", out.caches.kv_cache, "ctkv",
+                      out.caches.ctkv, "ctkv_i8", out.caches.ctkv_i8, "krope", out.caches.krope);
+  mla::MlaPrePlan pl = mla::mla_pre_params(fn, params);
+  mla::mla_pre_inputs(fn, in, pl);
+  mla::mla_pre_outputs(fn, in, out, pl);
+  // Nothing has been written yet; from here on only internal buffers until the last step.
+  mla::mla_pre_run(params, in, out, pl, num_threads);
 }
 }  // namespace detail
 
