@@ -43,10 +43,11 @@ struct Engine {
   /// int8 q / k / v with quantized P: both products can run on the int8 kernels.
   static constexpr bool kI8 = kQuantP && std::is_same_v<Acc, float> &&
                               std::is_same_v<TQ, std::int8_t> && std::is_same_v<TKV, std::int8_t>;
-  /// The int8 kernels are in use for this call (compiled in, level Avx512, unit element strides).
+  /// The int8 kernels are in use for this call (compiled in, level Avx512, unit element strides;
+  /// never with the kv_dequant hook, whose keys and values are no longer the stored int8).
   bool i8() const {
     return kI8 && i8::enabled() && in.q.stride(3) == 1 && in.k.stride(3) == 1 &&
-           in.v.stride(3) == 1 && g.head_size % 4 == 0;
+           in.v.stride(3) == 1 && g.head_size % 4 == 0 && !dequant();
   }
   /// The variant dequantizes keys and values per token as they are loaded (kv_dequant hook).
   static constexpr bool kKvDequant = has_kv_dequant<Variant>::value;
