@@ -66,6 +66,9 @@ struct Tally {
 
 struct Run {
   std::map<std::string, Tally> tally;
+  /// --digest: per entry, a hash of every watched buffer (inputs, outputs, caches) of every
+  /// accepted case after its call, so two builds can be compared bit for bit.
+  std::map<std::string, std::uint64_t> digest;
   std::vector<std::string> defects;  // the first ones, for the report
   bool verbose = false;
 };
@@ -136,6 +139,18 @@ bool classify(Run& run, const std::string& entry, const std::string& op, std::ui
     std::printf("%s seed %llu [%s]: %s\n", entry.c_str(), static_cast<unsigned long long>(seed),
                 label.c_str(), (defect.empty() ? "ok, " + outcome : defect).c_str());
   return defect.empty() && outcome == "accepted";
+}
+
+/// FNV-1a over the bytes of a buffer, folded into h.
+inline void hash_bytes(std::uint64_t& h, const void* p, size_t n) {
+  const unsigned char* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+}
+template <class T>
+void hash_into(std::uint64_t& h, const std::vector<T>& x) {
+  const std::uint64_t n = x.size();
+  hash_bytes(h, &n, sizeof n);
+  if (!x.empty()) hash_bytes(h, x.data(), x.size() * sizeof(T));
 }
 
 /// Bitwise equality of two buffers (NaN == NaN when the bits agree).
@@ -215,6 +230,11 @@ void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Confi
                              std::index_sequence_for<Buf...>{});
       },
       [&] { return verify(c); });
+  if (ok) {
+    std::uint64_t& h = run.digest.try_emplace(entry(c), 0xcbf29ce484222325ull).first->second;
+    hash_bytes(h, &seed, sizeof seed);
+    (hash_into(h, c.*watched), ...);
+  }
   if constexpr (Restridable<Config>::value) {
     if (!ok || pert != nullptr) return;
     const auto first = std::make_tuple((c.*watched)...);
@@ -297,6 +317,9 @@ inline void make_pool(Pool& p, Rng& r, const std::vector<Index>& len, Index pbs,
 /// A pool is watched whole by run_case.
 inline bool same_bits(const Pool& a, const Pool& b) {
   return same_bits(a.table, b.table) && same_bits(a.k, b.k) && same_bits(a.v, b.v);
+}
+inline void hash_into(std::uint64_t& h, const Pool& p) {
+  hash_into(h, p.table), hash_into(h, p.k), hash_into(h, p.v);
 }
 
 using Entry = std::function<void(Run&, std::uint64_t seed)>;

@@ -1,6 +1,8 @@
-// attnref_fuzz [--cases N] [--seed S] [--entry NAME] [--verbose]
+// attnref_fuzz [--cases N] [--seed S] [--entry NAME] [--verbose] [--digest]
 // Runs N cases per entry point (case i of entry e uses seed S + i, so any case replays alone with
 // --seed S+i --cases 1 --entry e) and prints a table of outcomes; exits 1 on any defect.
+// --digest also prints, per entry, a hash of every buffer of every accepted case after its call:
+// two builds that print the same digests gave the same bits on every case.
 
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +22,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
   std::string only;
   fuzz::Run run;
+  bool digest = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cases" && i + 1 < argc) {
@@ -30,8 +33,10 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--verbose") {
       run.verbose = true;
+    } else if (a == "--digest") {
+      digest = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--cases N] [--seed S] [--entry NAME] [--verbose]\n",
+      std::fprintf(stderr, "usage: %s [--cases N] [--seed S] [--entry NAME] [--verbose] [--digest]\n",
                    argv[0]);
       return 2;
     }
@@ -56,6 +61,9 @@ int main(int argc, char** argv) {
     total += n;
     defects += t.defects;
   }
+  if (digest)
+    for (const auto& [name, h] : run.digest)
+      std::printf("digest %-28s %016llx\n", name.c_str(), static_cast<unsigned long long>(h));
   for (const std::string& d : run.defects) std::printf("DEFECT %s\n", d.c_str());
   std::printf("fuzz: %ld cases, %ld defects (seed %llu, %ld per entry)\n", total, defects,
               static_cast<unsigned long long>(seed), cases);
