@@ -16,6 +16,7 @@
 #include "attnref/core/layout.hpp"
 #include "attnref/core/nz.hpp"
 #include "attnref/core/quant.hpp"
+#include "attnref/core/simd_level.hpp"
 #include "attnref/core/softmax.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"

@@ -241,4 +241,17 @@ TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
   EXPECT_EQ(simd::level(), previous);
 }
 
+TEST(Simd, PublicLevelApiSelectsClampsAndRestores) {
+  const attnref::SimdLevel outer = attnref::simd_level();
+  {
+    attnref::ScopedSimdLevel portable(attnref::SimdLevel::Portable);
+    EXPECT_EQ(attnref::simd_level(), attnref::SimdLevel::Portable);
+    EXPECT_FALSE(simd::enabled());
+    EXPECT_EQ(attnref::set_simd_level(attnref::SimdLevel::Avx512), attnref::SimdLevel::Portable);
+    EXPECT_EQ(attnref::simd_level(), attnref::compiled_simd_level());  // clamped
+  }
+  EXPECT_EQ(attnref::simd_level(), outer);  // the scope restored the level it found
+  EXPECT_STREQ(attnref::to_string(attnref::SimdLevel::Avx2), "avx2");
+}
+
 }  // namespace core_test

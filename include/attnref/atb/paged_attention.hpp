@@ -329,7 +329,6 @@ void pa_bind_masks(const PagedAttentionParams& params, const PagedAttentionInput
               max_kv = pl.max_kv;
   const std::string mt = std::to_string(static_cast<int>(params.mask_type));
   var.q_cu = &pl.q_cu;
-  var.num_heads = nh;
   const auto mask_t = params.mask_type;
   ATTNREF_CHECK(in.mask.absent() || mask_t == P::MaskType::Norm, std::invalid_argument,
                 "paged_attention", "mask", "given for mask_type " + mt, "absent",
@@ -435,6 +434,7 @@ void pa_bind_scales(const PagedAttentionParams& params, const PagedAttentionInpu
                   "a tensor");
     var.head_scale = in.k_descale;
     var.qk_scale = params.qk_scale;
+    var.form = PQuantStep::Form::PagedAttention;
     var.v_descale = in.v_descale;
     var.p_scale = in.p_scale;
     var.online = online;
@@ -452,107 +452,45 @@ void pa_bind_scales(const PagedAttentionParams& params, const PagedAttentionInpu
 }
 
 /// The engine problem (the packed query tokens against the paged cache), validated against the
-/// caller's tensors, then run: q pre-scaled (q_scale; DequantFusion folds k_descale into q and
-/// k_offset into a row bias) and, for DequantFusion, V's affine map applied to the output.
+/// caller's tensors, then run with the shared query / output hooks (detail/hooks/io.hpp): qScale,
+/// and for DequantFusion k_descale folded into q, k_offset into a row constant and V's affine map
+/// applied to each output row (rows of sequences without keys: 0).
 template <class TQ, class TKV, class TM, class TO, class Variant>
 void pa_run(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
             const PagedAttentionOutputs<TO>& out, const PaPlan<TKV>& pl, Variant& var,
             int num_threads) {
   constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
   constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
-  const Index batch = pl.batch, tokens = pl.tokens, nh = pl.nh, d = pl.d, nkv = pl.nkv, dv = pl.dv;
-  const std::vector<Index>& q_cu = pl.q_cu;
-  const std::vector<Index>& kv_len = pl.cache.context_lens;
-  const PagedKvCache<const TKV>& cache = pl.cache;
-  using EQ = std::conditional_t<kDequant, float, TQ>;
-  using EO = std::conditional_t<kDequant, float, TO>;
-  std::vector<EQ> q_buf;
-  std::vector<float> o_buf, bias;
-  const bool q_scale = !kQkv && params.q_scale != 0.0f && params.q_scale != 1.0f;
-  AttentionInputs<EQ, TKV> e;
-  if constexpr (!kDequant)
-    e.q = StridedView<const EQ, 4>(in.query.data(), {1, tokens, nh, d},
-                                   {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
-  e.read_kv(cache);
-  e.seq.q_cu = q_cu;
+  const Index tokens = pl.tokens, nh = pl.nh, d = pl.d, dv = pl.dv;
+  AttentionInputs<TQ, TKV> e;
+  e.q = StridedView<const TQ, 4>(in.query.data(), {1, tokens, nh, d},
+                                 {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
+  e.read_kv(pl.cache);
+  e.seq.q_cu = pl.q_cu;
   AttentionParams ep;
   ep.scale = kQkv ? 1.0f : params.qk_scale;
   ep.num_threads = num_threads;
   if (kQkv) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
-  StridedView<EO, 4> eo_view;
-  if constexpr (kDequant) {
-    eo_view = StridedView<EO, 4>(nullptr, {1, tokens, nh, dv});
-  } else {
-    eo_view = StridedView<EO, 4>(out.out.data(), {1, tokens, nh, dv},
-                                 {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)});
-  }
-  if constexpr (!kDequant) {
-    AttentionOutputs<EO> eo{eo_view};
-    validate(e, ep, eo);  // engine checks, overlaps included, before anything is written
-  } else {
-    // q' = q · k_descale (per channel; the scale folded into q) and, with offsets, the constant
-    // qk_scale · q'·k_offset of every (token, head); the output is affine in V's channels.
-    o_buf.assign(static_cast<size_t>(tokens * nh * dv), 0.0f);
-    eo_view = StridedView<EO, 4>(o_buf.data(), {1, tokens, nh, dv});
-    AttentionInputs<TQ, TKV> probe = {};
-    probe.q =
-        StridedView<const TQ, 4>(in.query.data(), {1, tokens, nh, d},
-                                 {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
-    probe.read_kv(cache);
-    probe.seq = e.seq;
-    AttentionOutputs<TQ> po{
-        StridedView<TQ, 4>(out.out.data(), {1, tokens, nh, dv},
-                           {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
-    validate(probe, ep, po);  // the caller's tensors, overlaps included
-  }
-  // Nothing has been written yet: every check is above.
+  AttentionOutputs<TO> eo{StridedView<TO, 4>(
+      out.out.data(), {1, tokens, nh, dv},
+      {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
+  validate(e, ep, eo);  // engine checks, overlaps included, before anything is written
 
-  if (q_scale || kDequant) {
-    q_buf.resize(static_cast<size_t>(tokens * nh * d));
-    const Index G = nh / nkv;
-    for (Index t = 0; t < tokens; ++t)
-      for (Index h = 0; h < nh; ++h)
-        for (Index x = 0; x < d; ++x) {
-          float v = static_cast<float>(in.query(t, h, x));
-          if (q_scale) v = static_cast<float>(TQ(v * params.q_scale));
-          if constexpr (kDequant) v *= in.k_descale((h / G) * d + x);
-          q_buf[static_cast<size_t>((t * nh + h) * d + x)] = static_cast<EQ>(v);
-        }
-    e.q = StridedView<const EQ, 4>(q_buf.data(), {1, tokens, nh, d});
-    if constexpr (kDequant) {
-      if (params.has_quant_offset) {
-        bias.resize(static_cast<size_t>(tokens * nh));
-        for (Index t = 0; t < tokens; ++t)
-          for (Index h = 0; h < nh; ++h) {
-            double acc = 0.0;
-            const float* qr = q_buf.data() + (t * nh + h) * d;
-            for (Index x = 0; x < d; ++x)
-              acc += static_cast<double>(qr[x]) * in.k_offset((h / G) * d + x);
-            bias[static_cast<size_t>(t * nh + h)] = params.qk_scale * static_cast<float>(acc);
-          }
-        var.row_bias = bias.data();
-      }
+  if (!kQkv && params.q_scale != 0.0f && params.q_scale != 1.0f)
+    var.template scale_query<TQ>(params.q_scale);
+  if constexpr (kDequant) {
+    var.group = nh / pl.nkv;
+    var.bias_scale = params.qk_scale;
+    var.zero_empty = true;
+    for (Index c = 0; c < in.k_descale.size(0); ++c) var.k_scale.push_back(in.k_descale(c));
+    for (Index c = 0; c < in.v_descale.size(0); ++c) var.v_scale.push_back(in.v_descale(c));
+    if (params.has_quant_offset) {
+      for (Index c = 0; c < in.k_offset.size(0); ++c) var.k_offset.push_back(in.k_offset(c));
+      for (Index c = 0; c < in.v_offset.size(0); ++c)
+        var.v_offset.push_back(static_cast<float>(in.v_offset(c)));
     }
   }
-  AttentionOutputs<EO> eo{eo_view};
   attention_with(var, e, ep, eo);
-  if constexpr (kDequant) {
-    // out = (Σ p·v / l + v_offset) · v_descale per channel; rows without keys stay zero.
-    const Index G = nh / nkv;
-    for (Index b = 0; b < batch; ++b)
-      for (Index t = q_cu[static_cast<size_t>(b)]; t < q_cu[static_cast<size_t>(b + 1)]; ++t)
-        for (Index h = 0; h < nh; ++h)
-          for (Index x = 0; x < dv; ++x) {
-            float v = 0.0f;
-            if (kv_len[static_cast<size_t>(b)] > 0) {
-              const Index c = (h / G) * dv + x;
-              v = o_buf[static_cast<size_t>((t * nh + h) * dv + x)];
-              if (params.has_quant_offset) v += static_cast<float>(in.v_offset(c));
-              v *= in.v_descale(c);
-            }
-            out.out(t, h, x) = TO(v);
-          }
-  }
 }
 
 }  // namespace detail

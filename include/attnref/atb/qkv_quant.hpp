@@ -1,6 +1,7 @@
 #pragma once
-/// The probability stage of ATB SelfAttention's int8 Q/K/V path (quantType QKV_OFFLINE = 2 and
-/// QKV_ONLINE = 3, docs/semantics.md §2.8) as the engine's quantize_p hook.
+/// The int8 toolkit of ATB SelfAttention's Q/K/V path (quantType QKV_OFFLINE = 2 and QKV_ONLINE =
+/// 3, docs/semantics.md §2.8): quantize_qkv and choose_scales. Its probability stage, the
+/// engine's quantize_p hook, is detail::PQuantStep's SelfAttention form (detail/hooks/quant_p.hpp):
 ///
 /// Per kv block of `block` keys (128 by default; the engine's kv tile, counted from key 0), for
 /// query row i of head h, with m the running row maximum after the block:
@@ -31,48 +32,6 @@
 #include "attnref/detail/simd.hpp"
 
 namespace attnref {
-
-struct QkvQuantPHook {
-  enum class Mode { Offline, Online };
-  Mode mode = Mode::Online;
-  StridedView<const float, 1> vpv_descale{};  ///< [headNum]
-  StridedView<const float, 1> p_scale{};      ///< [headNum], offline only
-
-  template <class Acc>
-  Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& amax, Acc& sum) const {
-    Acc mx;
-    if constexpr (std::is_same_v<Acc, float>) {
-      detail::simd::round_to_half_sum_max(row, cols, sum, mx);
-    } else {
-      sum = Acc(0);
-      mx = -std::numeric_limits<Acc>::infinity();
-      for (Index j = 0; j < cols; ++j) {
-        row[j] = static_cast<Acc>(static_cast<float>(half(static_cast<float>(row[j]))));
-        sum += row[j];
-        mx = std::max(mx, row[j]);
-      }
-    }
-    const Acc vd = static_cast<Acc>(vpv_descale(c.q_head));
-    Acc scale;
-    if (mode == Mode::Online) {
-      amax = std::max(amax, mx);  // P̂ >= 0: the largest |P̂|
-      if (amax == Acc(0)) {       // nothing visible yet: P8 = 0
-        std::fill(row, row + cols, Acc(0));
-        return Acc(0);
-      }
-      scale = amax / Acc(127);
-    } else {
-      scale = static_cast<Acc>(p_scale(c.q_head));
-    }
-    if constexpr (std::is_same_v<Acc, float>) {
-      detail::simd::div_rint_clamp(row, cols, scale, -128.0f, 127.0f);
-    } else {
-      for (Index j = 0; j < cols; ++j)
-        row[j] = std::min(std::max(std::nearbyint(row[j] / scale), Acc(-128)), Acc(127));
-    }
-    return vd * scale;
-  }
-};
 
 /// int8 q / k / v and the scales of SelfAttentionQuantInputs, made from floating-point data.
 struct QkvQuantized {

@@ -21,7 +21,7 @@ namespace attnref {
 /// docs/semantics.md §2.8. Per sequence b, head h (kv head h / G), query i, key j:
 ///   s = fp16(fp16(int32(q_i · k_j) · qkDescale[h]) · fp16(qkScale)), clamp (fp16), + mask (fp16)
 /// then the online softmax over blocks of params.quant_block_size keys (128) with P quantized to
-/// int8 per block (attnref/atb/qkv_quant.hpp): online with the running row amax / 127, offline
+/// int8 per block (detail/hooks/quant_p.hpp): online with the running row amax / 127, offline
 /// with pScale[h]; P8 · V8 exact; dequantized by vpvDescale[h] times the P scale; out = O / l,
 /// rounded to TO. The scores are fp16 whatever the output type and kernel type (the vendor's
 /// golden); masks follow the usual encodings of TO (fp16 DEFAULT: additive; bf16 or
@@ -115,8 +115,9 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
 
   detail::SaQuant quant;
   quant.qk_descale = in.qk_descale;
-  quant.p_stage.mode = online ? QkvQuantPHook::Mode::Online : QkvQuantPHook::Mode::Offline;
-  quant.p_stage.vpv_descale = in.vpv_descale;
+  quant.p_stage.form = detail::PQuantStep::Form::SelfAttention;
+  quant.p_stage.online = online;
+  quant.p_stage.v_descale = in.vpv_descale;
   quant.p_stage.p_scale = in.p_scale;
   quant.block = params.quant_block_size;
   detail::sa_run(

@@ -99,8 +99,8 @@ constexpr void check_types() {
   static_assert(is_compute_type_v<Acc>, "Acc must be float or double");
   static_assert(is_storage_type_v<TQ> && is_storage_type_v<TKV>,
                 "q/k/v storage: float, double, half, bfloat16 or int8");
-  static_assert(is_storage_type_v<TO> && !std::is_same_v<TO, std::int8_t>,
-                "o storage: float, double, half or bfloat16");
+  static_assert(is_storage_type_v<TO>,
+                "o storage: float, double, half or bfloat16 (int8 with a quantize_o hook)");
   static_assert(std::is_floating_point_v<TS>, "lse / probs must be float or double");
 }
 

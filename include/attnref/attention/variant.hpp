@@ -49,6 +49,24 @@
 ///       // type, its value's as (x + v.offset) · v.scale. Tile by tile, into the engine's O(tile)
 ///       // scratch: nothing proportional to the kv length. has_kv_dequant() false: never called.
 ///
+///   bool has_q_transform() const;                                  // optional, with:
+///   template <class Acc> Acc q_transform(const SeqInfo& s, Index q, Index q_head, Acc* row,
+///                                        Index d) const;
+///       // The query row as loaded (in the compute type, before the softmax scale), in place:
+///       // ATB's qScale rounded to the data type, a per-channel key dequantization folded into
+///       // q. Returns a constant the engine adds to every visible score of the row (after the
+///       // scale, before transform()): a key offset's share of the score. Called once per row.
+///   bool has_o_transform() const;                                  // optional, with:
+///   template <class Acc> void o_transform(const SeqInfo& s, Index q, Index q_head, Acc* row,
+///                                         Index dv) const;
+///       // The normalised output row, in place, before it is stored (V's per-channel
+///       // dequantization). Called for every output row the engine writes, rows without keys
+///       // (zeros) included.
+///   template <class Acc> std::int8_t quantize_o(const SeqInfo& s, Index q_head, Index e,
+///                                               Acc x) const;          // optional
+///       // An int8 output (o of type int8 is allowed only with this hook): element e of the
+///       // row of q head q_head, after o_transform.
+///
 /// All hooks share one coordinate: (batch, q position, kv position, q head, kv head), positions
 /// counted from the start of the sequence. A masked position is never read after its score is
 /// computed: its probability is exactly 0 and NaN/Inf in its key or value cannot reach the output.
@@ -101,6 +119,33 @@ template <class V>
 struct has_kv_dequant<V, std::void_t<decltype(std::declval<const V&>().kv_dequant(
                              std::declval<const SeqInfo&>(), Index{}, std::declval<KvAffine&>(),
                              std::declval<KvAffine&>()))>> : std::true_type {};
+
+/// True when V has the optional q_transform hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_q_transform : std::false_type {};
+template <class V, class Acc>
+struct has_q_transform<V, Acc,
+                       std::void_t<decltype(std::declval<const V&>().template q_transform<Acc>(
+                           std::declval<const SeqInfo&>(), Index{}, Index{}, std::declval<Acc*>(),
+                           Index{}))>> : std::true_type {};
+
+/// True when V has the optional o_transform hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_o_transform : std::false_type {};
+template <class V, class Acc>
+struct has_o_transform<V, Acc,
+                       std::void_t<decltype(std::declval<const V&>().template o_transform<Acc>(
+                           std::declval<const SeqInfo&>(), Index{}, Index{}, std::declval<Acc*>(),
+                           Index{}))>> : std::true_type {};
+
+/// True when V has the optional quantize_o hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_quantize_o : std::false_type {};
+template <class V, class Acc>
+struct has_quantize_o<V, Acc,
+                      std::void_t<decltype(std::declval<const V&>().template quantize_o<Acc>(
+                          std::declval<const SeqInfo&>(), Index{}, Index{}, Acc{}))>>
+    : std::true_type {};
 
 /// True when V has the optional transform_row hook for accumulator Acc.
 template <class V, class Acc, class = void>

@@ -34,7 +34,7 @@
 
 #include "attnref/attention/attention.hpp"
 #include "attnref/attention/paged_kv.hpp"
-#include "attnref/cann/common.hpp"
+#include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
 #include "attnref/core/dense.hpp"
 #include "attnref/core/types.hpp"
@@ -361,7 +361,6 @@ void ifa_bind_masks(const char* fn, const IncreFlashAttentionParams& params,
                     CannVariant<TM, T>& var) {
   const Index B = pl.B, n = pl.n, mask_cols = pl.kv.mask_cols;
   var.fill = -1e12f;
-  var.num_heads = n;
   var.scale = static_cast<float>(params.scale_value);
   if (!pl.kv.shift.empty()) var.kv_shift = pl.kv.shift.data();
   const auto& m = in.atten_mask;
@@ -447,8 +446,10 @@ void ifa_antiquant(const char* fn, const IncreFlashAttentionParams& params,
 }
 
 /// The engine problem (B sequences of one query token), validated against the caller's tensors,
-/// then run: int8 keys fold the K antiquant into q (per channel) or are dequantized (per token),
-/// V's affine map and the output quantization follow.
+/// then run with the shared query / output hooks (detail/hooks/io.hpp): per-channel antiquant
+/// folds the K scale into q and the K offset into a row constant, V's affine map and the int8
+/// output quantization apply to each output row; per-token antiquant dequantizes each key and
+/// value as the engine loads its tile. Batches without keys give 0.
 template <class T, class TKV, class TM, class TO>
 void ifa_run(const IncreFlashAttentionParams& params,
              const IncreFlashAttentionInputs<T, TKV, TM>& in,
@@ -457,104 +458,47 @@ void ifa_run(const IncreFlashAttentionParams& params,
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
   constexpr const char* fn = "incre_flash_attention";
-  const Layout layout = pl.layout;
-  const Index B = pl.B, D = pl.D, n = pl.n, kvn = pl.kvn, per = pl.per;
-  const auto& qd = pl.qd;
-  const bool per_token = pl.per_token;
-  const auto& as = in.antiquant_scale;
-  const auto& ao = in.antiquant_offset;
-  const auto& ts = in.antiquant_scale_per_token;
-  const auto& to = in.antiquant_offset_per_token;
-  AttentionInputs<std::conditional_t<kQuant, float, T>, TKV> e;
+  const Index B = pl.B, D = pl.D, n = pl.n, per = pl.per;
+  AttentionInputs<T, TKV> e;
   e.read_kv(pl.kv.cache);
+  e.q = pfa_view(in.query.data(), pl.layout, pl.qd);
   const KvPages<TKV>& pages = pl.kv.pages;
-  const std::vector<Index>& kv_len = pl.kv.cache.context_lens;
-  // The engine problem: B sequences of one query token.
   AttentionParams ep;
   ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
   ep.num_threads = num_threads;
-  std::vector<float> q_buf, o_buf, bias;
-  const auto qv = pfa_view(in.query.data(), layout, qd);
-  const StridedView<TO, 4> ov = pfa_view(out.attention_out.data(), layout, qd);
-  const CannPostQuant post =
-      cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * D, kInt8Out);
-  AttentionOutputs<TO> probe_o{ov};
-  if constexpr (!kQuant) {
-    e.q = qv;
-    if (pages.first.empty()) validate(e, ep, probe_o);
-  } else {
-    AttentionInputs<T, TKV> probe;
-    probe.q = qv;
-    probe.k = e.k;
-    probe.v = e.v;
-    probe.seq = e.seq;
-    probe.block_table = e.block_table;
-    if (pages.first.empty()) validate(probe, ep, probe_o);
-  }
+  AttentionOutputs<TO> eo{pfa_view(out.attention_out.data(), pl.layout, pl.qd)};
+  cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n, D, kInt8Out, var);
+  var.post_zero_empty = true;
+  if (pages.first.empty()) validate(e, ep, eo);
   // Nothing has been written yet.
-  auto run = [&](auto& eo) {
-    if (pages.first.empty())
-      attention_with(var, e, ep, eo);
-    else
-      attention_with_pages(var, e, ep, eo, pages);
-  };
-  if constexpr (!kQuant && !kInt8Out) {
-    run(probe_o);
-  } else {
-    const Index G = n / kvn;
-    auto sc = [&](Index which, Index c) {
-      return kQuant && !per_token ? static_cast<float>(as.data()[which * per + (per == 1 ? 0 : c)])
-                                  : 1.0f;
-    };
-    auto of = [&](Index which, Index c) {
-      return !kQuant || per_token || ao.absent()
-                 ? 0.0f
-                 : static_cast<float>(ao.data()[which * per + (per == 1 ? 0 : c)]);
-    };
-    if constexpr (kQuant) {
-      q_buf.resize(static_cast<size_t>(B * n * D));
-      bias.assign(static_cast<size_t>(B * n), 0.0f);
-      for (Index b = 0; b < B; ++b)
-        for (Index h = 0; h < n; ++h) {
-          double acc = 0.0;
-          for (Index x = 0; x < D; ++x) {
-            const Index c = (h / G) * D + x;
-            const float qs = static_cast<float>(qv(b, 0, h, x)) * sc(0, c);
-            q_buf[static_cast<size_t>((b * n + h) * D + x)] = qs;
-            acc += static_cast<double>(qs) * of(0, c);
-          }
-          bias[static_cast<size_t>(b * n + h)] =
-              static_cast<float>(ep.scale) * static_cast<float>(acc);
-        }
-      if (!ao.absent()) var.row_bias = bias.data();
-      if (per_token) {  // the engine dequantizes each key and value as it loads its tile
-        var.tok_scale = ts.data();
-        var.tok_offset = to.absent() ? nullptr : to.data();
-        var.tok_batch = B;
-        var.tok_stride = ts.size(2);
+  var.group = n / pl.kvn;
+  if constexpr (kQuant) {
+    var.zero_empty = true;
+    if (pl.per_token) {  // the engine dequantizes each key and value as it loads its tile
+      const auto& ts = in.antiquant_scale_per_token;
+      const auto& to = in.antiquant_offset_per_token;
+      var.tok_scale = ts.data();
+      var.tok_offset = to.absent() ? nullptr : to.data();
+      var.tok_batch = B;
+      var.tok_stride = ts.size(2);
+    } else {  // [0] the keys', [1] the values': per channel (KV_N·D values) or per tensor
+      const T* as = in.antiquant_scale.data();
+      const T* ao = in.antiquant_offset.absent() ? nullptr : in.antiquant_offset.data();
+      var.bias_scale = static_cast<float>(ep.scale);
+      for (Index c = 0; c < pl.kvn * D; ++c) {
+        const Index i = per == 1 ? 0 : c;
+        var.k_scale.push_back(static_cast<float>(as[i]));
+        var.v_scale.push_back(static_cast<float>(as[per + i]));
+        if (ao == nullptr) continue;
+        var.k_offset.push_back(static_cast<float>(ao[i]));
+        var.v_offset.push_back(static_cast<float>(ao[per + i]));
       }
-      e.q = bsnd_view<const float>(q_buf.data(), B, 1, n, D);
-    } else {
-      e.q = qv;
     }
-    o_buf.assign(static_cast<size_t>(B * n * D), 0.0f);
-    AttentionOutputs<float> eo{bsnd_view<float>(o_buf.data(), B, 1, n, D)};
-    run(eo);
-    // V's affine map (antiquant), then the output type or its int8 quantization; batches without
-    // keys give 0.
-    for (Index b = 0; b < B; ++b)
-      for (Index h = 0; h < n; ++h)
-        for (Index x = 0; x < D; ++x) {
-          const Index c = (h / G) * D + x;
-          const bool any = kv_len[static_cast<size_t>(b)] > 0;
-          const float v =
-              any ? (o_buf[static_cast<size_t>((b * n + h) * D + x)] + of(1, c)) * sc(1, c) : 0.0f;
-          if constexpr (kInt8Out)
-            ov(b, 0, h, x) = any ? post(v, h * D + x) : std::int8_t{0};
-          else
-            ov(b, 0, h, x) = TO(v);
-        }
   }
+  if (pages.first.empty())
+    attention_with(var, e, ep, eo);
+  else
+    attention_with_pages(var, e, ep, eo, pages);
 }
 
 /// incre_flash_attention on dense arguments (the public entry passes every view through a

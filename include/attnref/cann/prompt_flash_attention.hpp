@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "attnref/attention/attention.hpp"
-#include "attnref/cann/common.hpp"
+#include "attnref/cann/detail/common.hpp"
 #include "attnref/core/dense.hpp"
 #include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
@@ -417,7 +417,6 @@ void pfa_bind(const char* fn, const PromptFlashAttentionParams& params,
   const bool ats = params.pse_order == PseOrder::AddThenScale;
   var.add_then_scale = ats && !ps.absent();
   var.scale = static_cast<float>(params.scale_value);
-  var.num_heads = n;
 }
 
 /// The quantization scales, then the engine problem (validated before anything is written),
@@ -456,8 +455,8 @@ void pfa_run(const PromptFlashAttentionParams& params,
   const float deq1 = scalar(in.deq_scale1, "deq_scale1", kInt8In);
   const float qs1 = scalar(in.quant_scale1, "quant_scale1", kInt8In);
   const float deq2 = scalar(in.deq_scale2, "deq_scale2", kInt8In);
-  const CannPostQuant post =
-      cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n * Dv, kInt8Out);
+  CannVariant<TM, TP> hooks = var;
+  cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n, Dv, kInt8Out, hooks);
 
   // The engine problem.
   AttentionInputs<T> e;
@@ -476,49 +475,27 @@ void pfa_run(const PromptFlashAttentionParams& params,
   ep.num_threads = num_threads;
   if (kInt8In) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
-  const StridedView<TO, 4> ov = pfa_view(out.attention_out.data(), out_layout, od);
-  using EO = std::conditional_t<kInt8Out, float, TO>;
-  std::vector<float> o_buf;
-  StridedView<EO, 4> eov;
-  if constexpr (kInt8Out) {
-    o_buf.assign(static_cast<size_t>(ov.numel()), 0.0f);
-    eov = pfa_view(o_buf.data(), out_layout, od);
-    AttentionOutputs<TO> probe{ov};
-    validate(e, ep, probe);  // overlaps and data checks; nothing written yet
-  } else {
-    eov = ov;
-  }
-  AttentionOutputs<EO> eo{eov};
-  validate(e, ep, eo);
+  AttentionOutputs<TO> eo{pfa_view(out.attention_out.data(), out_layout, od)};
+  validate(e, ep, eo);  // overlaps and data checks; nothing written yet
   // Padded query rows are 0.
   if (!tnd)
     for (Index b = 0; b < B; ++b)
       for (Index i = q_len[static_cast<size_t>(b)]; i < S1; ++i)
         for (Index h = 0; h < n; ++h)
-          for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = EO(0.0f);
+          for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = TO(0.0f);
+  // (an int8 output: sat(rint(O·quant_scale2 + quant_offset2)) per channel (h, d), the hooks'
+  // quantize_o)
   if constexpr (kInt8In) {
     CannQuantVariant<TM, TP> qv{};
-    static_cast<CannVariant<TM, TP>&>(qv) = var;
+    static_cast<CannVariant<TM, TP>&>(qv) = hooks;
     qv.int8_scores = true;
     qv.deq1 = deq1;
-    qv.qs1 = qs1;
-    qv.deq2 = deq2;
+    qv.form = PQuantStep::Form::PromptFlash;
+    qv.scale1 = qs1;
+    qv.factor = deq2;
     attention_with(qv, e, ep, eo);
   } else {
-    attention_with(var, e, ep, eo);
-  }
-  if constexpr (kInt8Out) {
-    // out = sat(rint(O·quant_scale2 + quant_offset2)) per channel (h, d); padded rows stay 0.
-    const Index rows = tnd ? 1 : B;
-    for (Index b = 0; b < rows; ++b)
-      for (Index i = 0; i < (tnd ? S1 : q_len[static_cast<size_t>(b)]); ++i)
-        for (Index h = 0; h < n; ++h)
-          for (Index x = 0; x < Dv; ++x) ov(b, i, h, x) = post(eo.o(b, i, h, x), h * Dv + x);
-    if (!tnd)
-      for (Index b = 0; b < B; ++b)
-        for (Index i = q_len[static_cast<size_t>(b)]; i < S1; ++i)
-          for (Index h = 0; h < n; ++h)
-            for (Index x = 0; x < Dv; ++x) ov(b, i, h, x) = std::int8_t{0};
+    attention_with(hooks, e, ep, eo);
   }
 }
 

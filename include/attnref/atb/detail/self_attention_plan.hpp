@@ -227,24 +227,6 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
   const bool swa_norm = mk.swa_norm, alibi_compressed = mk.alibi_compressed,
              head_mask_form = mk.head_mask_form;
 
-  // qScale multiplies q in the data type before the product (ATB golden); the engine's scale
-  // would multiply in float, so a scaled copy of q (never of K/V) is made when qScale != 1.
-  // (int8 q: validate() rejects qScale != 1 with qkv quantization.)
-  std::vector<TIn> q_scaled;
-  if constexpr (!std::is_same_v<TIn, std::int8_t>) {
-    if (params.q_scale != 1.0f) {
-      const auto& q = pl.ein.q;
-      q_scaled.resize(static_cast<size_t>(q.numel()));
-      StridedView<TIn, 4> qs(q_scaled.data(), q.shape());
-      for (Index a = 0; a < q.size(0); ++a)
-        for (Index t = 0; t < q.size(1); ++t)
-          for (Index h = 0; h < q.size(2); ++h)
-            for (Index e = 0; e < q.size(3); ++e)
-              qs(a, t, h, e) = TIn(static_cast<float>(q(a, t, h, e)) * params.q_scale);
-      pl.ein.q = qs;
-    }
-  }
-
   AttentionOutputs<T> eout{pl.o};
   // fp16 mask encodings: additive with the DEFAULT kernel, binary x -3e38 otherwise.
   const bool additive_mask =
@@ -294,6 +276,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
   prepare();
 
   AtbSelfAttentionVariant<T> var{
+      {},
       &params,
       fp16_scores,
       additive_mask ? 1.0f : AtbSelfAttentionVariant<T>::kMaskValue,
@@ -312,6 +295,11 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
       alibi_blocks ? slopes : StridedView<const float, 1>{},
       alibi_hook,
       quant ? quant->qk_descale : StridedView<const float, 1>{}};
+  // qScale multiplies q in the data type before the product (ATB golden): the query hook rounds
+  // q · qScale to TIn as each row is loaded. (int8 q: validate() rejects qScale != 1 with qkv
+  // quantization.)
+  if constexpr (!std::is_same_v<TIn, std::int8_t>)
+    if (params.q_scale != 1.0f) var.template scale_query<TIn>(params.q_scale);
   if (quant) {
     attention_with(AtbQkvQuantVariant<T>{var, quant->p_stage}, pl.ein, ep, eout);
     return;

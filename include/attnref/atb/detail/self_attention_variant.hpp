@@ -1,7 +1,7 @@
 #pragma once
 /// Internal (not part of the API): the engine hooks of ATB SelfAttention — q / qk scaling, logN,
 /// clamp, every mask encoding, the fp16 score path of the DEFAULT kernel — and the qkv-quantized
-/// variant that adds the P stage of attnref/atb/qkv_quant.hpp.
+/// variant that adds the P stage (PQuantStep, detail/hooks/quant_p.hpp); qScale through IoHooks.
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -15,6 +15,8 @@
 #include "attnref/atb/self_attention_params.hpp"
 #include "attnref/attention/attention.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/detail/hooks/io.hpp"
+#include "attnref/detail/hooks/quant_p.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/mask/alibi.hpp"
 #include "attnref/mask/norm_compress.hpp"
@@ -25,7 +27,7 @@ namespace detail {
 
 /// The engine hooks of ATB SelfAttention: scaling, clamp, mask encodings and the fp16 score path.
 template <class T>
-struct AtbSelfAttentionVariant {
+struct AtbSelfAttentionVariant : IoHooks {
   using P = SelfAttentionParams;
   const SelfAttentionParams* p;
   bool fp16_scores;                   // DEFAULT kernel with fp16 data
@@ -234,19 +236,12 @@ struct AtbSelfAttentionVariant {
 
 /// The qkv-quantized path: the SelfAttention hooks (with qk_descale) plus the P stage.
 template <class T>
-struct AtbQkvQuantVariant : AtbSelfAttentionVariant<T> {
-  QkvQuantPHook p_stage;
-
-  template <class Acc>
-  Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& row_state, Acc& sum) const {
-    return p_stage.template quantize_p<Acc>(c, row, cols, row_state, sum);
-  }
-};
+struct AtbQkvQuantVariant : AtbSelfAttentionVariant<T>, PQuantStep {};
 
 /// What sa_run needs of the qkv-quantized path.
 struct SaQuant {
   StridedView<const float, 1> qk_descale;
-  QkvQuantPHook p_stage;
+  PQuantStep p_stage;
   Index block = 128;
 };
 

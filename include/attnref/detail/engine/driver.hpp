@@ -28,7 +28,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
   std::fill(ws.o.begin(), ws.o.begin() + all_rows * g.v_head_size, Acc(0));
   if (kQuantP) std::fill(ws.aux.begin(), ws.aux.begin() + all_rows, Acc(0));
   if (it.kv_end <= it.kv_begin) return;
-  for (Index h = it.head_begin; h < it.head_end; ++h) load_q(head(ws, it, h), s, it.q_begin, nq);
+  for (Index h = it.head_begin; h < it.head_end; ++h) load_q(head(ws, it, h), si, s, it.q_begin, nq);
   if constexpr (kI8) {
     if (i8()) {  // q + 128 as u8, the item's rows in head order
       std::uint8_t* q8 = ws.q8.data();
@@ -78,9 +78,11 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::finalize(const WorkItem& it,
                                                      const SoftmaxState<Acc>* st,
-                                                     const Acc* o) const {
+                                                     Acc* o) const {
   const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
-  const Index nq = it.q_end - it.q_begin;
+  const SeqInfo si{it.seq, s.q_len, s.kv_len};
+  const Index nq = it.q_end - it.q_begin, dv = g.v_head_size;
+  const bool hooked = kQuantO || o_transformed();
   Index r = 0;
   for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
     for (Index gi = 0; gi < g.group; ++gi) {
@@ -89,8 +91,21 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::finalize(const WorkItem& it,
         const Index i = it.q_begin + t;
         // (two-pass rows leave normalised; an undefined row still gets its NaN)
         const Acc mul = kTwoPass && !st[r].undefined() ? Acc(1) : st[r].inv_l();
-        store_row<TO>(o + r * g.v_head_size, mul, g.v_head_size,
-                      out.o.ptr(s.q_batch, s.q_off + i, h, 0), out.o.stride(3));
+        Acc* row = o + r * dv;
+        TO* dst = out.o.ptr(s.q_batch, s.q_off + i, h, 0);
+        if (!hooked) {
+          store_row<TO>(row, mul, dv, dst, out.o.stride(3));
+        } else {  // the output hooks see the normalised row
+          for (Index e = 0; e < dv; ++e) row[e] *= mul;
+          if constexpr (kOTransform)
+            if (o_transformed()) var.template o_transform<Acc>(si, i, h, row, dv);
+          if constexpr (kQuantO) {
+            for (Index e = 0; e < dv; ++e)
+              dst[e * out.o.stride(3)] = var.template quantize_o<Acc>(si, h, e, row[e]);
+          } else {
+            store_row<TO>(row, Acc(1), dv, dst, out.o.stride(3));
+          }
+        }
         if (!out.lse.absent()) out.lse(s.q_batch, h, s.q_off + i) = static_cast<TS>(st[r].lse());
       }
     }

@@ -21,7 +21,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
                                                         TileMask tm) const {
   const Index rows = g.group * nq;
   const bool partial = tm == TileMask::Partial;
-  const bool transform = var.has_transform();
+  // (a q_transform row constant is added to the visible scores just before transform())
+  const bool transform = var.has_transform() || hd.qb != nullptr;
   if (!partial && !transform) {  // every position visible, raw scores used as they are
     for (Index r = 0; r < rows; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
     return;
@@ -49,7 +50,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
       std::fill(frow + lo, frow + hi, std::uint8_t{0});
       std::fill(frow + hi, frow + cols, std::uint8_t{1});
       flag_overflow(hd, r, srow + lo, hi - lo);
-      if (transform) transform_span(si, c0, srow, lo, hi);
+      if (transform) transform_span(si, c0, srow, lo, hi, hd.qb ? hd.qb + r : nullptr);
       std::fill(srow, srow + lo, kNegInf);
       std::fill(srow + hi, srow + cols, kNegInf);
       continue;
@@ -60,9 +61,10 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
       bad = bad || (frow[c] == 0 && !std::isfinite(srow[c]));
     }
     if (bad) hd.st[r].overflow = true;
-    bool done = false;  // transform_row may see masked positions: they are overwritten below
+    if (hd.qb != nullptr) ArrayMap<Acc>(srow, cols) += hd.qb[r];  // masked ones: overwritten
+    bool done = !var.has_transform();
     if constexpr (has_transform_row<Variant, Acc>::value) {
-      if (transform) {
+      if (!done) {  // transform_row may see masked positions: they are overwritten below
         var.template transform_row<Acc>(si, c0, srow, cols);
         done = true;
       }
@@ -70,7 +72,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
     for (Index c = 0; c < cols; ++c) {
       if (frow[c])
         srow[c] = kNegInf;
-      else if (transform && !done)
+      else if (!done)
         srow[c] = var.template transform<Acc>(si, Coord{si.batch, i, j0 + c, c0.q_head, c0.kv_head},
                                               srow[c]);
     }
@@ -87,8 +89,11 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::flag_overflow(const Head& hd, Index 
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::transform_span(const SeqInfo& si, const Coord& c0,
-                                                           Acc* srow, Index lo, Index hi) const {
+                                                           Acc* srow, Index lo, Index hi,
+                                                           const Acc* bias) const {
   if (hi <= lo) return;
+  if (bias != nullptr) ArrayMap<Acc>(srow + lo, hi - lo) += *bias;
+  if (!var.has_transform()) return;
   if constexpr (has_transform_row<Variant, Acc>::value) {
     var.template transform_row<Acc>(si, Coord{c0.batch, c0.q, c0.kv + lo, c0.q_head, c0.kv_head},
                                     srow + lo, hi - lo);

@@ -47,7 +47,28 @@ struct Engine {
   /// never with the kv_dequant hook, whose keys and values are no longer the stored int8).
   bool i8() const {
     return kI8 && i8::enabled() && in.q.stride(3) == 1 && in.k.stride(3) == 1 &&
-           in.v.stride(3) == 1 && g.head_size % 4 == 0 && !dequant();
+           in.v.stride(3) == 1 && g.head_size % 4 == 0 && !dequant() && !q_transformed();
+  }
+  /// The variant transforms the query rows as they are loaded (q_transform hook), and may add a
+  /// per-row constant to the scores.
+  static constexpr bool kQTransform = has_q_transform<Variant, Acc>::value;
+  bool q_transformed() const {
+    if constexpr (kQTransform)
+      return var.has_q_transform();
+    else
+      return false;
+  }
+  /// The variant transforms the output rows before they are stored (o_transform hook), or
+  /// quantizes them to int8 (quantize_o, required for an int8 output).
+  static constexpr bool kOTransform = has_o_transform<Variant, Acc>::value;
+  static constexpr bool kQuantO = std::is_same_v<TO, std::int8_t>;
+  static_assert(!kQuantO || has_quantize_o<Variant, Acc>::value,
+                "an int8 output needs the variant's quantize_o hook");
+  bool o_transformed() const {
+    if constexpr (kOTransform)
+      return var.has_o_transform();
+    else
+      return false;
   }
   /// The variant dequantizes keys and values per token as they are loaded (kv_dequant hook).
   static constexpr bool kKvDequant = has_kv_dequant<Variant>::value;
@@ -71,6 +92,7 @@ struct Engine {
   /// worker (and which allocation) ran an item.
   struct Workspace {
     AlignedVector<Acc> q, s, k, v, o;
+    AlignedVector<Acc> qb;  // q_transform: the score constant of each row
     std::vector<SoftmaxState<Acc>> st;
     std::vector<std::uint8_t> flags;
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
@@ -96,6 +118,7 @@ struct Engine {
     std::uint8_t* f;
     Acc* aux;  // quantize_p row state and tile factors (null without the hook)
     Acc* fac;
+    Acc* qb;   // q_transform: each row's score constant (null without the hook)
   };
 
   /// Row stride of the score and flag buffers: the tile width rounded up to 16 plus 16, so
@@ -108,6 +131,7 @@ struct Engine {
     ws.q.resize(static_cast<size_t>(rows * g.head_size));
     ws.o.resize(static_cast<size_t>(rows * g.v_head_size));
     ws.st.resize(static_cast<size_t>(rows));
+    if (q_transformed()) ws.qb.resize(static_cast<size_t>(rows));
     ws.s.resize(static_cast<size_t>(rows * ld()));
     ws.flags.resize(static_cast<size_t>(rows * ld()));
     ws.k.resize(static_cast<size_t>(g.kv_tile * g.head_size));
@@ -146,7 +170,8 @@ struct Engine {
             ws.s.data() + k * ld(),
             ws.flags.data() + k * ld(),
             kQuantP ? ws.aux.data() + k : nullptr,
-            kQuantP ? ws.fac.data() + k : nullptr};
+            kQuantP ? ws.fac.data() + k : nullptr,
+            ws.qb.empty() ? nullptr : ws.qb.data() + k};
   }
 
   /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages
@@ -214,13 +239,23 @@ struct Engine {
     return ConstRowMap<Acc>(buf.data(), cols, width, Eigen::OuterStride<>(width));
   }
 
-  /// Gathers the q rows of one head into its workspace rows (pre-multiplied by the scale).
-  void load_q(const Head& hd, const ResolvedSeq& s, Index q0, Index nq) const {
+  /// Gathers the q rows of one head into its workspace rows (pre-multiplied by the scale; with
+  /// the q_transform hook, transformed before the scale, each row's score constant in hd.qb).
+  void load_q(const Head& hd, const SeqInfo& si, const ResolvedSeq& s, Index q0, Index nq) const {
+    const bool hook = q_transformed();
     for (Index gi = 0; gi < g.group; ++gi) {
       const Index h = hd.kv_head * g.group + gi;
       for (Index t = 0; t < nq; ++t) {
         const TQ* src = in.q.ptr(s.q_batch, s.q_off + q0 + t, h, 0);
-        load_row<Acc>(src, in.q.stride(3), g.head_size, hd.q + (gi * nq + t) * g.head_size, scale);
+        Acc* row = hd.q + (gi * nq + t) * g.head_size;
+        if (!hook) {
+          load_row<Acc>(src, in.q.stride(3), g.head_size, row, scale);
+          continue;
+        }
+        load_row<Acc>(src, in.q.stride(3), g.head_size, row, Acc(1));
+        if constexpr (kQTransform)
+          hd.qb[gi * nq + t] = var.template q_transform<Acc>(si, q0 + t, h, row, g.head_size);
+        if (scale != Acc(1)) ArrayMap<Acc>(row, g.head_size) *= scale;
       }
     }
   }
@@ -255,8 +290,10 @@ struct Engine {
   /// compute type (or an unmasked input holds inf / NaN), so the row's softmax is undefined and
   /// its result NaN (SoftmaxState::overflow) — whatever the other scores of the row.
   void flag_overflow(const Head& hd, Index r, const Acc* raw, Index n) const;
-  /// The transform hook on the visible columns [lo, hi) of one row (c0: its first column).
-  void transform_span(const SeqInfo& si, const Coord& c0, Acc* srow, Index lo, Index hi) const;
+  /// The transform hook on the visible columns [lo, hi) of one row (c0: its first column),
+  /// after adding the row's q_transform constant `bias` (null: none).
+  void transform_span(const SeqInfo& si, const Coord& c0, Acc* srow, Index lo, Index hi,
+                      const Acc* bias = nullptr) const;
   /// True when row r of the tile has a visible position (SoftmaxState::visible: a row that saw
   /// visible keys but ends with l = 0, every visible score -inf after the hooks, is NaN, never
   /// the zero row of a masked one).
@@ -273,8 +310,9 @@ struct Engine {
   // One item from its Q rows to its output rows (engine/driver.hpp).
   /// Runs one item: online softmax over its kv range, leaving (state, unnormalised O) in ws.
   void run_item(Workspace& ws, const WorkItem& it) const;
-  /// Writes the normalised output rows (and LSE) of a finished item; st / o hold its rows.
-  void finalize(const WorkItem& it, const SoftmaxState<Acc>* st, const Acc* o) const;
+  /// Writes the normalised output rows (and LSE) of a finished item; st / o hold its rows (o is
+  /// normalised in place when the output hooks need the row).
+  void finalize(const WorkItem& it, const SoftmaxState<Acc>* st, Acc* o) const;
   /// Debug pass after run_item: recomputes the scores and writes P = exp(s - m) / l.
   void write_probs(Workspace& ws, const WorkItem& it) const;
 };

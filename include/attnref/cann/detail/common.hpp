@@ -16,6 +16,8 @@
 #include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/detail/hooks/io.hpp"
+#include "attnref/detail/hooks/quant_p.hpp"
 
 namespace attnref::detail {
 
@@ -26,12 +28,12 @@ namespace attnref::detail {
 ///          by `fill` after scaling and pse (the NPU's select)
 ///   pse:   [Bp, N, S1' (or 1: one row for all), S2'], added after scaling (or before, with
 ///          add_then_scale: then the engine's scale is 1 and `scale` applies here)
-///   row_bias: the antiquant K-offset term of each (batch, head) (scaled like the score)
+///   (IoHooks: the per-channel antiquant fold, V's affine map and the int8 output)
 ///   kv_shift: per batch, the position of key 0 in the mask / pse columns (IFA's kv left
 ///          padding); null: 0
 ///   tok_scale / tok_offset: IFA's per-token antiquant, applied as the engine loads each tile
 template <class TM, class TP>
-struct CannVariant {
+struct CannVariant : IoHooks {
   bool band = false;
   bool bottom_right = false;
   Index pre = 0, next = 0;
@@ -43,8 +45,6 @@ struct CannVariant {
   float scale = 1.0f;
   bool int8_scores = false;  // int8 q / k: s = int32(q·k)·deq1 here, then the scale
   float deq1 = 1.0f;
-  const float* row_bias = nullptr;  // [batch * num_heads]
-  Index num_heads = 0;
   const Index* kv_shift = nullptr;  // [batch]
   /// IFA's per-token antiquant (kv_dequant hook): scales (and offsets) [2, tok_batch,
   /// tok_stride], [0] the keys', [1] the values', indexed by the key's column (col()).
@@ -71,7 +71,7 @@ struct CannVariant {
     return {lo, hi};
   }
   bool has_transform() const {
-    return !pse.absent() || row_bias != nullptr || (!mask.absent() && !mask_excludes) ||
+    return !pse.absent() || (!mask.absent() && !mask_excludes) ||
            add_then_scale || int8_scores;
   }
   KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
@@ -111,7 +111,6 @@ struct CannVariant {
   template <class Acc>
   Acc transform(const SeqInfo&, const Coord& c, Acc score) const {
     float s = static_cast<float>(score);
-    if (row_bias != nullptr) s += row_bias[c.batch * num_heads + c.q_head];
     float p = 0.0f;
     if (!pse.absent())
       p = static_cast<float>(
@@ -128,53 +127,25 @@ struct CannVariant {
   }
 };
 
-/// PromptFlashAttention's int8 path: P8 = sat(rint(P̂ · quant_scale1)) with P̂ = exp(s - m)
-/// against the running row max, each block of kv_tile keys contributing deq2 · (P8·V8); the
-/// denominator takes the unrounded P̂.
+/// PromptFlashAttention's int8 path: P quantized block by block, PQuantStep's PromptFlash form
+/// (P8 = sat(rint(P̂ · quant_scale1)), factor deq_scale2).
 template <class TM, class TP>
-struct CannQuantVariant : CannVariant<TM, TP> {
-  float qs1 = 1.0f;
-  float deq2 = 1.0f;
+struct CannQuantVariant : CannVariant<TM, TP>, PQuantStep {};
 
-  template <class Acc>
-  Acc quantize_p(const Coord&, Acc* row, Index cols, Acc&, Acc& sum) const {
-    Acc sm = Acc(0);
-    for (Index j = 0; j < cols; ++j) {
-      sm += row[j];
-      const float q = std::nearbyint(static_cast<float>(row[j]) * qs1);
-      row[j] = static_cast<Acc>(std::min(std::max(q, -128.0f), 127.0f));
-    }
-    sum = sm;
-    return static_cast<Acc>(deq2);
-  }
-};
-
-/// int8 output quantization (quantScale2 / quantOffset2): out = sat(rint(v·scale[c] + offset[c]))
-/// with c = h·D + d, per tensor (one value) or per channel (N·D values, any shape). The scales
-/// and offsets are finite (checked); a NaN value (a NaN in V) quantizes to 0 (docs/semantics.md
-/// §9), ±inf saturates.
-struct CannPostQuant {
-  const float* scale = nullptr;
-  const float* offset = nullptr;
-  bool per_channel = false;
-
-  std::int8_t operator()(float v, Index c) const {
-    const Index i = per_channel ? c : 0;
-    const float x = std::nearbyint(v * scale[i] + (offset != nullptr ? offset[i] : 0.0f));
-    if (std::isnan(x)) return 0;  // a float -> int8 conversion of NaN is undefined in C++
-    return static_cast<std::int8_t>(std::min(std::max(x, -128.0f), 127.0f));
-  }
-};
-
-/// Checks quant_scale2 / quant_offset2 for an int8 output (`int8_out`) or their absence.
-inline CannPostQuant cann_post_quant(const char* fn, const StridedView<const float>& qs2,
-                                     const StridedView<const float>& qo2, Index channels,
-                                     bool int8_out) {
+/// Checks quant_scale2 / quant_offset2 for an int8 output (`int8_out`) or their absence, and sets
+/// the output quantization of `io`: out = sat(rint(v·scale[c] + offset[c])) with c = h·Dv + d,
+/// per tensor (one value) or per channel (heads·Dv values, any shape). The scales and offsets
+/// are finite (checked); a NaN value (a NaN in V) quantizes to 0 (docs/semantics.md §9), ±inf
+/// saturates.
+inline void cann_post_quant(const char* fn, const StridedView<const float>& qs2,
+                            const StridedView<const float>& qo2, Index heads, Index dv,
+                            bool int8_out, IoHooks& io) {
+  const Index channels = heads * dv;
   if (!int8_out) {
     ATTNREF_CHECK(qs2.absent() && qo2.absent(), std::invalid_argument, fn,
                   "quant_scale2 / quant_offset2", "given without int8 output", "none",
                   shape_str(qs2));
-    return {};
+    return;
   }
   ATTNREF_CHECK(!qs2.absent() && (qs2.numel() == 1 || qs2.numel() == channels),
                 std::invalid_argument, fn, "quant_scale2",
@@ -191,7 +162,9 @@ inline CannPostQuant cann_post_quant(const char* fn, const StridedView<const flo
                   "quant_offset2[" + std::to_string(i) + "]", "not finite", "a finite value",
                   std::to_string(qo2.absent() ? 0.0f : qo2.data()[i]));
   }
-  return {qs2.data(), qo2.absent() ? nullptr : qo2.data(), qs2.numel() != 1};
+  io.post_scale.assign(qs2.data(), qs2.data() + qs2.numel());
+  if (!qo2.absent()) io.post_offset.assign(qo2.data(), qo2.data() + qo2.numel());
+  io.post_width = qs2.numel() == 1 ? 0 : dv;
 }
 
 inline std::string dims_str(const std::vector<Index>& v) {

@@ -1,0 +1,92 @@
+#pragma once
+/// The query and output hooks the operators share (the engine's q_transform, o_transform and
+/// quantize_o, attention/variant.hpp): one place for the algebra of
+///   qScale           q[e] -> round(q[e] · q_scale) to the query's data type (ATB qScale)
+///   key dequant      per channel c = kv_head · D + e, keys read as (k8 + k_offset[c]) · k_scale[c]
+///                    without touching the cache: the scale folds into q (q'[e] = q[e] ·
+///                    k_scale[c]) and the offset into one constant per row, bias_scale ·
+///                    Σ_e q'[e] · k_offset[c] (summed in double), added to every score
+///   value dequant    out[e] -> (out[e] + v_offset[c]) · v_scale[c], c = kv_head · Dv + e
+///   rows without keys   0 (zero_empty: the sequence has kv length 0)
+///   int8 output      sat(rint(x · post_scale[c'] + post_offset[c'])), c' = q_head · Dv + e (one
+///                    value: per tensor); NaN -> 0 (a float -> int8 conversion of NaN is undefined)
+/// ATB PagedAttention DEQUANT_FUSION and CANN IncreFlashAttention's per-channel antiquant use the
+/// dequant maps, PagedAttention and SelfAttention qScale, PFA / IFA the int8 output. A variant
+/// inherits IoHooks (all off by default) and the operator fills what its params ask for.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "attnref/attention/variant.hpp"
+#include "attnref/core/types.hpp"
+
+namespace attnref::detail {
+
+struct IoHooks {
+  // q_transform
+  float q_scale = 1.0f;                 ///< 1: off
+  float (*round_q)(float) = nullptr;    ///< the query type's rounding (with q_scale != 1)
+  std::vector<float> k_scale;           ///< [kv_heads · D] or empty
+  std::vector<double> k_offset;         ///< [kv_heads · D] or empty
+  float bias_scale = 1.0f;              ///< multiplies the offset term (the engine's score scale)
+  // o_transform
+  std::vector<float> v_scale, v_offset;  ///< [kv_heads · Dv] or empty
+  bool zero_empty = false;               ///< rows of sequences without keys are 0
+  // quantize_o
+  std::vector<float> post_scale, post_offset;  ///< 1 or [heads · Dv] values; offset optional
+  Index post_width = 0;                        ///< Dv when per channel, 0 when per tensor
+  bool post_zero_empty = false;                ///< rows of sequences without keys quantize to 0
+  Index group = 1;                             ///< q heads per kv head
+
+  /// Sets qScale for a query of type TQ (rounded to TQ after the product, ATB's golden).
+  template <class TQ>
+  void scale_query(float s) {
+    q_scale = s;
+    round_q = [](float x) { return static_cast<float>(TQ(x)); };
+  }
+
+  bool has_q_transform() const { return q_scale != 1.0f || !k_scale.empty(); }
+  template <class Acc>
+  Acc q_transform(const SeqInfo&, Index, Index q_head, Acc* row, Index d) const {
+    const Index c0 = (q_head / group) * d;
+    double acc = 0.0;
+    for (Index e = 0; e < d; ++e) {
+      float v = static_cast<float>(row[e]);
+      if (q_scale != 1.0f) v = round_q(v * q_scale);
+      if (!k_scale.empty()) v *= k_scale[static_cast<size_t>(c0 + e)];
+      if (!k_offset.empty()) acc += static_cast<double>(v) * k_offset[static_cast<size_t>(c0 + e)];
+      row[e] = static_cast<Acc>(v);
+    }
+    return k_offset.empty() ? Acc(0) : static_cast<Acc>(bias_scale * static_cast<float>(acc));
+  }
+
+  bool has_o_transform() const { return zero_empty || !v_scale.empty() || !v_offset.empty(); }
+  template <class Acc>
+  void o_transform(const SeqInfo& s, Index, Index q_head, Acc* row, Index dv) const {
+    if (zero_empty && s.kv_len == 0) {
+      std::fill(row, row + dv, Acc(0));
+      return;
+    }
+    const Index c0 = (q_head / group) * dv;
+    for (Index e = 0; e < dv; ++e) {
+      float v = static_cast<float>(row[e]);
+      if (!v_offset.empty()) v += v_offset[static_cast<size_t>(c0 + e)];
+      if (!v_scale.empty()) v *= v_scale[static_cast<size_t>(c0 + e)];
+      row[e] = static_cast<Acc>(v);
+    }
+  }
+
+  template <class Acc>
+  std::int8_t quantize_o(const SeqInfo& s, Index q_head, Index e, Acc x) const {
+    if (post_zero_empty && s.kv_len == 0) return 0;
+    const size_t c = post_width == 0 ? 0 : static_cast<size_t>(q_head * post_width + e);
+    const float y = std::nearbyint(static_cast<float>(x) * post_scale[c] +
+                                   (post_offset.empty() ? 0.0f : post_offset[c]));
+    if (std::isnan(y)) return 0;
+    return static_cast<std::int8_t>(std::min(std::max(y, -128.0f), 127.0f));
+  }
+};
+
+}  // namespace attnref::detail
