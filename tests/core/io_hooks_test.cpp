@@ -39,8 +39,8 @@ TEST(IoHooks, KeyFoldScalesQPerChannelOfItsKvHeadAndReturnsTheOffsetTerm) {
   io.bias_scale = 0.25f;
   float row[2] = {2.0f, 3.0f};
   const float bias = io.q_transform<float>(SeqInfo{0, 1, 5}, 0, 3, row, 2);
-  EXPECT_EQ(row[0], 1.0f);   // 2 · 0.5
-  EXPECT_EQ(row[1], 12.0f);  // 3 · 4
+  EXPECT_EQ(row[0], 1.0f);                                 // 2 · 0.5
+  EXPECT_EQ(row[1], 12.0f);                                // 3 · 4
   EXPECT_EQ(bias, 0.25f * (1.0f * -2.0f + 12.0f * 1.0f));  // scale · q'·k_offset = 2.5
 }
 

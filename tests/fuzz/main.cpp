@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
     } else if (a == "--digest") {
       digest = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--cases N] [--seed S] [--entry NAME] [--verbose] [--digest]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--cases N] [--seed S] [--entry NAME] [--verbose] [--digest]\n",
                    argv[0]);
       return 2;
     }

@@ -471,9 +471,9 @@ void pa_run(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, T
   ep.scale = kQkv ? 1.0f : params.qk_scale;
   ep.num_threads = num_threads;
   if (kQkv) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
-  AttentionOutputs<TO> eo{StridedView<TO, 4>(
-      out.out.data(), {1, tokens, nh, dv},
-      {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
+  AttentionOutputs<TO> eo{
+      StridedView<TO, 4>(out.out.data(), {1, tokens, nh, dv},
+                         {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
   validate(e, ep, eo);  // engine checks, overlaps included, before anything is written
 
   if (!kQkv && params.q_scale != 0.0f && params.q_scale != 1.0f)

@@ -124,19 +124,21 @@ struct has_kv_dequant<V, std::void_t<decltype(std::declval<const V&>().kv_dequan
 template <class V, class Acc, class = void>
 struct has_q_transform : std::false_type {};
 template <class V, class Acc>
-struct has_q_transform<V, Acc,
-                       std::void_t<decltype(std::declval<const V&>().template q_transform<Acc>(
-                           std::declval<const SeqInfo&>(), Index{}, Index{}, std::declval<Acc*>(),
-                           Index{}))>> : std::true_type {};
+struct has_q_transform<
+    V, Acc,
+    std::void_t<decltype(std::declval<const V&>().template q_transform<Acc>(
+        std::declval<const SeqInfo&>(), Index{}, Index{}, std::declval<Acc*>(), Index{}))>>
+    : std::true_type {};
 
 /// True when V has the optional o_transform hook for accumulator Acc.
 template <class V, class Acc, class = void>
 struct has_o_transform : std::false_type {};
 template <class V, class Acc>
-struct has_o_transform<V, Acc,
-                       std::void_t<decltype(std::declval<const V&>().template o_transform<Acc>(
-                           std::declval<const SeqInfo&>(), Index{}, Index{}, std::declval<Acc*>(),
-                           Index{}))>> : std::true_type {};
+struct has_o_transform<
+    V, Acc,
+    std::void_t<decltype(std::declval<const V&>().template o_transform<Acc>(
+        std::declval<const SeqInfo&>(), Index{}, Index{}, std::declval<Acc*>(), Index{}))>>
+    : std::true_type {};
 
 /// True when V has the optional quantize_o hook for accumulator Acc.
 template <class V, class Acc, class = void>

@@ -71,8 +71,7 @@ struct CannVariant : IoHooks {
     return {lo, hi};
   }
   bool has_transform() const {
-    return !pse.absent() || (!mask.absent() && !mask_excludes) ||
-           add_then_scale || int8_scores;
+    return !pse.absent() || (!mask.absent() && !mask_excludes) || add_then_scale || int8_scores;
   }
   KvRange kv_range(const SeqInfo& s, Index q0, Index q1) const {
     if (!band || q1 <= q0) return {0, s.kv_len};

@@ -28,7 +28,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
   std::fill(ws.o.begin(), ws.o.begin() + all_rows * g.v_head_size, Acc(0));
   if (kQuantP) std::fill(ws.aux.begin(), ws.aux.begin() + all_rows, Acc(0));
   if (it.kv_end <= it.kv_begin) return;
-  for (Index h = it.head_begin; h < it.head_end; ++h) load_q(head(ws, it, h), si, s, it.q_begin, nq);
+  for (Index h = it.head_begin; h < it.head_end; ++h)
+    load_q(head(ws, it, h), si, s, it.q_begin, nq);
   if constexpr (kI8) {
     if (i8()) {  // q + 128 as u8, the item's rows in head order
       std::uint8_t* q8 = ws.q8.data();
@@ -77,8 +78,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::finalize(const WorkItem& it,
-                                                     const SoftmaxState<Acc>* st,
-                                                     Acc* o) const {
+                                                     const SoftmaxState<Acc>* st, Acc* o) const {
   const ResolvedSeq& s = g.seqs[static_cast<size_t>(it.seq)];
   const SeqInfo si{it.seq, s.q_len, s.kv_len};
   const Index nq = it.q_end - it.q_begin, dv = g.v_head_size;

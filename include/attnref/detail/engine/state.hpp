@@ -118,7 +118,7 @@ struct Engine {
     std::uint8_t* f;
     Acc* aux;  // quantize_p row state and tile factors (null without the hook)
     Acc* fac;
-    Acc* qb;   // q_transform: each row's score constant (null without the hook)
+    Acc* qb;  // q_transform: each row's score constant (null without the hook)
   };
 
   /// Row stride of the score and flag buffers: the tile width rounded up to 16 plus 16, so

@@ -26,11 +26,11 @@ namespace attnref::detail {
 
 struct IoHooks {
   // q_transform
-  float q_scale = 1.0f;                 ///< 1: off
-  float (*round_q)(float) = nullptr;    ///< the query type's rounding (with q_scale != 1)
-  std::vector<float> k_scale;           ///< [kv_heads · D] or empty
-  std::vector<double> k_offset;         ///< [kv_heads · D] or empty
-  float bias_scale = 1.0f;              ///< multiplies the offset term (the engine's score scale)
+  float q_scale = 1.0f;               ///< 1: off
+  float (*round_q)(float) = nullptr;  ///< the query type's rounding (with q_scale != 1)
+  std::vector<float> k_scale;         ///< [kv_heads · D] or empty
+  std::vector<double> k_offset;       ///< [kv_heads · D] or empty
+  float bias_scale = 1.0f;            ///< multiplies the offset term (the engine's score scale)
   // o_transform
   std::vector<float> v_scale, v_offset;  ///< [kv_heads · Dv] or empty
   bool zero_empty = false;               ///< rows of sequences without keys are 0

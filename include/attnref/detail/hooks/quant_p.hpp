@@ -5,15 +5,17 @@
 /// against the running row max (0 for masked keys); the step leaves the integers P8 that multiply
 /// V8, sets the block's share of the softmax denominator and returns the factor of its P8·V8:
 ///
-/// | form                 | P̂ first  | l += | scale r (online / offline)            | P8                    | factor    |
-/// |----------------------|----------|------|---------------------------------------|-----------------------|-----------|
-/// | SelfAttention (§2.8) | fp16(P̂)  | Σ P̂  | running max P̂ of the row / 127; ps[h] | clamp(rint(P̂ / r))    | vd[h] · r |
-/// | PagedAttention (§3)  | –        | Σ P̂  | block max P̂ / 127; 1 / ps[h]          | clamp(rint(fp16(P̂/r)))| vd[h] · r (offline vd[h]) |
-/// | PromptFlash (§4)     | –        | Σ P̂  | 1 / quant_scale1                      | clamp(rint(P̂ / r))    | deq_scale2 |
+///   SelfAttention (§2.8)   P̂ rounded to fp16 first; l += Σ P̂; r = (running max of P̂ over the
+///                          row's blocks) / 127 online, ps[h] offline; P8 = clamp(rint(P̂ / r));
+///                          factor vd[h] · r
+///   PagedAttention (§3)    l += Σ P̂; online r = (this block's max P̂) / 127, P8 =
+///                          clamp(rint(fp16(P̂ / r))), factor vd[h] · r; offline P8 =
+///                          clamp(rint(fp16(P̂ · ps[h]))), factor vd[h]
+///   PromptFlash (§7)       l += Σ P̂; P8 = clamp(rint(P̂ · quant_scale1)); factor deq_scale2
 ///
 /// (vd: the per-head value descale, ps: the per-head P scale; offline PagedAttention and PFA
 /// multiply by their scale rather than divide, as their goldens do; clamp to [-128, 127], rint
-/// half to even; an online block whose P̂ are all 0 gives P8 = 0 and factor 0.) The section
+/// half to even; an online block whose P̂ are all 0 so far gives P8 = 0 and factor 0.) The section
 /// numbers are docs/semantics.md's. Each form keeps its golden's order of operations, so its bits
 /// are those of the operator's own reference.
 
