@@ -13,7 +13,6 @@
 #include <attnref/atb/paged_attention.hpp>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "reference/atb_paged_modes.hpp"
+#include "support/bits.hpp"
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
@@ -36,6 +36,7 @@ using P = attnref::PagedAttentionParams;
 using i8 = std::int8_t;
 
 using support::dbl;
+using support::same_bits;
 using support::z;
 
 enum class Mask { None, Rows, Square, Spec, Alibi };  // Rows: NORM [batch, 1, maxSeq]
@@ -327,11 +328,6 @@ void expect_rejected(const Case& c, const Built<TQ, TKV, TM, TO>& built,
     support::expect_throw([&] { run(c, r, edit); }, what, false);
     for (const TO& x : r.out) ASSERT_EQ(dbl(x), 7.0) << what;
   }
-}
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // ------------------------------------------------------------------------------------ SPEC

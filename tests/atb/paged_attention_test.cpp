@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "reference/atb_paged_attention.hpp"
+#include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
@@ -212,24 +213,12 @@ void run(const Case& c, Built<T>& r) {
 }
 
 template <class T>
-std::vector<double> as_double(const std::vector<T>& x) {
-  std::vector<double> d;
-  for (const T& e : x) d.push_back(static_cast<float>(e));
-  return d;
-}
-
-template <class T>
-support::Kind kind() {
-  return std::is_same_v<T, half>       ? support::Kind::F16
-         : std::is_same_v<T, bfloat16> ? support::Kind::BF16
-                                       : support::Kind::F32;
-}
-
-template <class T>
 void check(const Case& c, const std::string& what) {
   Built<T> r = build<T>(c);
   ASSERT_NO_THROW(run(c, r)) << what;
-  EXPECT_TRUE(support::all_close(r.want, as_double(r.out), support::tolerance(kind<T>()))) << what;
+  EXPECT_TRUE(support::all_close(r.want, support::as_doubles(r.out),
+                                 support::tolerance(support::kind_of<T>())))
+      << what;
 }
 
 TEST(PagedAttention, MatchesReference) {
@@ -273,7 +262,8 @@ TEST(PagedAttention, GqaMhaMlaQScaleSharedPrefixAndBatchRunStatus) {
   status.status = {1, 1, 0, 1};
   Built<half> r = build<half>(status);
   ASSERT_NO_THROW(run(status, r));
-  EXPECT_TRUE(support::all_close(r.want, as_double(r.out), support::tolerance(support::Kind::F16)));
+  EXPECT_TRUE(support::all_close(r.want, support::as_doubles(r.out),
+                                 support::tolerance(support::Kind::F16)));
   for (int h = 0; h < status.nh * status.dv; ++h) {  // the inactive sequence and context 0: zeros
     EXPECT_EQ(static_cast<float>(r.out[static_cast<size_t>(2 * status.nh * status.dv + h)]), 0.0f);
     EXPECT_EQ(static_cast<float>(r.out[static_cast<size_t>(h)]), 0.0f);

@@ -7,17 +7,20 @@
 #include <attnref/atb/reshape_and_cache.hpp>
 #include <attnref/core/nz.hpp>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "support/bits.hpp"
+#include "support/errors.hpp"
+
 namespace reshape_and_cache_test {
 
 using attnref::Index;
 using attnref::StridedView;
+using support::same_bits;
 
 template <class T>
 std::vector<T> filled(size_t n, std::mt19937& rng) {
@@ -25,11 +28,6 @@ std::vector<T> filled(size_t n, std::mt19937& rng) {
   std::vector<T> x(n);
   for (T& e : x) e = T(static_cast<float>(u(rng)));
   return x;
-}
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 template <class T>
@@ -121,12 +119,7 @@ struct BadCase {
 template <class E>
 void expect_throw(const std::function<void(BadCase&)>& run, const std::string& what) {
   BadCase c;
-  try {
-    run(c);
-    ADD_FAILURE() << "no exception; expected " << what;
-  } catch (const E& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
+  support::expect_rejected<E>([&] { run(c); }, what);
   EXPECT_TRUE(c.untouched()) << what;
 }
 

@@ -16,13 +16,18 @@
 #include <vector>
 
 #include "reference/atb_self_attention.hpp"
+#include "support/bits.hpp"
+#include "support/cast.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
 
 namespace self_attention_layout_test {
 
 using attnref::Index;
 using attnref::StridedView;
 using P = attnref::SelfAttentionParams;
+using support::dbl;
+using support::same_bits;
 
 template <class T>
 std::vector<T> random_tensor(size_t n, unsigned seed, double scale = 1.0) {
@@ -31,16 +36,6 @@ std::vector<T> random_tensor(size_t n, unsigned seed, double scale = 1.0) {
   std::vector<T> x(n);
   for (auto& e : x) e = T(static_cast<float>(scale * nd(rng)));
   return x;
-}
-
-template <class T>
-double dbl(T x) {
-  return static_cast<double>(static_cast<float>(x));
-}
-
-template <class T>
-support::Kind kind() {
-  return std::is_same_v<T, attnref::half> ? support::Kind::F16 : support::Kind::BF16;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -192,7 +187,7 @@ PrefixRun<T> run_prefix(const PrefixCase& c, unsigned seed) {
 template <class T>
 void expect_prefix(const PrefixCase& c, unsigned seed) {
   const auto r = run_prefix<T>(c, seed);
-  EXPECT_TRUE(support::all_close(r.want, r.got, support::tolerance(kind<T>())));
+  EXPECT_TRUE(support::all_close(r.want, r.got, support::tolerance(support::kind_of<T>())));
 }
 
 TEST(SelfAttentionPrefixEncoder, CausalMaskMatchesReference) {
@@ -341,7 +336,7 @@ void check_mla(bool norm_mask, bool high_precision, unsigned seed) {
   for (const auto& w : ref::atb_self_attention(r, rq, rk, rv))
     want.insert(want.end(), w.begin(), w.end());
   for (const T& x : o) got.push_back(dbl(x));
-  EXPECT_TRUE(support::all_close(want, got, support::tolerance(kind<T>())))
+  EXPECT_TRUE(support::all_close(want, got, support::tolerance(support::kind_of<T>())))
       << "mask " << norm_mask << " hp " << high_precision;
 }
 
@@ -392,15 +387,6 @@ std::vector<T16> decode_concatenated(DecodeData& d, const P& p) {
   return o;
 }
 
-bool same_bits(const std::vector<T16>& a, const std::vector<T16>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (Eigen::numext::bit_cast<std::uint16_t>(a[i]) !=
-        Eigen::numext::bit_cast<std::uint16_t>(b[i]))
-      return false;
-  return true;
-}
-
 TEST(SelfAttentionKvTensorList, EqualsTheConcatenatedCache) {
   DecodeData d;
   const P p = decoder_params();
@@ -437,15 +423,13 @@ TEST(SelfAttentionKvTensorList, EqualsTheConcatenatedCache) {
                                            StridedView<T16, 3>(o.data(), {kB, kH, kDv})}),
                std::invalid_argument);
   in.key_cache_list.pop_back();
-  try {
-    attnref::self_attention(
-        p, in, attnref::SelfAttentionOutputs<T16>{StridedView<T16, 3>(o.data(), {kB, kH, kDv})});
-    ADD_FAILURE() << "no exception";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("key_cache_list/value_cache_list size mismatch"),
-              std::string::npos)
-        << e.what();
-  }
+  support::expect_rejected(
+      [&] {
+        attnref::self_attention(
+            p, in,
+            attnref::SelfAttentionOutputs<T16>{StridedView<T16, 3>(o.data(), {kB, kH, kDv})});
+      },
+      "key_cache_list/value_cache_list size mismatch");
 }
 
 TEST(SelfAttentionBnsd, DecoderAndEncoderEqualBsnd) {
@@ -636,14 +620,7 @@ TEST(SelfAttentionLayouts, BadInputIsRejectedBeforeWriting) {
   std::fill(o.begin(), o.end(), T(7.0f));
   auto expect = [&](auto exception, const std::string& fragment) {
     using E = decltype(exception);
-    try {
-      attnref::self_attention(p, in, out);
-      ADD_FAILURE() << "no exception for " << fragment;
-    } catch (const E& e) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "wrong exception type: " << e.what();
-    }
+    support::expect_rejected<E>([&] { attnref::self_attention(p, in, out); }, fragment);
     for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
   };
   table[1] = 4;

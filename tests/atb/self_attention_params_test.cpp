@@ -15,7 +15,10 @@
 
 #include "reference/atb_qkv_quant.hpp"
 #include "reference/atb_self_attention.hpp"
+#include "support/cast.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
+#include "support/random.hpp"
 
 namespace self_attention_params_test {
 
@@ -198,14 +201,7 @@ void expect_rejected(Mutate&& m, const std::string& fragment, bool kv_list = fal
   P p;
   p.num_heads = 8;
   m(p);
-  try {
-    attnref::validate(p, kv_list);
-    ADD_FAILURE() << "no exception; expected \"" << fragment << "\"";
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.rfind("attnref::self_attention: ", 0), 0u) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
-  }
+  support::expect_rejected_by([&] { attnref::validate(p, kv_list); }, "self_attention", {fragment});
 }
 
 TEST(SelfAttentionParams, PerFeatureConstraints) {
@@ -398,19 +394,6 @@ using attnref::StridedView;
 
 constexpr int kBatch = 3, kLayers = 2, kLayer = 1, kMaxSeq = 24, kD = 16, kDv = 12;
 
-std::vector<H> randn(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd;
-  std::vector<H> x(n);
-  for (auto& e : x) e = H(nd(rng));
-  return x;
-}
-
-std::vector<double> as_double(const std::vector<H>& x) {
-  std::vector<double> d;
-  for (const H& e : x) d.push_back(static_cast<float>(e));
-  return d;
-}
-
 struct PairRun {
   std::vector<double> out, out_want;      // packed [tokens, heads, dv]
   std::vector<double> cache, cache_want;  // K then V caches after the call
@@ -435,11 +418,13 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
   int tokens = 0, max_len = 0;
   for (int l : len) tokens += l, max_len = std::max(max_len, l);
   const size_t row_k = static_cast<size_t>(nkv * kD), row_v = static_cast<size_t>(nkv * kDv);
-  const std::vector<H> q = randn(static_cast<size_t>(tokens * nh * kD), rng);
-  const std::vector<H> knew = randn(static_cast<size_t>(tokens) * row_k, rng);
-  const std::vector<H> vnew = randn(static_cast<size_t>(tokens) * row_v, rng);
-  std::vector<H> kc = randn(static_cast<size_t>(kLayers * kBatch * kMaxSeq) * row_k, rng);
-  std::vector<H> vc = randn(static_cast<size_t>(kLayers * kBatch * kMaxSeq) * row_v, rng);
+  const std::vector<H> q = support::randn<H>(static_cast<size_t>(tokens * nh * kD), rng);
+  const std::vector<H> knew = support::randn<H>(static_cast<size_t>(tokens) * row_k, rng);
+  const std::vector<H> vnew = support::randn<H>(static_cast<size_t>(tokens) * row_v, rng);
+  std::vector<H> kc =
+      support::randn<H>(static_cast<size_t>(kLayers * kBatch * kMaxSeq) * row_k, rng);
+  std::vector<H> vc =
+      support::randn<H>(static_cast<size_t>(kLayers * kBatch * kMaxSeq) * row_v, rng);
   auto cache_row = [&](int b, int pos) {
     return static_cast<size_t>((kLayer * kBatch + b) * kMaxSeq + pos);
   };
@@ -533,8 +518,8 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
   PairRun res;
   for (const auto& o : ref::atb_self_attention(r, rq, rk, rv))
     res.out_want.insert(res.out_want.end(), o.begin(), o.end());
-  res.cache_want = as_double(kc_want);
-  const auto vw = as_double(vc_want);
+  res.cache_want = support::as_doubles(kc_want);
+  const auto vw = support::as_doubles(vc_want);
   res.cache_want.insert(res.cache_want.end(), vw.begin(), vw.end());
 
   const std::vector<Index> seq(len.begin(), len.end()), offsets(off.begin(), off.end());
@@ -614,9 +599,9 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
     }
     attnref::self_attention(p, in, o);
   }
-  res.out = as_double(out);
-  res.cache = as_double(kc);
-  const auto vg = as_double(vc);
+  res.out = support::as_doubles(out);
+  res.cache = support::as_doubles(kc);
+  const auto vg = support::as_doubles(vc);
   res.cache.insert(res.cache.end(), vg.begin(), vg.end());
   return res;
 }
@@ -632,15 +617,9 @@ PairRun run_quant_pair(const Built& built, std::mt19937& rng, int& ties) {
   const bool binary = p.kernel_type == P::KernelType::HighPrecision;  // fp16 output
   const std::vector<int> len{5, 9, 3};
   const int tokens = 17;
-  std::uniform_int_distribution<int> u(-128, 127);
-  auto i8 = [&](size_t n) {
-    std::vector<std::int8_t> x(n);
-    for (auto& e : x) e = static_cast<std::int8_t>(u(rng));
-    return x;
-  };
-  const auto q = i8(static_cast<size_t>(tokens * nh * d));
-  const auto k = i8(static_cast<size_t>(tokens * nkv * d));
-  const auto v = i8(static_cast<size_t>(tokens * nkv * dv));
+  const auto q = support::rand_i8(static_cast<size_t>(tokens * nh * d), rng);
+  const auto k = support::rand_i8(static_cast<size_t>(tokens * nkv * d), rng);
+  const auto v = support::rand_i8(static_cast<size_t>(tokens * nkv * dv), rng);
   std::vector<float> qk_descale, vpv_descale, p_scale;
   for (int h = 0; h < nh; ++h) {
     qk_descale.push_back((1.0f + 0.1f * static_cast<float>(h)) / (127.0f * 127.0f * 4.0f));

@@ -12,6 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "support/random.hpp"
+#include "support/simd_levels.hpp"
+
 namespace quantize_p_test {
 
 using attnref::Coord;
@@ -21,23 +24,7 @@ using attnref::SeqInfo;
 using attnref::StridedView;
 using attnref::TileMask;
 namespace simd = attnref::detail::simd;
-
-// Every SIMD level this build has: the int8 (VNNI) kernels run at Avx512 when compiled in, the
-// float GEMM below it.
-std::vector<simd::Level> levels() {
-  std::vector<simd::Level> l{simd::Level::Portable};
-  if (simd::compiled_level() >= simd::Level::Avx2) l.push_back(simd::Level::Avx2);
-  if (simd::compiled_level() >= simd::Level::Avx512) l.push_back(simd::Level::Avx512);
-  return l;
-}
-
-std::vector<std::int8_t> extreme_i8(size_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> u(-128, 127);
-  std::bernoulli_distribution edge(0.5);
-  std::vector<std::int8_t> x(n);
-  for (auto& e : x) e = static_cast<std::int8_t>(edge(rng) ? (u(rng) < 0 ? -128 : 127) : u(rng));
-  return x;
-}
+using support::extreme_i8;
 
 // Records the raw score of every (head, query, key); every key visible.
 struct RecordScores {
@@ -108,7 +95,7 @@ void check_scores(simd::Level level) {
 struct Plain : RecordScores {};
 
 TEST(EngineInt8, ScoresAreTheExactInt32Products) {
-  for (simd::Level level : levels()) {
+  for (simd::Level level : support::simd_levels()) {
     const simd::Level previous = simd::set_level(level);
     check_scores<Plain>(level);
     check_scores<RecordScoresQuant>(level);
@@ -146,7 +133,7 @@ TEST(EngineInt8, QuantizedPTimesVIsExactTileByTile) {
   struct Shape {
     Index len, tile, dv;
   };
-  for (simd::Level level : levels())
+  for (simd::Level level : support::simd_levels())
     for (const Shape sh :
          {Shape{1024, 1024, 16}, Shape{1024, 128, 24}, Shape{300, 100, 8}, Shape{77, 33, 40}}) {
       const simd::Level previous = simd::set_level(level);

@@ -20,6 +20,7 @@
 #include "reference/cann_pfa_quant.hpp"
 #include "support/cast.hpp"
 #include "support/errors.hpp"
+#include "support/random.hpp"
 
 namespace quant_test {
 
@@ -59,12 +60,7 @@ std::vector<Index> shape(const QCase& c, int heads) {
 
 void run_case(const QCase& c) {
   std::mt19937 rng(c.seed);
-  std::uniform_int_distribution<int> dist(-127, 127);
-  auto fill = [&](size_t n) {
-    std::vector<i8> x(n);
-    for (i8& e : x) e = static_cast<i8>(dist(rng));
-    return x;
-  };
+  auto fill = [&](size_t n) { return support::rand_i8(n, rng, -127, 127); };
   const auto q = fill(z(c.batch * c.seq * c.heads * c.d));
   const auto k = fill(z(c.batch * c.seq * c.kv_heads * c.d));
   const auto v = fill(k.size());

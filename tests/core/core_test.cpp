@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "support/simd_levels.hpp"
+
 namespace core_test {
 
 using attnref::Index;
@@ -167,19 +169,7 @@ TEST(CausalHook, AlignmentDefinitions) {
 namespace core_test {
 
 namespace simd = attnref::detail::simd;
-
-// Runs `body` at every compiled level, then restores the level in use.
-template <class F>
-void at_every_level(F&& body) {
-  const simd::Level previous = simd::level();
-  for (auto l : {simd::Level::Portable, simd::Level::Avx2, simd::Level::Avx512}) {
-    if (l > simd::compiled_level()) continue;
-    simd::set_level(l);
-    SCOPED_TRACE(simd::to_string(l));
-    body();
-  }
-  simd::set_level(previous);
-}
+using support::at_every_level;
 
 // Every 16-bit pattern converts to the same float bits as Eigen's scalar conversion; NaNs stay
 // NaN (F16C quietens signalling NaNs, so their payload may differ).

@@ -12,12 +12,17 @@
 #include <string>
 #include <vector>
 
+#include "support/errors.hpp"
+#include "support/random.hpp"
+#include "support/simd_levels.hpp"
+
 namespace quant_test {
 
 using attnref::Index;
 using attnref::QuantGranularity;
 using attnref::StridedView;
 namespace simd = attnref::detail::simd;
+using support::at_every_level;
 
 TEST(Quant, RoundsHalfToEvenAndSaturates) {
   struct Case {
@@ -111,15 +116,11 @@ TEST(Quant, BadScalesAreRejected) {
   attnref::QuantScales s;
   s.granularity = QuantGranularity::PerChannel;
   s.scale = {1.0f, 2.0f};
-  try {
-    attnref::quantize(xv, s, StridedView<std::int8_t, 2>(q.data(), {2, 3}));
-    ADD_FAILURE() << "no exception";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "attnref::quantize: scales.scale size mismatch: expected 3, got 2"),
-              std::string::npos)
-        << e.what();
-  }
+  support::expect_rejected(
+      [&] {
+        attnref::quantize(xv, s, StridedView<std::int8_t, 2>(q.data(), {2, 3}));
+      },
+      "attnref::quantize: scales.scale size mismatch: expected 3, got 2");
   s.scale = {1.0f, 0.0f, 1.0f};
   EXPECT_THROW(attnref::quantize(xv, s, StridedView<std::int8_t, 2>(q.data(), {2, 3})),
                std::invalid_argument);
@@ -131,18 +132,6 @@ TEST(Quant, BadScalesAreRejected) {
   EXPECT_THROW(attnref::quantize(xv, s, StridedView<std::int8_t, 2>(q.data(), {3, 2})),
                std::invalid_argument);
   for (std::int8_t v : q) EXPECT_EQ(v, 5) << "nothing written";
-}
-
-template <class F>
-void at_every_level(F&& body) {
-  const simd::Level previous = simd::level();
-  for (auto l : {simd::Level::Portable, simd::Level::Avx2, simd::Level::Avx512}) {
-    if (l > simd::compiled_level()) continue;
-    simd::set_level(l);
-    SCOPED_TRACE(simd::to_string(l));
-    body();
-  }
-  simd::set_level(previous);
 }
 
 TEST(Quant, DotIsExactInInt32AtEveryLevel) {
@@ -170,16 +159,10 @@ TEST(Quant, DotIsExactInInt32AtEveryLevel) {
 
 TEST(Quant, Int8ProductsAreExactAtEveryLevel) {
   std::mt19937 rng(11);
-  std::uniform_int_distribution<int> u(-128, 127);
   const Index m = 7, k = 133, n = 37;
-  auto fill = [&](std::vector<std::int8_t>& x, size_t size) {
-    x.resize(size);
-    for (auto& e : x) e = static_cast<std::int8_t>(u(rng));
-  };
-  std::vector<std::int8_t> a, b, v;
-  fill(a, m * k);
-  fill(b, n * k);
-  fill(v, k * n);
+  const auto a = support::rand_i8(m * k, rng);
+  auto b = support::rand_i8(n * k, rng);
+  const auto v = support::rand_i8(k * n, rng);
   for (Index i = 0; i < n; ++i) b[static_cast<size_t>(i * k)] = -128;  // extremes included
   at_every_level([&] {
     std::vector<std::int32_t> c(m * n, 0), pv(m * n, 0);

@@ -11,6 +11,8 @@
 
 #include "fuzz/fuzz.hpp"
 #include "reference/mla_preprocess.hpp"
+#include "support/cast.hpp"
+#include "support/ulp.hpp"
 #include "support/views.hpp"
 
 namespace fuzz_mla_preprocess {
@@ -31,7 +33,8 @@ namespace rm = ref::mla;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr i8 kSentinel8 = -77;
 
-size_t z(Index i) { return static_cast<size_t>(i); }
+using support::ulp_of;
+using support::z;
 
 template <class T>
 struct Mp {
@@ -206,15 +209,6 @@ void build(Mp<T>& c, Rng& r) {
   if (r.chance(0.5))  // the ATB form: 0 or the dims
     p.wdq_dim = std::uint32_t(c.Q), p.q_rope_dim = p.k_rope_dim = std::uint32_t(R);
   p.quant_mode = static_cast<MlaQuantMode>(c.qm), p.cache_mode = static_cast<MlaCacheMode>(c.cm);
-}
-
-// The spacing of T at v (as tests/mla/mla_preprocess_test.cpp defines it).
-template <class T>
-double ulp_of(double v) {
-  constexpr bool f16 = std::is_same_v<T, attnref::half>;
-  int e = 0;
-  std::frexp(std::max(std::fabs(v), f16 ? 6.103515625e-05 : 1.1754943508222875e-38), &e);
-  return std::ldexp(1.0, e - 1 - (f16 ? 10 : 7));
 }
 
 // The expectation of one output / cache buffer: a value and an allowed deviation per element

@@ -9,6 +9,7 @@
 
 #include "fuzz/fuzz.hpp"
 #include "reference/nsa_select.hpp"
+#include "support/cast.hpp"
 #include "support/views.hpp"
 
 namespace fuzz_nsa {
@@ -22,7 +23,7 @@ using Shape = std::vector<Index>;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kSentinel = 333.0f;
 
-size_t z(Index i) { return static_cast<size_t>(i); }
+using support::z;
 
 // Query rows of a decode batch: TND packs q_len[b] rows per batch, BSND / BSH pads to S.
 struct Rows {

@@ -12,6 +12,7 @@
 #include "fuzz/fuzz.hpp"
 #include "reference/atb_self_attention.hpp"
 #include "reference/naive_attention.hpp"
+#include "support/cast.hpp"
 
 namespace fuzz_sa_modes {
 
@@ -25,7 +26,7 @@ using V3 = StridedView<const float, 3>;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kSentinel = 555.0f;
 
-size_t z(Index i) { return static_cast<size_t>(i); }
+using support::z;
 std::vector<double> span(const std::vector<float>& x, Index at, Index n) {
   return std::vector<double>(x.begin() + at, x.begin() + at + n);
 }

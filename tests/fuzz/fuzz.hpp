@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/bits.hpp"
 #include "support/views.hpp"
 
 namespace fuzz {
@@ -154,11 +155,7 @@ void hash_into(std::uint64_t& h, const std::vector<T>& x) {
 }
 
 /// Bitwise equality of two buffers (NaN == NaN when the bits agree).
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
+using support::same_bits;
 
 /// "" when |got - want| <= tol · (1 + |want|) everywhere (NaN only where want is NaN).
 inline std::string compare(const std::vector<double>& got, const std::vector<double>& want,

@@ -3,6 +3,8 @@
 // kernel for any token count, the gathered-row path for [in, out] weights), the conversions are
 // exact and the fp32 steps are scalar. Extreme int8 values (-128, 127) everywhere.
 
+#include "support/simd_levels.hpp"
+
 #include <gtest/gtest.h>
 
 #include <attnref/detail/simd.hpp>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "support/cast.hpp"
+#include "support/random.hpp"
 
 namespace simd_levels_test {
 
@@ -22,21 +25,7 @@ using attnref::Index;
 using attnref::StridedView;
 using support::z;
 namespace simd = attnref::detail::simd;
-
-std::vector<simd::Level> levels() {
-  std::vector<simd::Level> l{simd::Level::Portable};
-  if (simd::compiled_level() >= simd::Level::Avx2) l.push_back(simd::Level::Avx2);
-  if (simd::compiled_level() >= simd::Level::Avx512) l.push_back(simd::Level::Avx512);
-  return l;
-}
-
-std::vector<std::int8_t> extreme_i8(size_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> u(-128, 127);
-  std::bernoulli_distribution edge(0.5);
-  std::vector<std::int8_t> x(n);
-  for (auto& e : x) e = static_cast<std::int8_t>(edge(rng) ? (u(rng) < 0 ? -128 : 127) : u(rng));
-  return x;
-}
+using support::extreme_i8;
 
 // int8_matmul with every weight format, per tensor and per token with a zero point, M = 1, 9
 // and 17 (tiles of 8 plus a remainder), K = 96 and 7168, at every level: the same bits.
@@ -67,7 +56,7 @@ TEST(MlaSimdLevels, Int8MatmulIsTheSameAtEveryLevel) {
       for (bool per_token : {false, true}) {
         std::vector<float> first;
         for (const auto& wf : forms)
-          for (simd::Level level : levels()) {
+          for (simd::Level level : support::simd_levels()) {
             const simd::Level previous = simd::set_level(level);
             attnref::Int8MatmulInputs in{StridedView<const std::int8_t>(a.data(), {M, K}), wf};
             in.de_scale = StridedView<const float>(ds.data(), {N});
@@ -97,7 +86,7 @@ TEST(MlaSimdLevels, QNopeAbsorbIsTheSameAtEveryLevel) {
   for (half& x : q) x = half(nd(rng));
   for (half& x : wuk) x = half(nd(rng));
   std::vector<float> first;
-  for (simd::Level level : levels()) {
+  for (simd::Level level : support::simd_levels()) {
     const simd::Level previous = simd::set_level(level);
     std::vector<float> out(z(N * H * C));
     attnref::q_nope_absorb<half>(

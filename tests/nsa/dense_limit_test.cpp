@@ -145,18 +145,13 @@ void dense_limit(const std::vector<Index>& sel, const std::vector<Index>& qlen, 
   const ref::Result want = ref::attention(pr, rq, rk, rv);
   std::vector<double> dense;
   for (const auto& ob : want.o) dense.insert(dense.end(), ob.begin(), ob.end());
-  auto as_double = [](const std::vector<T>& x) {
-    std::vector<double> d(x.size());
-    for (size_t i = 0; i < x.size(); ++i) d[i] = dbl(x[i]);
-    return d;
-  };
-  const auto tol =
-      support::tolerance(std::is_same_v<T, half> ? support::Kind::F16 : support::Kind::F32);
-  EXPECT_TRUE(support::all_close(dense, as_double(oc), tol)) << "compressed branch";
-  EXPECT_TRUE(support::all_close(dense, as_double(os), tol)) << "selected branch";
-  EXPECT_TRUE(support::all_close(dense, as_double(ow), tol)) << "window branch";
+  using support::as_doubles;
+  const auto tol = support::tolerance(support::kind_of<T>());
+  EXPECT_TRUE(support::all_close(dense, as_doubles(oc), tol)) << "compressed branch";
+  EXPECT_TRUE(support::all_close(dense, as_doubles(os), tol)) << "selected branch";
+  EXPECT_TRUE(support::all_close(dense, as_doubles(ow), tol)) << "window branch";
   // The gated sum rounds three branch outputs and itself: two tolerances.
-  EXPECT_TRUE(support::all_close(dense, as_double(o), {2 * tol.atol, 2 * tol.rtol})) << "output";
+  EXPECT_TRUE(support::all_close(dense, as_doubles(o), {2 * tol.atol, 2 * tol.rtol})) << "output";
   // The top-k of a batch is a permutation of all its select blocks, then -1.
   for (Index b = 0, r0 = 0; b < B; r0 += qlen[z(b)], ++b) {
     const Index n_sel = (sel[z(b)] + ls - 1) / ls;

@@ -76,18 +76,6 @@ inline const char* name(ref::Causal c) {
   return "?";
 }
 
-template <class T>
-constexpr Kind kind_of() {
-  if constexpr (std::is_same_v<T, double>)
-    return Kind::F64;
-  else if constexpr (std::is_same_v<T, float>)
-    return Kind::F32;
-  else if constexpr (std::is_same_v<T, attnref::half>)
-    return Kind::F16;
-  else
-    return Kind::BF16;
-}
-
 struct Spec {
   int nq = 4, nkv = 2, d = 16, dv = 16;
   std::vector<int> q_len{5}, kv_len{5};

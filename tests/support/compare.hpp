@@ -7,12 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include <attnref/core/types.hpp>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <functional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace support {
@@ -40,6 +42,19 @@ inline Tolerance tolerance(Kind out) {
       return {8e-3, 8e-3};
   }
   return {0, 0};
+}
+
+/// The Kind of a storage type: double, float, attnref::half, else bfloat16.
+template <class T>
+constexpr Kind kind_of() {
+  if constexpr (std::is_same_v<T, double>)
+    return Kind::F64;
+  else if constexpr (std::is_same_v<T, float>)
+    return Kind::F32;
+  else if constexpr (std::is_same_v<T, attnref::half>)
+    return Kind::F16;
+  else
+    return Kind::BF16;
 }
 
 using Where = std::function<std::string(std::size_t)>;

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace support {
 
@@ -23,6 +25,34 @@ void expect_throw(F&& f, const std::string& what, bool out_of_range) {
                                << e.what();
     EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
   }
+}
+
+/// `call` must throw E (any other exception is a failure) with `fragment` in its message.
+/// Returns the message for further checks ("" when nothing or something else was thrown).
+template <class E = std::invalid_argument, class F>
+std::string expect_rejected(F&& call, const std::string& fragment) {
+  try {
+    call();
+    ADD_FAILURE() << "no exception; expected \"" << fragment << "\"";
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+    return msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+  return "";
+}
+
+/// The same for a message that must start with "attnref::<op>: " and contain every fragment.
+template <class E = std::invalid_argument, class F>
+void expect_rejected_by(F&& call, const std::string& op,
+                        const std::vector<std::string>& fragments) {
+  const std::string prefix = "attnref::" + op + ": ";
+  const std::string msg = expect_rejected<E>(call, prefix);
+  if (msg.empty()) return;
+  EXPECT_EQ(msg.rfind(prefix, 0), 0u) << msg;
+  for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << msg;
 }
 
 }  // namespace support
