@@ -51,9 +51,8 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
   p.causal = causal ? attnref::CausalMode::BottomRight : attnref::CausalMode::None;
   p.window = window;
-  p.num_threads = threads;
   for (auto _ : state) {
-    attnref::attention(in, p, out);
+    attnref::attention(in, p, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
@@ -98,9 +97,8 @@ void run_paged(benchmark::State& state, Index batch, Index skv, int threads) {
   attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, 1, kHeads, kHeadSize)};
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
-  p.num_threads = threads;
   for (auto _ : state) {
-    attnref::attention(in, p, out);
+    attnref::attention(in, p, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }

@@ -70,7 +70,7 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
   }
   const attnref::PromptFlashAttentionOutputs<TO> out{StridedView<TO>(o.data(), {1, s, kHeads, kD})};
   for (auto _ : state) {
-    attnref::prompt_flash_attention(p, in, out, threads);
+    attnref::prompt_flash_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
@@ -120,7 +120,7 @@ void ifa(benchmark::State& state, Index batch, Index kv, Index block, int thread
   const attnref::IncreFlashAttentionOutputs<T> out{
       StridedView<T>(o.data(), {batch, 1, kHeads, kD})};
   for (auto _ : state) {
-    attnref::incre_flash_attention(p, in, out, threads);
+    attnref::incre_flash_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }

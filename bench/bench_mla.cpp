@@ -95,7 +95,7 @@ void preprocess(benchmark::State& state, Index tokens, int threads) {
   out.q_out = {q_out.data(), {tokens, H, C + R}};
   out.caches.kv_cache = {cache.data(), {blocks, bs, 1, C + R}};
   for (auto _ : state) {
-    attnref::mla_preprocess(p, in, out, threads);
+    attnref::mla_preprocess(p, in, out, {threads});
     benchmark::DoNotOptimize(q_out.data());
     benchmark::ClobberMemory();
   }
@@ -119,7 +119,7 @@ void decode(benchmark::State& state, Index heads, Index kv, int threads) {
                                           {kv}};
   const StridedView<half> out(o.data(), {1, heads, C});
   for (auto _ : state) {
-    attnref::mla_decode(p, in, out, threads);
+    attnref::mla_decode(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }

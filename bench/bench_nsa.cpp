@@ -61,7 +61,7 @@ void compress_attention(benchmark::State& state, Index batch, Index cmp, int thr
       StridedView<half>(o.data(), {batch, N, Dv}),
       StridedView<std::int32_t>(topk.data(), {batch, KVN, 16})};
   for (auto _ : state) {
-    attnref::nsa_compress_attention_infer(p, in, out, threads);
+    attnref::nsa_compress_attention_infer(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
@@ -123,7 +123,7 @@ void select_attention(benchmark::State& state, Index batch, Index len, int threa
   const attnref::NsaSelectedAttentionInferOutputs<half> out{
       StridedView<half>(o.data(), {batch, N, Dv})};
   for (auto _ : state) {
-    attnref::nsa_selected_attention_infer(p, in, out, threads);
+    attnref::nsa_selected_attention_infer(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
@@ -171,7 +171,7 @@ void decode_step(benchmark::State& state, Index batch, Index len, int threads) {
   attnref::NsaDecodeOutputs<half> out;
   out.output = StridedView<half>(o.data(), {batch, N, Dv});
   for (auto _ : state) {
-    attnref::nsa_decode_step(p, in, out, threads);
+    attnref::nsa_decode_step(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }

@@ -64,7 +64,7 @@ void paged_decode(benchmark::State& state, Index batch, Index kv, int threads) {
   const attnref::PagedAttentionOutputs<T> out{
       attnref::StridedView<T, 3>(o.data(), {batch, kHeads, kD})};
   for (auto _ : state) {
-    attnref::paged_attention(p, in, out, threads);
+    attnref::paged_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }

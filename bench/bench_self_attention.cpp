@@ -61,7 +61,7 @@ void pa_encoder(benchmark::State& state, Index s, bool high_precision, int threa
   attnref::SelfAttentionOutputs<T> out;
   out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
   for (auto _ : state) {
-    attnref::self_attention(p, in, out, threads);
+    attnref::self_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
   }
   const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
@@ -93,7 +93,7 @@ void alibi_compress(benchmark::State& state, Index s, bool alibi, int threads) {
   attnref::SelfAttentionOutputs<T> out;
   out.out = attnref::StridedView<T, 3>(o.data(), {s, kHeads, kD});
   for (auto _ : state) {
-    attnref::self_attention(p, in, out, threads);
+    attnref::self_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
   }
   const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
@@ -123,7 +123,7 @@ void encoder(benchmark::State& state, Index s, int threads) {
   out.key_cache = attnref::StridedView<T, 4>(kc.data(), {1, 1, s, kKvHeads * kD});
   out.value_cache = attnref::StridedView<T, 4>(vc.data(), {1, 1, s, kKvHeads * kD});
   for (auto _ : state) {
-    attnref::self_attention(p, in, out, threads);
+    attnref::self_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
   }
   const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
@@ -153,7 +153,7 @@ void decoder(benchmark::State& state, Index batch, Index kv, int threads) {
   out.key_cache = attnref::StridedView<T, 4>(kc.data(), {1, batch, max_seq, kKvHeads * kD});
   out.value_cache = attnref::StridedView<T, 4>(vc.data(), {1, batch, max_seq, kKvHeads * kD});
   for (auto _ : state) {
-    attnref::self_attention(p, in, out, threads);
+    attnref::self_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
   }
   const double bytes = 2.0 * batch * kv * kKvHeads * kD * sizeof(T);
@@ -186,7 +186,7 @@ void quant(benchmark::State& state, Index s, bool online, int threads) {
   attnref::SelfAttentionOutputs<attnref::half> out;
   out.out = attnref::StridedView<attnref::half, 3>(o.data(), {s, kHeads, kD});
   for (auto _ : state) {
-    attnref::self_attention(p, in, out, threads);
+    attnref::self_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
   }
   const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;

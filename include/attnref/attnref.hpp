@@ -13,6 +13,7 @@
 #include "attnref/cann/incre_flash_attention.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/exec.hpp"
 #include "attnref/core/layout.hpp"
 #include "attnref/core/nz.hpp"
 #include "attnref/core/quant.hpp"

@@ -25,6 +25,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 
 namespace paged_attention_modes_test {
 
@@ -170,7 +171,8 @@ Built<TQ, TKV, TM, TO> build(const Case& c) {
 
 template <class TQ, class TKV, class TM, class TO>
 void run(const Case& c, Built<TQ, TKV, TM, TO>& r,
-         const typename Built<TQ, TKV, TM, TO>::Edit& edit = {}, int threads = 0) {
+         const typename Built<TQ, TKV, TM, TO>::Edit& edit = {}, int threads = 0,
+         bool validate_only = false) {
   const Index B = static_cast<Index>(c.ctx.size());
   P p;
   p.num_heads = c.nh;
@@ -220,7 +222,11 @@ void run(const Case& c, Built<TQ, TKV, TM, TO>& r,
   in.p_scale = vec(r.ps);
   if (edit) edit(p, in);
   const StridedView<TO, 3> o(r.out.data(), {r.tokens, c.nh, c.vdim()});
-  attnref::paged_attention(p, in, attnref::PagedAttentionOutputs<TO>{o}, threads);
+  const attnref::PagedAttentionOutputs<TO> out{o};
+  if (validate_only)
+    attnref::validate(p, in, out, {threads});
+  else
+    attnref::paged_attention(p, in, out, {threads});
 }
 
 // The reference on the rows gathered through the table (`slack`, `mag`: qkv path only).
@@ -319,7 +325,8 @@ void check(const Case& c, const std::string& what) {
 template <class In>
 using Edits = std::vector<std::pair<std::function<void(P&, In&)>, std::string>>;
 
-// Each edit must throw std::invalid_argument naming `what`, before the output is written.
+// Each edit must throw std::invalid_argument naming `what`, before the output is written; the
+// validation alone (attnref::validate) throws the same exception with the same message.
 template <class TQ, class TKV, class TM, class TO>
 void expect_rejected(const Case& c, const Built<TQ, TKV, TM, TO>& built,
                      const Edits<attnref::PagedAttentionInputs<TQ, TKV, TM>>& edits) {
@@ -327,6 +334,8 @@ void expect_rejected(const Case& c, const Built<TQ, TKV, TM, TO>& built,
     auto r = built;
     support::expect_throw([&] { run(c, r, edit); }, what, false);
     for (const TO& x : r.out) ASSERT_EQ(dbl(x), 7.0) << what;
+    const std::string op = support::outcome([&] { run(c, r, edit); });
+    EXPECT_EQ(support::outcome([&] { run(c, r, edit, 0, true); }), op) << what;
   }
 }
 
@@ -653,6 +662,35 @@ TEST(PagedAttentionModes, QkvRejections) {
              in.log_n = StridedView<const float, 1>(log_n, {4});
            },
            "params.scale_type"}});
+}
+
+// attnref::validate is the operator's validation alone: a valid call of every type family passes
+// and writes nothing (the sentinel stays), then runs; a negative thread count fails both alike.
+template <class TQ, class TKV, class TM, class TO>
+void validate_writes_nothing(const Case& c) {
+  auto r = build<TQ, TKV, TM, TO>(c);
+  ASSERT_EQ(support::outcome([&] { run(c, r, {}, 0, true); }), "");
+  for (const TO& x : r.out) ASSERT_EQ(dbl(x), 7.0);
+  run(c, r);
+  EXPECT_NE(dbl(r.out[0]), 7.0);
+  const std::string op = support::outcome([&] { run(c, r, {}, -1); });
+  EXPECT_NE(op.find("exec.threads negative"), std::string::npos) << op;
+  EXPECT_EQ(support::outcome([&] { run(c, r, {}, -1, true); }), op);
+}
+
+TEST(PagedAttentionModes, ValidateAloneAcceptsValidCallsAndWritesNothing) {
+  Case f;
+  f.mask = Mask::Rows;
+  validate_writes_nothing<half, half, half, half>(f);
+  validate_writes_nothing<half, half, half, half>(spec_case());
+  Case d = f;
+  d.mode = Mode::Dequant;
+  d.offset = true;
+  validate_writes_nothing<half, i8, half, half>(d);
+  validate_writes_nothing<i8, i8, half, half>(qkv_case(Mode::Offline));
+  Case o = qkv_case(Mode::Online);
+  o.odt = P::OutDataType::BFloat16;
+  validate_writes_nothing<i8, i8, bfloat16, bfloat16>(o);
 }
 
 }  // namespace paged_attention_modes_test

@@ -209,7 +209,7 @@ void run(const Case& c, Built<T>& r) {
   }
   attnref::paged_attention(
       p, in, attnref::PagedAttentionOutputs<T>{StridedView<T, 3>(r.out.data(), {batch, c.nh, dv})},
-      c.threads);
+      {c.threads});
 }
 
 template <class T>
@@ -317,10 +317,10 @@ TEST(PagedAttention, ShuffledEqualsOrderedEqualsContiguousBitForBit) {
     in.seq.kv = c.ctx;
     attnref::AttentionParams ep;
     ep.scale = 0.125f;
-    ep.num_threads = threads;
     attnref::attention(
         in, ep,
-        attnref::AttentionOutputs<half>{StridedView<half, 4>(o2.data(), {batch, 1, c.nh, c.dv})});
+        attnref::AttentionOutputs<half>{StridedView<half, 4>(o2.data(), {batch, 1, c.nh, c.dv})},
+        {threads});
     EXPECT_EQ(std::memcmp(o2.data(), shuffled.out.data(), o2.size() * sizeof(half)), 0)
         << "threads " << threads;
   }

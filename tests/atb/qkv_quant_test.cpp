@@ -206,7 +206,7 @@ QRun run_case(const Case& c, Data* keep = nullptr) {
   attnref::self_attention(
       p, in,
       attnref::SelfAttentionOutputs<TO>{StridedView<TO, 3>(out.data(), {dt.tokens, c.nh, dv})},
-      c.threads);
+      {c.threads});
 
   // Reference, per sequence.
   std::vector<std::vector<I8>> rq, rk, rv;

@@ -107,13 +107,14 @@ TEST(EdgeCases, NanAndInfInMaskedKeysAndValuesDoNotLeak) {
     }
     attnref::AttentionParams p;
     p.causal = attnref::CausalMode::BottomRight;  // query i sees keys j <= i + 3
-    p.kv_tile = kv_tile;
+    attnref::ExecConfig x;
+    x.kv_tile = kv_tile;
     auto in_clean = clean.inputs();
     auto in_dirty = dirty.inputs();
     in_clean.mask_bool = attnref::StridedView<const std::uint8_t, 4>(mask.data(), {1, 1, 6, 9});
     in_dirty.mask_bool = in_clean.mask_bool;
-    attnref::attention(in_clean, p, clean.outputs());
-    attnref::attention(in_dirty, p, dirty.outputs());
+    attnref::attention(in_clean, p, clean.outputs(), x);
+    attnref::attention(in_dirty, p, dirty.outputs(), x);
     // Rows 0..3 never see key 7 or 8: the clean result (up to the rounding of the slower
     // accumulation used for tiles with non-finite values). Row 4 sees key 7 (NaN v).
     for (Index i = 0; i < 4; ++i)

@@ -69,12 +69,12 @@ void check_scores(simd::Level level) {
     in.k = StridedView<const std::int8_t, 4>(k.data(), {1, len, 1, d});
     in.v = StridedView<const std::int8_t, 4>(v.data(), {1, len, 1, 8});
     std::vector<double> raw(static_cast<size_t>(heads * len * len), -1.0);
-    attnref::AttentionParams p;
-    p.num_threads = 1;
-    p.kv_tile = 24;  // several tiles, a partial last one
+    attnref::ExecConfig x;
+    x.threads = 1;
+    x.kv_tile = 24;  // several tiles, a partial last one
     attnref::attention_with(
-        Variant{{&raw, heads, len}}, in, p,
-        attnref::AttentionOutputs<float>{StridedView<float, 4>(o.data(), {1, len, heads, 8})});
+        Variant{{&raw, heads, len}}, in, attnref::AttentionParams{},
+        attnref::AttentionOutputs<float>{StridedView<float, 4>(o.data(), {1, len, heads, 8})}, x);
     for (Index h = 0; h < heads; ++h)
       for (Index i = 0; i < len; ++i)
         for (Index j = 0; j < len; ++j) {
@@ -146,13 +146,14 @@ TEST(EngineInt8, QuantizedPTimesVIsExactTileByTile) {
       in.q = StridedView<const std::int8_t, 4>(q.data(), {1, sh.len, heads, 32});
       in.k = StridedView<const std::int8_t, 4>(k.data(), {1, sh.len, 1, 32});
       in.v = StridedView<const std::int8_t, 4>(v.data(), {1, sh.len, 1, sh.dv});
-      attnref::AttentionParams p;
-      p.kv_tile = sh.tile;
-      p.q_tile = 64;
+      attnref::ExecConfig x;
+      x.kv_tile = sh.tile;
+      x.q_tile = 64;
       std::atomic<int> bad{0};
-      attnref::attention_with(PatternP{&bad, sh.tile}, in, p,
+      attnref::attention_with(PatternP{&bad, sh.tile}, in, attnref::AttentionParams{},
                               attnref::AttentionOutputs<double>{
-                                  StridedView<double, 4>(o.data(), {1, sh.len, heads, sh.dv})});
+                                  StridedView<double, 4>(o.data(), {1, sh.len, heads, sh.dv})},
+                              x);
       EXPECT_EQ(bad.load(), 0);
       for (Index h = 0; h < heads; ++h)
         for (Index i = 0; i < sh.len; ++i)

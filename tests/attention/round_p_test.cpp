@@ -70,7 +70,7 @@ struct Problem {
 template <class Variant>
 std::vector<float> run(const Variant& var, const attnref::AttentionInputs<float, float>& in,
                        const attnref::AttentionParams& p, const Problem& pr,
-                       std::vector<float>* probs = nullptr) {
+                       std::vector<float>* probs = nullptr, int threads = 0) {
   std::vector<float> o(z(pr.B * pr.Sq * pr.N * pr.D), 7.0f);
   attnref::AttentionOutputs<float> out{
       attnref::bsnd_view<float>(o.data(), pr.B, pr.Sq, pr.N, pr.D)};
@@ -81,7 +81,10 @@ std::vector<float> run(const Variant& var, const attnref::AttentionInputs<float,
   attnref::AttentionParams q = p;  // the variants carry the causal mode and the window
   q.causal = attnref::CausalMode::None;
   q.window = 0;
-  attnref::attention_with(var, in, q, out);
+  attnref::ExecConfig x;
+  x.threads = threads;
+  x.kv_tile = 16;  // several tiles, partial ones included
+  attnref::attention_with(var, in, q, out, x);
   return o;
 }
 
@@ -90,7 +93,6 @@ TEST(EngineRoundP, IdentityHookIsOrdinaryAttentionUnderEveryMask) {
     Problem pr(40 + static_cast<unsigned>(m));
     attnref::AttentionParams p;
     p.scale = 0.3;
-    p.kv_tile = 16;  // several tiles, partial ones included
     if (m == 1 || m == 2) p.causal = attnref::CausalMode::BottomRight;
     if (m == 2) p.window = 9;
     const auto in = pr.in(false);
@@ -115,7 +117,6 @@ TEST(EngineRoundP, MaskedRowsOfKAndVAreNeverRead) {
   Problem pr(7);
   attnref::AttentionParams p;
   p.scale = 0.3;
-  p.kv_tile = 16;
   // Keys 10, 33 and 69 hidden from every query by the boolean mask, NaN in their K and V rows.
   for (Index b = 0; b < pr.B; ++b)
     for (Index i = 0; i < pr.Sq; ++i)
@@ -137,16 +138,13 @@ TEST(EngineRoundP, RoundingHookMatchesANaiveLoopAndThreadsAndPagingDoNotChangeBi
   Problem pr(9);
   attnref::AttentionParams p;
   p.scale = 0.3;
-  p.kv_tile = 16;
   p.causal = attnref::CausalMode::BottomRight;
   TwoPass two;
   two.causal = {p.causal, 0};
   two.coarse = true;
   const auto in = pr.in(false);
-  p.num_threads = 1;
-  const auto o1 = run(two, in, p, pr);
-  p.num_threads = 2;
-  const auto o2 = run(two, in, p, pr);
+  const auto o1 = run(two, in, p, pr, nullptr, 1);
+  const auto o2 = run(two, in, p, pr, nullptr, 2);
   EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0);
   // Naive: P = softmax (double), rounded to 1/64, times V; no renormalisation.
   const Index G = pr.N / pr.Nkv;

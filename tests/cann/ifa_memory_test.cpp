@@ -69,7 +69,7 @@ std::size_t largest_allocation(Index len) {
       StridedView<Eigen::half>(o.data(), {B, 1, n, D})};
   g_largest = 0;
   g_armed = true;
-  attnref::incre_flash_attention(p, in, out, 1);
+  attnref::incre_flash_attention(p, in, out, {1});
   g_armed = false;
   for (const Eigen::half& x : o) EXPECT_TRUE(std::isfinite(static_cast<float>(x)));
   return g_largest.load();

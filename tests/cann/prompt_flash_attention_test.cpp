@@ -176,7 +176,8 @@ void run(PfaBuilt<T, TM>& r, const PfaEdit<T, TM>& edit = {}, int threads = 0) {
   x.in.actual_seq_lengths_kv = r.kvlist;
   x.o = StridedView<T>(r.out.data(), r.od.shape());
   if (edit) edit(x);
-  attnref::prompt_flash_attention(x.p, x.in, attnref::PromptFlashAttentionOutputs<T>{x.o}, threads);
+  attnref::prompt_flash_attention(x.p, x.in, attnref::PromptFlashAttentionOutputs<T>{x.o},
+                                  {threads});
 }
 
 // The reference in the output's layout (padded rows 0).

@@ -22,6 +22,7 @@ struct Fixture {
   attnref::AttentionInputs<float> in;
   attnref::AttentionParams p;
   attnref::AttentionOutputs<float> out;
+  attnref::ExecConfig x;
   Fixture() {
     q.assign(static_cast<size_t>(B * Sq * N * D), 0.5f);
     k.assign(static_cast<size_t>(B * Skv * Nkv * D), 0.25f);
@@ -52,8 +53,11 @@ template <class Exception>
 void expect_error(const std::function<void(Fixture&)>& mutate, const std::string& fragment) {
   Fixture s;
   mutate(s);
-  support::expect_rejected_by<Exception>([&] { attnref::attention(s.in, s.p, s.out); }, "attention",
-                                         {fragment, "expected ", ", got "});
+  support::expect_rejected_by<Exception>([&] { attnref::attention(s.in, s.p, s.out, s.x); },
+                                         "attention", {fragment, "expected ", ", got "});
+  // validate() is the same checks alone
+  support::expect_rejected_by<Exception>([&] { attnref::validate(s.in, s.p, s.out, s.x); },
+                                         "attention", {fragment, "expected ", ", got "});
   EXPECT_TRUE(s.outputs_untouched()) << "an output was written before the check failed";
 }
 
@@ -135,13 +139,13 @@ TEST(Errors, NonFiniteScale) {
 }
 
 TEST(Errors, NegativeTuning) {
-  expect_error<IA>([](Fixture& s) { s.p.num_threads = -1; }, "params.num_threads negative");
+  expect_error<IA>([](Fixture& s) { s.x.threads = -1; }, "exec.threads negative");
   expect_error<IA>([](Fixture& s) { s.p.window = -1; }, "params.window negative");
   expect_error<IA>([](Fixture& s) { s.p.window = 4; },
                    "params.window set without a causal mode: expected CausalMode::TopLeft or "
                    "BottomRight with a window, got CausalMode::None");
-  expect_error<IA>([](Fixture& s) { s.p.q_tile = -2; }, "params.q_tile negative");
-  expect_error<IA>([](Fixture& s) { s.p.kv_tile = -2; }, "params.kv_tile negative");
+  expect_error<IA>([](Fixture& s) { s.x.q_tile = -2; }, "exec.q_tile negative");
+  expect_error<IA>([](Fixture& s) { s.x.kv_tile = -2; }, "exec.kv_tile negative");
 }
 
 TEST(Errors, SequenceLengthsBeyondExtents) {

@@ -146,11 +146,12 @@ void check_huge_scale(double scale, Index q_len, Index kv_tile, bool must_be_fin
   in.v = attnref::bsnd_view<const float>(v.data(), 1, L, 1, Dv);
   attnref::AttentionParams p;
   p.scale = scale;
-  p.kv_tile = kv_tile;
+  attnref::ExecConfig x;
+  x.kv_tile = kv_tile;
   attnref::AttentionOutputs<float> out;
   out.o = attnref::bsnd_view(o.data(), 1, q_len, N, Dv);
   out.lse = StridedView<float, 3>(lse.data(), {1, N, q_len});
-  attnref::attention<Acc>(in, p, out);
+  attnref::attention<Acc>(in, p, out, x);
 
   ref::Problem pr;
   pr.num_heads = N;
@@ -433,7 +434,7 @@ TEST(InputModel, MlaPreprocessHiddenSizePastTheInt8MatmulLimitIsNamed) {
   out.q_out = StridedView<half>(q_out.data(), {N, NH, C + R});
   out.caches.kv_cache = StridedView<half>(kv.data(), {1, 4, 1, C + R});
   support::expect_rejected_by<std::invalid_argument>(
-      [&] { attnref::mla_preprocess<half>(p, in, out, 1); }, "mla_preprocess",
+      [&] { attnref::mla_preprocess<half>(p, in, out, {1}); }, "mla_preprocess",
       {"params.dims too large for the int8 matmuls", "H0 65537"});
   for (const half& x : q_out) EXPECT_EQ(static_cast<float>(x), -9.0f);
 }

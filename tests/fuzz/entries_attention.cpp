@@ -25,6 +25,7 @@ struct Config {
   attnref::AttentionInputs<float> in;
   attnref::AttentionParams p;
   attnref::AttentionOutputs<float> out;
+  attnref::ExecConfig x;
   bool scale_rule = false;  // a huge scale: rows may be NaN (the overflow rule)
 };
 
@@ -103,9 +104,9 @@ void build(Config& c, fuzz::Rng& r) {
                : causal == 1 ? attnref::CausalMode::TopLeft
                              : attnref::CausalMode::BottomRight;
   if (causal != 0 && r.chance(0.4)) c.p.window = r.range(1, 8);
-  if (r.chance(0.3)) c.p.kv_tile = r.range(1, 16);
-  if (r.chance(0.3)) c.p.kv_split = r.range(1, 12);
-  c.p.num_threads = static_cast<int>(r.range(1, 2));
+  if (r.chance(0.3)) c.x.kv_tile = r.range(1, 16);
+  if (r.chance(0.3)) c.x.kv_split = r.range(1, 12);
+  c.x.threads = static_cast<int>(r.range(1, 2));
   if (c.mode != 1 && r.chance(0.3)) {
     const Index mq = max_of(c.qlen), mk = max_of(c.kvlen);
     c.mask.resize(static_cast<size_t>(c.B * mq * mk));
@@ -289,9 +290,9 @@ const std::vector<P>& perturbations() {
       {"negative tiles or threads", true,
        [](Config& c, fuzz::Rng& r) {
          if (r.chance(0.5))
-           c.p.num_threads = -1;
+           c.x.threads = -1;
          else
-           c.p.kv_tile = -4;
+           c.x.kv_tile = -4;
          return true;
        }},
       {"mask narrower than the keys", true,
@@ -323,7 +324,7 @@ const std::vector<P>& perturbations() {
 void run(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, perturbations(), build, fuzz::Named{"attention"},
-      [](Config& c) { attnref::attention(c.in, c.p, c.out); }, verify, &Config::q, &Config::k,
+      [](Config& c) { attnref::attention(c.in, c.p, c.out, c.x); }, verify, &Config::q, &Config::k,
       &Config::v, &Config::o, &Config::lse, &Config::mask, &Config::table);
 }
 

@@ -253,7 +253,7 @@ void run_pfa(fuzz::Run& run, std::uint64_t seed) {
       [seed](Pfa& c) {
         attnref::prompt_flash_attention(c.p, c.in,
                                         attnref::PromptFlashAttentionOutputs<half>{c.out},
-                                        static_cast<int>(seed % 2 + 1));
+                                        {static_cast<int>(seed % 2 + 1)});
       },
       verify_pfa, &Pfa::q, &Pfa::k, &Pfa::v, &Pfa::o, &Pfa::mask);
 }
@@ -386,7 +386,7 @@ void restride_inputs(Mla& c, support::Restrider& r) { c.in.for_each_view(r); }
 void run_mla(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, mla_perturbations(), build, fuzz::Named{"mla_decode"},
-      [seed](Mla& c) { attnref::mla_decode(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1)); },
+      [seed](Mla& c) { attnref::mla_decode(c.p, c.in, c.out, {static_cast<int>(seed % 2 + 1)}); },
       verify_mla, &Mla::q, &Mla::cache, &Mla::o, &Mla::table);
 }
 

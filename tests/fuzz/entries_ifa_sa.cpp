@@ -208,7 +208,7 @@ void run_ifa(fuzz::Run& run, std::uint64_t seed) {
       run, seed, ifa_perturbations(), build, fuzz::Named{"incre_flash_attention"},
       [seed](Ifa& c) {
         attnref::incre_flash_attention(c.p, c.in, attnref::IncreFlashAttentionOutputs<half>{c.out},
-                                       static_cast<int>(seed % 2 + 1));
+                                       {static_cast<int>(seed % 2 + 1)});
       },
       verify_ifa, &Ifa::q, &Ifa::k, &Ifa::v, &Ifa::o);
 }
@@ -345,7 +345,7 @@ void run_sa(fuzz::Run& run, std::uint64_t seed) {
       run, seed, sa_perturbations(), build, fuzz::Named{"self_attention"},
       [seed](Sa& c) {
         attnref::self_attention(c.p, c.in, attnref::SelfAttentionOutputs<float>{c.out},
-                                static_cast<int>(seed % 2 + 1));
+                                {static_cast<int>(seed % 2 + 1)});
       },
       verify_sa, &Sa::q, &Sa::k, &Sa::v, &Sa::o);
 }

@@ -279,7 +279,7 @@ void run(fuzz::Run& run, std::uint64_t seed) {
         try {
           c.each([&](auto& in) {
             attnref::paged_attention(c.p, in, attnref::PagedAttentionOutputs<half>{c.out},
-                                     static_cast<int>(seed % 2 + 1));
+                                     {static_cast<int>(seed % 2 + 1)});
           });
         } catch (const std::invalid_argument& e) {  // a bad block table entry: out_of_range
           if (c.want_oor) throw std::runtime_error(std::string("not out_of_range: ") + e.what());

@@ -261,10 +261,10 @@ void run(fuzz::Run& run, std::uint64_t seed) {
         const int t = static_cast<int>(seed % 2 + 1);
         if (c.int8_out)
           attnref::prompt_flash_attention(c.p, c.in,
-                                          attnref::PromptFlashAttentionOutputs<i8>{c.out8}, t);
+                                          attnref::PromptFlashAttentionOutputs<i8>{c.out8}, {t});
         else
           attnref::prompt_flash_attention(c.p, c.in,
-                                          attnref::PromptFlashAttentionOutputs<half>{c.out}, t);
+                                          attnref::PromptFlashAttentionOutputs<half>{c.out}, {t});
       },
       verify, &Pfa8::q, &Pfa8::k, &Pfa8::v, &Pfa8::o, &Pfa8::o8, &Pfa8::sc, &Pfa8::qs2, &Pfa8::qo2);
 }

@@ -207,7 +207,7 @@ void run(fuzz::Run& run, std::uint64_t seed) {
       run, seed, perturbations(), build, fuzz::Named{"self_attention_int8", "self_attention"},
       [seed](Sa8& c) {
         attnref::self_attention(c.p, c.in, attnref::SelfAttentionOutputs<half>{c.out},
-                                static_cast<int>(seed % 2 + 1));
+                                {static_cast<int>(seed % 2 + 1)});
       },
       verify, &Sa8::q, &Sa8::k, &Sa8::v, &Sa8::o, &Sa8::m, &Sa8::qkd, &Sa8::vpv, &Sa8::ps,
       &Sa8::offs);

@@ -470,7 +470,7 @@ void run_t(fuzz::Run& run, std::uint64_t seed) {
       run, seed, perturbations<T>(), build<T>, fuzz::Named{"mla_preprocess"},
       [seed](M& c) {
         try {
-          attnref::mla_preprocess<T>(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1));
+          attnref::mla_preprocess<T>(c.p, c.in, c.out, {static_cast<int>(seed % 2 + 1)});
         } catch (const std::invalid_argument& e) {
           if (!c.want_oor) throw;
           throw std::runtime_error(std::string("not std::out_of_range: ") + e.what());

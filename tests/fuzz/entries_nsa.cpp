@@ -299,7 +299,7 @@ void run_sel(fuzz::Run& run, std::uint64_t seed) {
       [seed](Sel& c) {
         attnref::nsa_selected_attention_infer(
             c.p, c.in, attnref::NsaSelectedAttentionInferOutputs<float>{c.out},
-            static_cast<int>(seed % 2 + 1));
+            {static_cast<int>(seed % 2 + 1)});
       },
       verify_sel, &Sel::q, &Sel::o, &Sel::topk, &Sel::pool);
 }
@@ -588,7 +588,7 @@ void run_dec(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, dec_perturbations(), build, fuzz::Named{"nsa_decode_step"},
       [seed](Dec& c) {
-        attnref::nsa_decode_step(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1));
+        attnref::nsa_decode_step(c.p, c.in, c.out, {static_cast<int>(seed % 2 + 1)});
       },
       verify_dec, &Dec::q, &Dec::gates, &Dec::raw, &Dec::cp, &Dec::o, &Dec::o_cmp, &Dec::o_sel,
       &Dec::o_win, &Dec::topk);

@@ -350,7 +350,7 @@ void run_pa(fuzz::Run& run, std::uint64_t seed) {
       run, seed, pa_perturbations(), build, fuzz::Named{"paged_attention"},
       [seed](Pa& c) {
         attnref::paged_attention(c.p, c.in, attnref::PagedAttentionOutputs<float>{c.out},
-                                 static_cast<int>(seed % 2 + 1));
+                                 {static_cast<int>(seed % 2 + 1)});
       },
       verify_pa, &Pa::q, &Pa::kc, &Pa::vc, &Pa::o, &Pa::table);
 }

@@ -272,7 +272,7 @@ void run_dec(fuzz::Run& run, std::uint64_t seed) {
       fuzz::Named{"self_attention_decoder", "self_attention"},
       [&](Dec& c) {
         kc0 = c.kc, vc0 = c.vc;
-        attnref::self_attention(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1));
+        attnref::self_attention(c.p, c.in, c.out, {static_cast<int>(seed % 2 + 1)});
       },
       [&](const Dec& c) { return verify_dec(c, kc0, vc0); }, &Dec::q, &Dec::k, &Dec::v, &Dec::kc,
       &Dec::vc, &Dec::o, &Dec::mask, &Dec::ln);
@@ -422,7 +422,7 @@ void run_pre(fuzz::Run& run, std::uint64_t seed) {
       run, seed, pre_perturbations(), build, fuzz::Named{"self_attention_prefix", "self_attention"},
       [seed](Pre& c) {
         attnref::self_attention(c.p, c.in, attnref::SelfAttentionOutputs<float>{c.out},
-                                static_cast<int>(seed % 2 + 1));
+                                {static_cast<int>(seed % 2 + 1)});
       },
       verify_pre, &Pre::q, &Pre::o, &Pre::pool);
 }
@@ -637,7 +637,9 @@ const std::vector<PB>& bn_perturbations() {
 void run_bn(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, bn_perturbations(), build, fuzz::Named{"self_attention_bnsd", "self_attention"},
-      [seed](Bn& c) { attnref::self_attention(c.p, c.in, c.out, static_cast<int>(seed % 2 + 1)); },
+      [seed](Bn& c) {
+        attnref::self_attention(c.p, c.in, c.out, {static_cast<int>(seed % 2 + 1)});
+      },
       verify_bn, &Bn::q, &Bn::k, &Bn::v, &Bn::kc, &Bn::vc, &Bn::o, &Bn::mask);
 }
 

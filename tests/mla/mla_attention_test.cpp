@@ -151,8 +151,8 @@ TEST(MlaDecode, SequenceWithoutKeysGivesZero) {
 TEST(MlaDecode, ThreadCountDoesNotChangeBits) {
   auto a = build<bfloat16>({3, 16, 64, 16, 16, {1, 100, 130}});
   auto b = a;
-  attnref::mla_decode(a.p, a.in(), a.o(), 1);
-  attnref::mla_decode(b.p, b.in(), b.o(), 2);
+  attnref::mla_decode(a.p, a.in(), a.o(), {1});
+  attnref::mla_decode(b.p, b.in(), b.o(), {2});
   for (size_t i = 0; i < a.out.size(); ++i) ASSERT_EQ(dbl(a.out[i]), dbl(b.out[i])) << i;
 }
 

@@ -258,8 +258,8 @@ void int8_matmul_case(const MmCase& c) {
   if (c.mode) in.token_scale = StridedView<const float>(d.data(), {c.M});
   if (c.mode == 2) in.zero_point = StridedView<const float>(zp.data(), {c.M});
   std::vector<T> o1(z(c.M * c.N), tpoison<T>()), o2(o1);
-  attnref::int8_matmul<T>(in, StridedView<T>(o1.data(), {c.M, c.N}), 1);
-  attnref::int8_matmul<T>(in, StridedView<T>(o2.data(), {c.M, c.N}), 2);
+  attnref::int8_matmul<T>(in, StridedView<T>(o1.data(), {c.M, c.N}), {1});
+  attnref::int8_matmul<T>(in, StridedView<T>(o2.data(), {c.M, c.N}), {2});
   EXPECT_TRUE(equal_ref(o1, want));
   EXPECT_TRUE(support::bitwise_equal(o1, o2)) << "1 vs 2 threads";
   if (!c.large) return;
@@ -290,7 +290,7 @@ void int8_matmul_case(const MmCase& c) {
       want_f[z(m * c.N + n)] = v;
       step_matters += v != unrounded;
     }
-  attnref::int8_matmul<float>(in, StridedView<float>(of.data(), {c.M, c.N}), 2);
+  attnref::int8_matmul<float>(in, StridedView<float>(of.data(), {c.M, c.N}), {2});
   EXPECT_TRUE(support::bitwise_equal(of, want_f)) << "fp32 output";
   EXPECT_GT(step_matters, 0u);
 }
@@ -343,7 +343,7 @@ void float_matmul_case() {
   std::vector<T> keep;
   attnref::float_matmul<T>(StridedView<const T>(a.data(), {M, K}),
                            weight(w, N, K, WeightFormat::NdOutIn, keep),
-                           StridedView<T>(nd.data(), {M, N}), 1);
+                           StridedView<T>(nd.data(), {M, N}), {1});
   // Within 1 ulp of T (fp32 GEMM vs the double sum), or the fp32 accumulation bound near zero.
   size_t bad = 0, off = 0;
   for (Index m = 0; m < M; ++m)
@@ -363,7 +363,7 @@ void float_matmul_case() {
     for (int threads : {1, 2}) {
       std::vector<T> o(z(M * N), tpoison<T>());
       attnref::float_matmul<T>(StridedView<const T>(a.data(), {M, K}), weight(w, N, K, fmt, keep),
-                               StridedView<T>(o.data(), {M, N}), threads);
+                               StridedView<T>(o.data(), {M, N}), {threads});
       EXPECT_TRUE(support::bitwise_equal(o, nd)) << fmt_name(fmt) << " threads " << threads;
     }
 }
@@ -425,7 +425,7 @@ void absorb_case(Index P) {
   std::vector<float> nd(z(N * H * C), NAN);
   attnref::q_nope_absorb<T>(StridedView<const T>(q.data(), {N, H, P}),
                             {StridedView<const T>(wuk.data(), {H, P, C}), false},
-                            StridedView<float>(nd.data(), {N, H, C}), 1);
+                            StridedView<float>(nd.data(), {N, H, C}), {1});
   // Relative to Σ|q·w| (the fp32 accumulation bound), so cancellation does not matter.
   size_t bad = 0;
   for (Index t = 0; t < N; ++t)
@@ -446,7 +446,7 @@ void absorb_case(Index P) {
                               {StridedView<const T>(wnz.data.data(), {wnz.shape[0], wnz.shape[1],
                                                                       wnz.shape[2], wnz.shape[3]}),
                                true},
-                              StridedView<float>(o.data(), {N, H, C}), threads);
+                              StridedView<float>(o.data(), {N, H, C}), {threads});
     EXPECT_TRUE(support::bitwise_equal(o, nd)) << "NZ, threads " << threads;
   }
 }

@@ -448,7 +448,7 @@ struct Problem {
     return out;
   }
 
-  void run() { attnref::mla_preprocess<T>(params(), inputs(), outputs(), c.threads); }
+  void run() { attnref::mla_preprocess<T>(params(), inputs(), outputs(), {c.threads}); }
 
   rm::ChainOut reference() const {
     rm::ChainIn ci;

@@ -158,7 +158,7 @@ struct Built {
     return o;
   }
   void run(int threads = 0) {
-    attnref::nsa_compress_attention_infer(params(), inputs(), outputs(), threads);
+    attnref::nsa_compress_attention_infer(params(), inputs(), outputs(), {threads});
   }
 };
 

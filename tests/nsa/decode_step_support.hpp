@@ -196,11 +196,11 @@ struct Step {
     return o;
   }
   void run(int threads = 0, bool all = true) {
-    attnref::nsa_decode_step(params(), inputs(), outputs(all), threads);
+    attnref::nsa_decode_step(params(), inputs(), outputs(all), {threads});
   }
   void run_window(int threads = 0) {
-    attnref::nsa_sliding_window_attention(params(), inputs(),
-                                          StridedView<T>(win_out.data(), lay(c.N, c.Dv)), threads);
+    attnref::nsa_sliding_window_attention(
+        params(), inputs(), StridedView<T>(win_out.data(), lay(c.N, c.Dv)), {threads});
   }
   // Live rows of a [rows, N, Dv] buffer, batch / token order.
   std::vector<double> live(const std::vector<T>& x) const {

@@ -221,7 +221,7 @@ struct Built {
     return o;
   }
   void run(int threads = 0) {
-    attnref::nsa_selected_attention_infer(params(), inputs(), outputs(), threads);
+    attnref::nsa_selected_attention_infer(params(), inputs(), outputs(), {threads});
   }
   // The live rows' outputs in batch / token order, as float.
   std::vector<float> live() const {

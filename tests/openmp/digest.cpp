@@ -40,9 +40,10 @@ std::uint64_t run(attnref::Index sq, attnref::Index skv, attnref::CausalMode cau
   attnref::AttentionParams p;
   p.scale = 0.15;
   p.causal = causal;
-  p.num_threads = 2;
-  p.kv_split = 64;
-  attnref::attention(in, p, out);
+  attnref::ExecConfig x;
+  x.threads = 2;
+  x.kv_split = 64;
+  attnref::attention(in, p, out, x);
   h = fnv1a(o.data(), o.size() * sizeof(T), h);
   return fnv1a(lse.data(), lse.size() * sizeof(float), h);
 }

@@ -359,10 +359,11 @@ LibResult run_lib(const Spec& s, const Data& d, Packed<T>* keep_o = nullptr) {
              : s.causal == ref::Causal::kTopLeft ? attnref::CausalMode::TopLeft
                                                  : attnref::CausalMode::BottomRight;
   p.window = s.window;
-  p.num_threads = s.threads;
-  p.q_tile = s.q_tile;
-  p.kv_tile = s.kv_tile;
-  p.kv_split = s.kv_split;
+  attnref::ExecConfig x;
+  x.threads = s.threads;
+  x.q_tile = s.q_tile;
+  x.kv_tile = s.kv_tile;
+  x.kv_split = s.kv_split;
   const Index vb = o.view.size(0), vs = o.view.size(1);
   std::vector<Acc> lse(static_cast<size_t>(vb * s.nq * vs), Acc(-12345));
   std::vector<Acc> probs;
@@ -372,7 +373,7 @@ LibResult run_lib(const Spec& s, const Data& d, Packed<T>* keep_o = nullptr) {
     probs.assign(static_cast<size_t>(vb * s.nq * vs * mkv), Acc(-1));
     out.probs = attnref::StridedView<Acc, 4>(probs.data(), {vb, s.nq, vs, mkv});
   }
-  attnref::attention<Acc>(in, p, out);
+  attnref::attention<Acc>(in, p, out, x);
 
   LibResult r;
   r.o.resize(B);

@@ -451,31 +451,51 @@ void pa_bind_scales(const PagedAttentionParams& params, const PagedAttentionInpu
   detail::check_finite("paged_attention", "p_scale", in.p_scale);
 }
 
-/// The engine problem (the packed query tokens against the paged cache), validated against the
-/// caller's tensors, then run with the shared query / output hooks (detail/hooks/io.hpp): qScale,
-/// and for DequantFusion k_descale folded into q, k_offset into a row constant and V's affine map
-/// applied to each output row (rows of sequences without keys: 0).
-template <class TQ, class TKV, class TM, class TO, class Variant>
-void pa_run(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
-            const PagedAttentionOutputs<TO>& out, const PaPlan<TKV>& pl, Variant& var,
-            int num_threads) {
+/// The variant type of a PagedAttention type family.
+template <class TQ, class TM>
+using PaVariant = std::conditional_t<std::is_same_v<TQ, std::int8_t>, AtbPagedQuantVariant<TM>,
+                                     AtbPagedVariant<TM>>;
+
+/// A validated PagedAttention call, ready to run: the plan, the engine problem (the packed query
+/// tokens against the paged cache), its hooks and its execution config. The hooks point into the
+/// plan: a problem is filled in place and never copied.
+template <class TQ, class TKV, class TM, class TO>
+struct PaProblem {
+  PaProblem() = default;
+  PaProblem(const PaProblem&) = delete;
+  PaProblem& operator=(const PaProblem&) = delete;
+  PaPlan<TKV> pl;
+  AttentionInputs<TQ, TKV> e;
+  AttentionParams ep;
+  AttentionOutputs<TO> eo;
+  ExecConfig ex;
+  PaVariant<TQ, TM> var{};
+};
+
+/// The engine problem, validated against the caller's tensors, with the shared query / output
+/// hooks (detail/hooks/io.hpp): qScale, and for DequantFusion k_descale folded into q, k_offset
+/// into a row constant and V's affine map applied to each output row (rows of sequences without
+/// keys: 0).
+template <class TQ, class TKV, class TM, class TO>
+void pa_engine_problem(const PagedAttentionParams& params,
+                       const PagedAttentionInputs<TQ, TKV, TM>& in,
+                       const PagedAttentionOutputs<TO>& out, const PaPlan<TKV>& pl,
+                       PaProblem<TQ, TKV, TM, TO>& pr) {
   constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
   constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
   const Index tokens = pl.tokens, nh = pl.nh, d = pl.d, dv = pl.dv;
-  AttentionInputs<TQ, TKV> e;
+  auto& e = pr.e;
   e.q = StridedView<const TQ, 4>(in.query.data(), {1, tokens, nh, d},
                                  {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
   e.read_kv(pl.cache);
   e.seq.q_cu = pl.q_cu;
-  AttentionParams ep;
-  ep.scale = kQkv ? 1.0f : params.qk_scale;
-  ep.num_threads = num_threads;
-  if (kQkv) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
-  AttentionOutputs<TO> eo{
-      StridedView<TO, 4>(out.out.data(), {1, tokens, nh, dv},
-                         {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)})};
-  validate(e, ep, eo);  // engine checks, overlaps included, before anything is written
+  pr.ep.scale = kQkv ? 1.0f : params.qk_scale;
+  if (kQkv) pr.ex.kv_tile = params.quant_block_size;  // P is quantized block by block
+  pr.eo.o = StridedView<TO, 4>(out.out.data(), {1, tokens, nh, dv},
+                               {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)});
+  validate(e, pr.ep, pr.eo, pr.ex);  // engine checks, overlaps included
 
+  auto& var = pr.var;
   if (!kQkv && params.q_scale != 0.0f && params.q_scale != 1.0f)
     var.template scale_query<TQ>(params.q_scale);
   if constexpr (kDequant) {
@@ -490,40 +510,62 @@ void pa_run(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, T
         var.v_offset.push_back(static_cast<float>(in.v_offset(c)));
     }
   }
-  attention_with(var, e, ep, eo);
+}
+
+/// Validate and plan into `pr`: every check of paged_attention (params, tensors, execution
+/// config), nothing written; pa_run runs it.
+template <class TQ, class TKV, class TM, class TO>
+void pa_prepare(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+                const PagedAttentionOutputs<TO>& out, const ExecConfig& exec,
+                PaProblem<TQ, TKV, TM, TO>& pr) {
+  constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
+  constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
+  static_assert(kQkv ? std::is_same_v<TKV, std::int8_t> &&
+                           (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)&&(
+                               std::is_same_v<TM, half> || std::is_same_v<TM, bfloat16>)
+                     : pa_float_v<TQ> && std::is_same_v<TM, TQ> && std::is_same_v<TO, TQ> &&
+                           (kDequant || std::is_same_v<TKV, TQ>),
+                "paged_attention types: TQ = TKV = TM = TO (half, bfloat16, float); int8 caches "
+                "(dequant fusion); or int8 q and caches with half / bfloat16 out and mask");
+  check_exec("paged_attention", exec);
+  pa_check_modes<TQ, TKV, TO>(params);
+  pr.pl = pa_plan(params, in, out);
+  pr.ex = exec;
+  pa_bind_masks(params, in, pr.pl, pr.var);
+  pa_bind_scales(params, in, pr.pl, pr.var);
+  pa_engine_problem(params, in, out, pr.pl, pr);
+}
+
+template <class TQ, class TKV, class TM, class TO>
+void pa_run(const PaProblem<TQ, TKV, TM, TO>& pr) {
+  attention_with(pr.var, pr.e, pr.ep, pr.eo, pr.ex);
 }
 
 }  // namespace detail
+
+/// Every check of paged_attention() (params, tensors, execution config), without computing or
+/// writing anything.
+template <class TQ, class TKV, class TM, class TO>
+void validate(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+              const PagedAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::PaProblem<TQ, TKV, TM, TO> pr;
+  detail::pa_prepare(params, in, out, exec, pr);
+}
 
 /// ATB PagedAttention. Three type families (checked against params.quant_type):
 ///   unquantized       TQ = TKV = TM = TO: half, bfloat16 or float
 ///   DEQUANT_FUSION    TQ = TM = TO: half, bfloat16 or float; TKV = int8
 ///   QKV_OFFLINE/ONLINE TQ = TKV = int8; TO = half or bfloat16 (params.out_data_type); TM: half
 ///                     or bfloat16
-/// Every check runs before `out` is written; results never depend on num_threads (0 = OpenMP's
-/// default).
+/// validate -> plan -> run: every check runs before `out` is written (validate() runs them
+/// alone); results never depend on exec.threads.
 template <class TQ, class TKV, class TM, class TO>
 void paged_attention(const PagedAttentionParams& params,
                      const PagedAttentionInputs<TQ, TKV, TM>& in,
-                     const PagedAttentionOutputs<TO>& out, int num_threads = 0) {
-  constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
-  constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
-  static_assert(kQkv ? std::is_same_v<TKV, std::int8_t> &&
-                           (std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>)&&(
-                               std::is_same_v<TM, half> || std::is_same_v<TM, bfloat16>)
-                     : detail::pa_float_v<TQ> && std::is_same_v<TM, TQ> && std::is_same_v<TO, TQ> &&
-                           (kDequant || std::is_same_v<TKV, TQ>),
-                "paged_attention types: TQ = TKV = TM = TO (half, bfloat16, float); int8 caches "
-                "(dequant fusion); or int8 q and caches with half / bfloat16 out and mask");
-  detail::pa_check_modes<TQ, TKV, TO>(params);
-  const detail::PaPlan<TKV> pl = detail::pa_plan(params, in, out);
-  using Variant =
-      std::conditional_t<kQkv, detail::AtbPagedQuantVariant<TM>, detail::AtbPagedVariant<TM>>;
-  Variant var{};
-  detail::pa_bind_masks(params, in, pl, var);
-  detail::pa_bind_scales(params, in, pl, var);
-  // Nothing has been written yet: pa_run validates the engine problem before it writes.
-  detail::pa_run(params, in, out, pl, var, num_threads);
+                     const PagedAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::PaProblem<TQ, TKV, TM, TO> pr;
+  detail::pa_prepare(params, in, out, exec, pr);
+  detail::pa_run(pr);
 }
 
 }  // namespace attnref

@@ -80,11 +80,12 @@ namespace attnref {
 
 /// ATB SelfAttention, inputLayout BSND. Validates the params (co-existence table and
 /// constraints) and every input before writing anything (caches included). T: half or bfloat16
-/// (the NPU's data types) or float. num_threads: worker threads of the engine (0 = OpenMP's
-/// default); results never depend on it.
+/// (the NPU's data types) or float. exec: threads and tiling (core/exec.hpp); results never
+/// depend on exec.threads.
 template <class T>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
-                    const SelfAttentionOutputs<T>& out, int num_threads = 0) {
+                    const SelfAttentionOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("self_attention", exec);
   using P = SelfAttentionParams;
   detail::sa_check_type<T>();
   constexpr const char* fn = "self_attention";
@@ -151,7 +152,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
     if (!(pa || prefix || bypass || kv_list))
       detail::sa_write_caches(params, in, out, pl, active, cu);
   };
-  detail::sa_run(params, pl, num_threads, extra, write_caches);
+  detail::sa_run(params, pl, exec, extra, write_caches);
 }
 
 }  // namespace attnref

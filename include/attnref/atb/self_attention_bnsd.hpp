@@ -21,7 +21,8 @@ namespace attnref {
 /// layout; its rows past seq_len[b] (and the rows of inactive sequences) are set to 0.
 template <class T>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,
-                    const SelfAttentionBnsdOutputs<T>& out, int num_threads = 0) {
+                    const SelfAttentionBnsdOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("self_attention", exec);
   using P = SelfAttentionParams;
   detail::sa_check_type<T>();
   constexpr const char* fn = "self_attention";
@@ -109,7 +110,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdIn
         for (Index i = in.seq_len[static_cast<size_t>(b)]; i < S; ++i)
           for (Index x = 0; x < pl.dv; ++x) out.out(b, h, i, x) = T(0.0f);
   };
-  detail::sa_run(params, pl, num_threads, extra, zero_padding);
+  detail::sa_run(params, pl, exec, extra, zero_padding);
 }
 
 }  // namespace attnref

@@ -30,7 +30,8 @@ namespace attnref {
 /// MLA). qScale must be 1 (fold it into qkDescale). Everything is checked before `out` is written.
 template <class TO>
 void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantInputs<TO>& in,
-                    const SelfAttentionOutputs<TO>& out, int num_threads = 0) {
+                    const SelfAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("self_attention", exec);
   using P = SelfAttentionParams;
   static_assert(std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>,
                 "qkv-quantized self_attention output: half or bfloat16");
@@ -121,7 +122,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
   quant.p_stage.p_scale = in.p_scale;
   quant.block = params.quant_block_size;
   detail::sa_run(
-      params, pl, num_threads, extra, [] {}, &quant);
+      params, pl, exec, extra, [] {}, &quant);
 }
 
 }  // namespace attnref

@@ -153,12 +153,6 @@ void resolve_heads(const char* fn, const AttentionInputs<TQ, TKV>& in, const Att
   ATTNREF_CHECK(p.window == 0 || p.causal != CausalMode::None, std::invalid_argument, fn,
                 "params.window", "set without a causal mode",
                 "CausalMode::TopLeft or BottomRight with a window", "CausalMode::None");
-  ATTNREF_CHECK(p.num_threads >= 0, std::invalid_argument, fn, "params.num_threads", "negative",
-                ">= 0", p.num_threads);
-  ATTNREF_CHECK(p.q_tile >= 0, std::invalid_argument, fn, "params.q_tile", "negative", ">= 0",
-                p.q_tile);
-  ATTNREF_CHECK(p.kv_tile >= 0, std::invalid_argument, fn, "params.kv_tile", "negative", ">= 0",
-                p.kv_tile);
 }
 
 /// The sequence structure (padded, packed with cu offsets, or paged through a validated cache):
@@ -286,16 +280,18 @@ void resolve_outputs(const char* fn, const AttentionInputs<TQ, TKV>& in,
 /// Validates everything and resolves the geometry (throws before any output is written).
 template <class TQ, class TKV, class TO, class TS>
 Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
-                 const AttentionOutputs<TO, TS>& out) {
+                 const AttentionOutputs<TO, TS>& out, const ExecConfig& exec) {
   Geometry g;
+  check_exec(fn, exec);
   resolve_heads(fn, in, p, out, g);
   Index max_q = 0, max_kv = 0;
   resolve_seqs(fn, in, g, max_q, max_kv);
   resolve_outputs(fn, in, out, g, max_q, max_kv);
   // Tiling (depends on the problem only, never on threads).
-  g.q_tile = p.q_tile > 0 ? p.q_tile : std::max<Index>(1, 256 / g.group);
-  g.kv_tile = p.kv_tile > 0 ? p.kv_tile : 256;
-  g.kv_split = p.kv_split < 0 ? 0 : (p.kv_split > 0 ? p.kv_split : 512);
+  g.q_tile = exec.q_tile > 0 ? exec.q_tile : std::max<Index>(1, 256 / g.group);
+  g.kv_tile = exec.kv_tile > 0 ? exec.kv_tile : 256;
+  g.kv_split = exec.kv_split < 0 ? 0 : (exec.kv_split > 0 ? exec.kv_split : 512);
+  g.threads = resolve_threads(exec.threads);
   return g;
 }
 
@@ -338,20 +334,21 @@ KvPages<TKV> make_pages(const AttentionInputs<TQ, TKV>& in, const Geometry& g) {
 
 }  // namespace detail
 
-/// Checks inputs, params and outputs of attention() without computing anything.
+/// Checks inputs, params, outputs and execution config of attention() without computing
+/// anything.
 template <class TQ, class TKV, class TO, class TS>
 void validate(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params,
-              const AttentionOutputs<TO, TS>& out) {
-  (void)detail::resolve("attention", in, params, out);
+              const AttentionOutputs<TO, TS>& out, const ExecConfig& exec = {}) {
+  (void)detail::resolve("attention", in, params, out, exec);
 }
 
 /// Attention with the built-in hooks (causal mode and the inputs' custom masks).
 /// Acc = float (default) or double selects the compute type.
 template <class Acc = float, class TQ, class TKV, class TO, class TS>
 void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params,
-               const AttentionOutputs<TO, TS>& out) {
+               const AttentionOutputs<TO, TS>& out, const ExecConfig& exec = {}) {
   detail::check_types<Acc, TQ, TKV, TO, TS>();
-  const detail::Geometry g = detail::resolve("attention", in, params, out);
+  const detail::Geometry g = detail::resolve("attention", in, params, out, exec);
   DefaultVariant var;
   var.causal.mode = params.causal;
   var.causal.window = params.window;
@@ -365,9 +362,10 @@ void attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& params
 /// inputs' custom masks and params.causal must be unset (the variant owns masking).
 template <class Acc = float, class Variant, class TQ, class TKV, class TO, class TS>
 void attention_with(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
-                    const AttentionParams& params, const AttentionOutputs<TO, TS>& out) {
+                    const AttentionParams& params, const AttentionOutputs<TO, TS>& out,
+                    const ExecConfig& exec = {}) {
   detail::check_types<Acc, TQ, TKV, TO, TS>();
-  const detail::Geometry g = detail::resolve("attention_with", in, params, out);
+  const detail::Geometry g = detail::resolve("attention_with", in, params, out, exec);
   ATTNREF_CHECK(in.mask_add.absent() && in.mask_bool.absent(), std::invalid_argument,
                 "attention_with", "inputs.mask_add/mask_bool", "given with a custom variant",
                 "absent (the variant owns masking)", "present");
@@ -384,9 +382,9 @@ namespace detail {
 template <class Acc = float, class Variant, class TQ, class TKV, class TO, class TS>
 void attention_with_pages(const Variant& variant, const AttentionInputs<TQ, TKV>& in,
                           const AttentionParams& params, const AttentionOutputs<TO, TS>& out,
-                          const KvPages<TKV>& pages) {
+                          const KvPages<TKV>& pages, const ExecConfig& exec = {}) {
   check_types<Acc, TQ, TKV, TO, TS>();
-  const Geometry g = resolve("attention_with", in, params, out);
+  const Geometry g = resolve("attention_with", in, params, out, exec);
   ATTNREF_CHECK(static_cast<Index>(pages.first.size()) == g.batch, std::invalid_argument,
                 "attention_with", "pages.first", "size mismatch", g.batch, pages.first.size());
   run_attention<Acc>(in, params, out, variant, g, pages);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attnref/attention/paged_kv.hpp"
+#include "attnref/core/exec.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
 
@@ -72,7 +73,7 @@ struct AttentionInputs {
   PagedKvCache<const TKV> paged_kv() const { return {k, v, block_table, seq.kv}; }
 };
 
-/// Scalars and switches of the engine (no activations).
+/// Scalars and switches of the engine (no activations; how a call runs is its ExecConfig).
 struct AttentionParams {
   /// Multiplies q·k (the softmax scale, typically 1/sqrt(D)). Must be finite.
   double scale = 1.0;
@@ -81,16 +82,6 @@ struct AttentionParams {
   /// window - 1 keys before it (aligned like the causal mode), i.e. key j is visible to query i
   /// iff i' - window < j <= i'. 0 = no window; a window >= kv_len is plain causal.
   Index window = 0;
-  /// Worker threads; 0 = OpenMP's default. Results are bitwise identical for any value.
-  int num_threads = 0;
-  /// Tiling (0 = automatic). q_tile counts query positions per work item (each work item stacks
-  /// all q heads of one kv head); kv_tile counts keys per inner step; kv_split is the number of
-  /// keys per split-KV partial used when a sequence has a single q tile (decode), at most 32
-  /// partials per sequence (longer sequences get longer splits). kv_split < 0 disables split-KV.
-  /// Tiling changes rounding, never semantics; it never depends on threads.
-  Index q_tile = 0;
-  Index kv_tile = 0;
-  Index kv_split = 0;
 };
 
 /// Output views. TO: float, double, half or bfloat16. TS: float or double for lse / probs.

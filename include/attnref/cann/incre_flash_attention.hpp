@@ -445,32 +445,51 @@ void ifa_antiquant(const char* fn, const IncreFlashAttentionParams& params,
   }
 }
 
-/// The engine problem (B sequences of one query token), validated against the caller's tensors,
-/// then run with the shared query / output hooks (detail/hooks/io.hpp): per-channel antiquant
-/// folds the K scale into q and the K offset into a row constant, V's affine map and the int8
-/// output quantization apply to each output row; per-token antiquant dequantizes each key and
-/// value as the engine loads its tile. Batches without keys give 0.
+/// A validated IncreFlashAttention call, ready to run: the plan, the engine problem (B sequences
+/// of one query token), its hooks and its execution config. The hooks and pages point into the
+/// plan: a problem is filled in place and never copied.
 template <class T, class TKV, class TM, class TO>
-void ifa_run(const IncreFlashAttentionParams& params,
-             const IncreFlashAttentionInputs<T, TKV, TM>& in,
-             const IncreFlashAttentionOutputs<TO>& out, const IfaPlan<TKV>& pl,
-             CannVariant<TM, T>& var, int num_threads) {
+struct IfaProblem {
+  IfaProblem() = default;
+  IfaProblem(const IfaProblem&) = delete;
+  IfaProblem& operator=(const IfaProblem&) = delete;
+  IfaPlan<TKV> pl;
+  CannVariant<TM, T> var{};
+  AttentionInputs<T, TKV> e;
+  AttentionParams ep;
+  AttentionOutputs<TO> eo;
+  ExecConfig ex;
+};
+
+/// The engine problem, validated against the caller's tensors, with the shared query / output
+/// hooks (detail/hooks/io.hpp): per-channel antiquant folds the K scale into q and the K offset
+/// into a row constant, V's affine map and the int8 output quantization apply to each output
+/// row; per-token antiquant dequantizes each key and value as the engine loads its tile. Batches
+/// without keys give 0.
+template <class T, class TKV, class TM, class TO>
+void ifa_engine_problem(const IncreFlashAttentionParams& params,
+                        const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                        const IncreFlashAttentionOutputs<TO>& out, IfaProblem<T, TKV, TM, TO>& pr) {
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
   constexpr const char* fn = "incre_flash_attention";
+  const IfaPlan<TKV>& pl = pr.pl;
   const Index B = pl.B, D = pl.D, n = pl.n, per = pl.per;
-  AttentionInputs<T, TKV> e;
+  auto& var = pr.var;
+  auto& e = pr.e;
+  auto& ep = pr.ep;
+  auto& eo = pr.eo;
   e.read_kv(pl.kv.cache);
   e.q = pfa_view(in.query.data(), pl.layout, pl.qd);
   const KvPages<TKV>& pages = pl.kv.pages;
-  AttentionParams ep;
   ep.scale = var.add_then_scale ? 1.0 : params.scale_value;
-  ep.num_threads = num_threads;
-  AttentionOutputs<TO> eo{pfa_view(out.attention_out.data(), pl.layout, pl.qd)};
+  eo.o = pfa_view(out.attention_out.data(), pl.layout, pl.qd);
   cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n, D, kInt8Out, var);
   var.post_zero_empty = true;
-  if (pages.first.empty()) validate(e, ep, eo);
-  // Nothing has been written yet.
+  if (pages.first.empty())  // the engine's checks, as the run will make them
+    validate(e, ep, eo, pr.ex);
+  else
+    (void)resolve("attention_with", e, ep, eo, pr.ex);
   var.group = n / pl.kvn;
   if constexpr (kQuant) {
     var.zero_empty = true;
@@ -495,18 +514,15 @@ void ifa_run(const IncreFlashAttentionParams& params,
       }
     }
   }
-  if (pages.first.empty())
-    attention_with(var, e, ep, eo);
-  else
-    attention_with_pages(var, e, ep, eo, pages);
 }
 
-/// incre_flash_attention on dense arguments (the public entry passes every view through a
-/// DenseArena).
+/// Validate and plan into `pr` (dense arguments): every check of incre_flash_attention, nothing
+/// written; ifa_run runs it.
 template <class T, class TKV, class TM, class TO>
-void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
-                                 const IncreFlashAttentionInputs<T, TKV, TM>& in,
-                                 const IncreFlashAttentionOutputs<TO>& out, int num_threads) {
+void ifa_prepare(const IncreFlashAttentionParams& params,
+                 const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                 const IncreFlashAttentionOutputs<TO>& out, const ExecConfig& exec,
+                 IfaProblem<T, TKV, TM, TO>& pr) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "incre_flash_attention query: half, bfloat16 or float");
   static_assert(std::is_same_v<TKV, T> || std::is_same_v<TKV, std::int8_t>,
@@ -517,26 +533,56 @@ void incre_flash_attention_dense(const IncreFlashAttentionParams& params,
   static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
                     std::is_same_v<TM, std::uint8_t>,
                 "incre_flash_attention mask: bool, int8 or uint8");
-  IfaPlan<TKV> pl = ifa_plan("incre_flash_attention", params, in, out);
-  CannVariant<TM, T> var{};
-  ifa_bind_masks("incre_flash_attention", params, in, pl, var);
-  ifa_antiquant("incre_flash_attention", params, in, pl);
-  // Nothing has been written yet: ifa_run validates the engine problem before it writes.
-  ifa_run(params, in, out, pl, var, num_threads);
+  pr.ex = exec;
+  pr.pl = ifa_plan("incre_flash_attention", params, in, out);
+  ifa_bind_masks("incre_flash_attention", params, in, pr.pl, pr.var);
+  ifa_antiquant("incre_flash_attention", params, in, pr.pl);
+  ifa_engine_problem(params, in, out, pr);
 }
-}  // namespace detail
 
 template <class T, class TKV, class TM, class TO>
-void incre_flash_attention(const IncreFlashAttentionParams& params,
-                           const IncreFlashAttentionInputs<T, TKV, TM>& in,
-                           const IncreFlashAttentionOutputs<TO>& out, int num_threads = 0) {
-  detail::DenseArena arena("incre_flash_attention");
+void ifa_run(const IfaProblem<T, TKV, TM, TO>& pr) {
+  if (pr.pl.kv.pages.first.empty())
+    attention_with(pr.var, pr.e, pr.ep, pr.eo, pr.ex);
+  else
+    attention_with_pages(pr.var, pr.e, pr.ep, pr.eo, pr.pl.kv.pages, pr.ex);
+}
+
+/// incre_flash_attention (run) or its validation alone (!run): every view passes through a
+/// DenseArena, the dense call is prepared (every check) and, when run, computed and committed.
+template <class T, class TKV, class TM, class TO>
+void ifa_call(const IncreFlashAttentionParams& params,
+              const IncreFlashAttentionInputs<T, TKV, TM>& in,
+              const IncreFlashAttentionOutputs<TO>& out, const ExecConfig& exec, bool run) {
+  check_exec("incre_flash_attention", exec);
+  DenseArena arena("incre_flash_attention");
   IncreFlashAttentionInputs<T, TKV, TM> din = in;
   IncreFlashAttentionOutputs<TO> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   arena.output("attention_out", dout.attention_out);
-  detail::incre_flash_attention_dense(params, din, dout, num_threads);
+  IfaProblem<T, TKV, TM, TO> pr;
+  ifa_prepare(params, din, dout, exec, pr);
+  if (!run) return;
+  ifa_run(pr);
   arena.commit();
+}
+}  // namespace detail
+
+/// Every check of incre_flash_attention() (params, tensors, execution config), without computing
+/// or writing anything.
+template <class T, class TKV, class TM, class TO>
+void validate(const IncreFlashAttentionParams& params,
+              const IncreFlashAttentionInputs<T, TKV, TM>& in,
+              const IncreFlashAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::ifa_call(params, in, out, exec, false);
+}
+
+/// CANN IncreFlashAttention: validate -> plan -> run (every check before the output is written).
+template <class T, class TKV, class TM, class TO>
+void incre_flash_attention(const IncreFlashAttentionParams& params,
+                           const IncreFlashAttentionInputs<T, TKV, TM>& in,
+                           const IncreFlashAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::ifa_call(params, in, out, exec, true);
 }
 
 }  // namespace attnref

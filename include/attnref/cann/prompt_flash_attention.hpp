@@ -25,7 +25,7 @@
 /// input type, quant_scale2 per tensor or per channel, quant_offset2 optional): out =
 /// sat(rint(O · quant_scale2 + quant_offset2)), round half to even (docs/semantics.md §10 item 9);
 /// padded rows stay 0, a row with no key left is the quantized 0.
-/// Every check runs before the output is written; results never depend on num_threads.
+/// Every check runs before the output is written; results never depend on exec.threads.
 
 #include <algorithm>
 #include <array>
@@ -419,23 +419,42 @@ void pfa_bind(const char* fn, const PromptFlashAttentionParams& params,
   var.scale = static_cast<float>(params.scale_value);
 }
 
-/// The quantization scales, then the engine problem (validated before anything is written),
-/// run with the int8 path's variant or the plain one; padded rows 0; the int8 output.
+/// The variant of the int8 path (P quantized block by block) or the plain one.
+template <class T, class TM, class TP>
+using PfaVariant = std::conditional_t<std::is_same_v<T, std::int8_t>, CannQuantVariant<TM, TP>,
+                                      CannVariant<TM, TP>>;
+
+/// A validated PromptFlashAttention call, ready to run: the plan, the engine problem, its hooks
+/// and its execution config (filled in place, never copied).
 template <class T, class TM, class TP, class TO>
-void pfa_run(const PromptFlashAttentionParams& params,
-             const PromptFlashAttentionInputs<T, TM, TP>& in,
-             const PromptFlashAttentionOutputs<TO>& out, const PfaPlan& pl,
-             const CannVariant<TM, TP>& var, int num_threads) {
+struct PfaProblem {
+  PfaProblem() = default;
+  PfaProblem(const PfaProblem&) = delete;
+  PfaProblem& operator=(const PfaProblem&) = delete;
+  PfaPlan pl;
+  PfaVariant<T, TM, TP> var{};
+  AttentionInputs<T> e;
+  AttentionParams ep;
+  AttentionOutputs<TO> eo;
+  ExecConfig ex;
+};
+
+/// The quantization scales, then the engine problem, validated against the caller's tensors,
+/// with the int8 path's P step or none.
+template <class T, class TM, class TP, class TO>
+void pfa_engine_problem(const PromptFlashAttentionParams& params,
+                        const PromptFlashAttentionInputs<T, TM, TP>& in,
+                        const PromptFlashAttentionOutputs<TO>& out, PfaProblem<T, TM, TP, TO>& pr) {
   using detail::shape_str;
   constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   using L = Layout;
   constexpr const char* fn = "prompt_flash_attention";
+  const PfaPlan& pl = pr.pl;
   const Layout layout = pl.layout;
-  const Index n = pl.n, Dv = pl.Dv, S1 = pl.S1, B = pl.lens.B;
+  const Index n = pl.n, Dv = pl.Dv;
   const auto &qd = pl.qd, &kd = pl.kd, &vd = pl.vd, &od = pl.od;
   const bool tnd = pl.tnd;
-  const std::vector<Index>& q_len = pl.lens.q_len;
   // Quantization: the int8 path's three per-tensor scales, the int8 output's scale / offset.
   auto scalar = [&](const StridedView<const float>& t, const char* arg, bool want) {
     if (!want) {
@@ -455,11 +474,11 @@ void pfa_run(const PromptFlashAttentionParams& params,
   const float deq1 = scalar(in.deq_scale1, "deq_scale1", kInt8In);
   const float qs1 = scalar(in.quant_scale1, "quant_scale1", kInt8In);
   const float deq2 = scalar(in.deq_scale2, "deq_scale2", kInt8In);
-  CannVariant<TM, TP> hooks = var;
-  cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n, Dv, kInt8Out, hooks);
+  auto& var = pr.var;
+  cann_post_quant(fn, in.quant_scale2, in.quant_offset2, n, Dv, kInt8Out, var);
 
   // The engine problem.
-  AttentionInputs<T> e;
+  auto& e = pr.e;
   e.q = pfa_view(in.query.data(), layout, qd);
   e.k = pfa_view(in.key.data(), layout, kd);
   e.v = pfa_view(in.value.data(), layout, vd);
@@ -467,44 +486,32 @@ void pfa_run(const PromptFlashAttentionParams& params,
     e.seq.q_cu = pl.lens.q_cu;
     e.seq.kv_cu = pl.lens.kv_cu;
   } else {
-    e.seq.q = q_len;
+    e.seq.q = pl.lens.q_len;
     e.seq.kv = pl.lens.kv_len;
   }
-  AttentionParams ep;
-  ep.scale = var.add_then_scale || kInt8In ? 1.0 : params.scale_value;
-  ep.num_threads = num_threads;
-  if (kInt8In) ep.kv_tile = params.quant_block_size;  // P is quantized block by block
+  pr.ep.scale = var.add_then_scale || kInt8In ? 1.0 : params.scale_value;
+  if (kInt8In) pr.ex.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
-  AttentionOutputs<TO> eo{pfa_view(out.attention_out.data(), out_layout, od)};
-  validate(e, ep, eo);  // overlaps and data checks; nothing written yet
-  // Padded query rows are 0.
-  if (!tnd)
-    for (Index b = 0; b < B; ++b)
-      for (Index i = q_len[static_cast<size_t>(b)]; i < S1; ++i)
-        for (Index h = 0; h < n; ++h)
-          for (Index x = 0; x < Dv; ++x) eo.o(b, i, h, x) = TO(0.0f);
+  pr.eo.o = pfa_view(out.attention_out.data(), out_layout, od);
+  validate(e, pr.ep, pr.eo, pr.ex);  // overlaps and data checks; nothing written yet
   // (an int8 output: sat(rint(O·quant_scale2 + quant_offset2)) per channel (h, d), the hooks'
   // quantize_o)
   if constexpr (kInt8In) {
-    CannQuantVariant<TM, TP> qv{};
-    static_cast<CannVariant<TM, TP>&>(qv) = hooks;
-    qv.int8_scores = true;
-    qv.deq1 = deq1;
-    qv.form = PQuantStep::Form::PromptFlash;
-    qv.scale1 = qs1;
-    qv.factor = deq2;
-    attention_with(qv, e, ep, eo);
-  } else {
-    attention_with(hooks, e, ep, eo);
+    var.int8_scores = true;
+    var.deq1 = deq1;
+    var.form = PQuantStep::Form::PromptFlash;
+    var.scale1 = qs1;
+    var.factor = deq2;
   }
 }
 
-/// prompt_flash_attention on dense arguments (the public entry passes every view through a
-/// DenseArena).
+/// Validate and plan into `pr` (dense arguments): every check of prompt_flash_attention, nothing
+/// written; pfa_run runs it.
 template <class T, class TM, class TP, class TO>
-void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
-                                  const PromptFlashAttentionInputs<T, TM, TP>& in,
-                                  const PromptFlashAttentionOutputs<TO>& out, int num_threads) {
+void pfa_prepare(const PromptFlashAttentionParams& params,
+                 const PromptFlashAttentionInputs<T, TM, TP>& in,
+                 const PromptFlashAttentionOutputs<TO>& out, const ExecConfig& exec,
+                 PfaProblem<T, TM, TP, TO>& pr) {
   constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   static_assert(
@@ -523,24 +530,58 @@ void prompt_flash_attention_dense(const PromptFlashAttentionParams& params,
                       "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",
                       in.quant_scale2, "quant_offset2", in.quant_offset2, "attention_out",
                       out.attention_out);
-  const PfaPlan pl = pfa_plan(fn, params, in, out);
-  CannVariant<TM, TP> var{};
-  pfa_bind(fn, params, in, pl, var);
-  pfa_run(params, in, out, pl, var, num_threads);
+  pr.ex = exec;
+  pr.pl = pfa_plan(fn, params, in, out);
+  pfa_bind(fn, params, in, pr.pl, static_cast<CannVariant<TM, TP>&>(pr.var));
+  pfa_engine_problem(params, in, out, pr);
 }
-}  // namespace detail
 
+/// Padded query rows 0, then the engine.
 template <class T, class TM, class TP, class TO>
-void prompt_flash_attention(const PromptFlashAttentionParams& params,
-                            const PromptFlashAttentionInputs<T, TM, TP>& in,
-                            const PromptFlashAttentionOutputs<TO>& out, int num_threads = 0) {
-  detail::DenseArena arena("prompt_flash_attention");
+void pfa_run(const PfaProblem<T, TM, TP, TO>& pr) {
+  const PfaPlan& pl = pr.pl;
+  if (!pl.tnd)
+    for (Index b = 0; b < pl.lens.B; ++b)
+      for (Index i = pl.lens.q_len[static_cast<size_t>(b)]; i < pl.S1; ++i)
+        for (Index h = 0; h < pl.n; ++h)
+          for (Index x = 0; x < pl.Dv; ++x) pr.eo.o(b, i, h, x) = TO(0.0f);
+  attention_with(pr.var, pr.e, pr.ep, pr.eo, pr.ex);
+}
+
+/// prompt_flash_attention (run) or its validation alone (!run), every view through a DenseArena.
+template <class T, class TM, class TP, class TO>
+void pfa_call(const PromptFlashAttentionParams& params,
+              const PromptFlashAttentionInputs<T, TM, TP>& in,
+              const PromptFlashAttentionOutputs<TO>& out, const ExecConfig& exec, bool run) {
+  check_exec("prompt_flash_attention", exec);
+  DenseArena arena("prompt_flash_attention");
   PromptFlashAttentionInputs<T, TM, TP> din = in;
   PromptFlashAttentionOutputs<TO> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   arena.output("attention_out", dout.attention_out);
-  detail::prompt_flash_attention_dense(params, din, dout, num_threads);
+  PfaProblem<T, TM, TP, TO> pr;
+  pfa_prepare(params, din, dout, exec, pr);
+  if (!run) return;
+  pfa_run(pr);
   arena.commit();
+}
+}  // namespace detail
+
+/// Every check of prompt_flash_attention() (params, tensors, execution config), without computing
+/// or writing anything.
+template <class T, class TM, class TP, class TO>
+void validate(const PromptFlashAttentionParams& params,
+              const PromptFlashAttentionInputs<T, TM, TP>& in,
+              const PromptFlashAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::pfa_call(params, in, out, exec, false);
+}
+
+template <class T, class TM, class TP, class TO>
+void prompt_flash_attention(const PromptFlashAttentionParams& params,
+                            const PromptFlashAttentionInputs<T, TM, TP>& in,
+                            const PromptFlashAttentionOutputs<TO>& out,
+                            const ExecConfig& exec = {}) {
+  detail::pfa_call(params, in, out, exec, true);
 }
 
 }  // namespace attnref

@@ -23,6 +23,7 @@
 
 #include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/exec.hpp"
 #include "attnref/core/nz.hpp"
 #include "attnref/core/quant.hpp"
 #include "attnref/core/types.hpp"
@@ -187,7 +188,8 @@ namespace detail {
 /// int8_matmul on dense arguments: the public entry below passes every view through a
 /// DenseArena first.
 template <class T>
-void int8_matmul_dense(const Int8MatmulInputs& in, const StridedView<T>& out, int num_threads) {
+void int8_matmul_dense(const Int8MatmulInputs& in, const StridedView<T>& out,
+                       const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "int8_matmul: half, bfloat16 or float output");
   using namespace detail::mla;
@@ -239,7 +241,7 @@ void int8_matmul_dense(const Int8MatmulInputs& in, const StridedView<T>& out, in
     constexpr Index kRows = 256;
     const Index m_pad = (N + 15) / 16 * 16;
     detail::parallel_for(
-        detail::resolve_threads(num_threads), (N + kRows - 1) / kRows, [] { return 0; },
+        detail::resolve_threads(exec.threads), (N + kRows - 1) / kRows, [] { return 0; },
         [&](int&, Index item) {
           const Index n0 = item * kRows, rows = std::min(kRows, N - n0);
           std::int32_t colsum[kRows] = {};
@@ -267,7 +269,7 @@ void int8_matmul_dense(const Int8MatmulInputs& in, const StridedView<T>& out, in
   const Index items = (N + kBlock - 1) / kBlock;
   const bool gather = in.w.format != WeightFormat::NdOutIn;
   detail::parallel_for(
-      detail::resolve_threads(num_threads), items, [] { return 0; },
+      detail::resolve_threads(exec.threads), items, [] { return 0; },
       [&](int&, Index item) {
         thread_local std::vector<std::int8_t> wbuf;
         const Index n0 = item * kBlock, rows = std::min(kBlock, N - n0);
@@ -291,13 +293,15 @@ void int8_matmul_dense(const Int8MatmulInputs& in, const StridedView<T>& out, in
 
 /// out [M, N] (T: half, bfloat16 or float) = the dequantized int8 product.
 template <class T>
-void int8_matmul(const Int8MatmulInputs& in, const StridedView<T>& out, int num_threads = 0) {
+void int8_matmul(const Int8MatmulInputs& in, const StridedView<T>& out,
+                 const ExecConfig& exec = {}) {
+  detail::check_exec("int8_matmul", exec);
   detail::DenseArena arena("int8_matmul");
   Int8MatmulInputs din = in;
   StridedView<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   arena.output("out", dout);
-  detail::int8_matmul_dense(din, dout, num_threads);
+  detail::int8_matmul_dense(din, dout, exec);
   arena.commit();
 }
 
@@ -306,7 +310,7 @@ namespace detail {
 /// DenseArena first.
 template <class T>
 void float_matmul_dense(const StridedView<const T>& a, const WeightRef<T>& w,
-                        const StridedView<T>& out, int num_threads) {
+                        const StridedView<T>& out, const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "float_matmul: half, bfloat16 or float");
   using namespace detail::mla;
@@ -323,7 +327,7 @@ void float_matmul_dense(const StridedView<const T>& a, const WeightRef<T>& w,
   constexpr Index kBlock = 256;
   const Index items = (N + kBlock - 1) / kBlock;
   detail::parallel_for(
-      detail::resolve_threads(num_threads), items, [&] { return std::vector<T>(); },
+      detail::resolve_threads(exec.threads), items, [&] { return std::vector<T>(); },
       [&](std::vector<T>& wbuf, Index item) {
         const Index n0 = item * kBlock, rows = std::min(kBlock, N - n0);
         wbuf.resize(static_cast<size_t>(rows * K));
@@ -342,7 +346,8 @@ void float_matmul_dense(const StridedView<const T>& a, const WeightRef<T>& w,
 /// fp32 (Eigen's GEMM; the sum order is Eigen's, the same for every thread count).
 template <class T>
 void float_matmul(const StridedView<const T>& a, const WeightRef<T>& w, const StridedView<T>& out,
-                  int num_threads = 0) {
+                  const ExecConfig& exec = {}) {
+  detail::check_exec("float_matmul", exec);
   detail::DenseArena arena("float_matmul");
   StridedView<const T> da = a;
   WeightRef<T> dw = w;
@@ -350,7 +355,7 @@ void float_matmul(const StridedView<const T>& a, const WeightRef<T>& w, const St
   arena.input("a", da);
   arena.input("w", dw.tensor);
   arena.output("out", dout);
-  detail::float_matmul_dense(da, dw, dout, num_threads);
+  detail::float_matmul_dense(da, dw, dout, exec);
   arena.commit();
 }
 

@@ -116,7 +116,8 @@ inline Index decode_width(const char* fn, const MlaDecodeParams& params) {
 /// out [B, heads, C] = the absorbed MLA decode attention (T: half, bfloat16 or float).
 template <class T>
 void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
-                const StridedView<T>& out, int num_threads = 0) {
+                const StridedView<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("mla_decode", exec);
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "mla_decode: half, bfloat16 or float");
   using namespace detail::mla;
@@ -146,10 +147,10 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
   e.read_kv(cache);
   AttentionParams ep;
   ep.scale = params.scale;
-  ep.num_threads = num_threads;
   attention(e, ep,
             AttentionOutputs<T>{StridedView<T, 4>(
-                out.data(), {B, 1, H, C}, {out.stride(0), 0, out.stride(1), out.stride(2)})});
+                out.data(), {B, 1, H, C}, {out.stride(0), 0, out.stride(1), out.stride(2)})},
+            exec);
 }
 
 namespace detail {
@@ -157,7 +158,7 @@ namespace detail {
 /// DenseArena first.
 template <class T>
 void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
-                                 const StridedView<T>& out, int num_threads) {
+                                 const StridedView<T>& out, const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "mla_decode_unabsorbed: half, bfloat16 or float");
   using namespace detail::mla;
@@ -222,9 +223,8 @@ void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsor
   e.seq.kv = in.context_lens;
   AttentionParams ep;
   ep.scale = params.scale;
-  ep.num_threads = num_threads;
   std::vector<float> o(static_cast<size_t>(B * H * C));
-  attention(e, ep, AttentionOutputs<float>{StridedView<float, 4>(o.data(), {B, 1, H, C})});
+  attention(e, ep, AttentionOutputs<float>{StridedView<float, 4>(o.data(), {B, 1, H, C})}, exec);
   for (size_t i = 0; i < o.size(); ++i) out.data()[i] = T(o[i]);
 }
 }  // namespace detail
@@ -232,13 +232,14 @@ void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsor
 /// out [B, heads, C] = the same attention with the latent expanded per head (verification).
 template <class T>
 void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
-                           const StridedView<T>& out, int num_threads = 0) {
+                           const StridedView<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("mla_decode_unabsorbed", exec);
   detail::DenseArena arena("mla_decode_unabsorbed");
   MlaUnabsorbedInputs<T> din = in;
   StridedView<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   arena.output("out", dout);
-  detail::mla_decode_unabsorbed_dense(params, din, dout, num_threads);
+  detail::mla_decode_unabsorbed_dense(params, din, dout, exec);
   arena.commit();
 }
 

@@ -27,6 +27,7 @@
 
 #include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/exec.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/mla/int8_matmul.hpp"
 #include "attnref/mla/params.hpp"
@@ -303,7 +304,7 @@ void mla_pre_outputs(const char* fn, const MlaPreprocessInputs<T>& in,
 /// outputs and the caches.
 template <class T>
 void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
-                 const MlaPreprocessOutputs<T>& out, const MlaPrePlan& pl, int num_threads) {
+                 const MlaPreprocessOutputs<T>& out, const MlaPrePlan& pl, const ExecConfig& exec) {
   const Index H0 = pl.H0, C = pl.C, R = pl.R, Q = pl.Q, P = pl.P, W1 = pl.W1, W2 = pl.W2;
   const Index N = pl.N, NH = pl.NH, bs = pl.bs;
   const MlaQuantMode mode = pl.mode;
@@ -322,7 +323,7 @@ void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>
     if (unquant) {
       std::vector<T> y(static_cast<size_t>(N * K));
       rms_norm_quant<T>(mode, params.epsilon, ri, {{}, {}, {}, StridedView<T>(y.data(), {N, K})});
-      float_matmul<T>(StridedView<const T>(y.data(), {N, K}), wf, o, num_threads);
+      float_matmul<T>(StridedView<const T>(y.data(), {N, K}), wf, o, exec);
       return;
     }
     std::vector<std::int8_t> q(static_cast<size_t>(N * K));
@@ -335,7 +336,7 @@ void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>
     if (!per_tensor) mi.token_scale = StridedView<const float>(dsc.data(), {N});
     if (mode == MlaQuantMode::PerTokenAsymm)
       mi.zero_point = StridedView<const float>(zp.data(), {N});
-    int8_matmul<T>(mi, o, num_threads);
+    int8_matmul<T>(mi, o, exec);
   };
   // 1-2: input -> mm1 [N, C + R + Q].
   norm_matmul(in.input, H0, in.gamma0, in.beta0, in.quant_scale0, in.quant_offset0, in.wdqkv,
@@ -362,7 +363,7 @@ void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>
     }
   std::vector<float> qa(static_cast<size_t>(N * NH * C));
   q_nope_absorb<T>(StridedView<const T>(qn.data(), {N, NH, P}), in.wuk,
-                   StridedView<float>(qa.data(), {N, NH, C}), num_threads);
+                   StridedView<float>(qa.data(), {N, NH, C}), exec);
   rope_rotate_half<T>(StridedView<const T>(qr.data(), {N, NH, R}), in.sin, in.cos, NH,
                       StridedView<T>(qr.data(), {N, NH, R}));
   // 8: the key path.
@@ -408,7 +409,7 @@ void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>
 /// DenseArena first.
 template <class T>
 void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
-                          const MlaPreprocessOutputs<T>& out, int num_threads) {
+                          const MlaPreprocessOutputs<T>& out, const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
                 "mla_preprocess: half or bfloat16 (the model dtype)");
   constexpr const char* fn = "mla_preprocess";
@@ -428,19 +429,20 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
   mla::mla_pre_inputs(fn, in, pl);
   mla::mla_pre_outputs(fn, in, out, pl);
   // Nothing has been written yet; from here on only internal buffers until the last step.
-  mla::mla_pre_run(params, in, out, pl, num_threads);
+  mla::mla_pre_run(params, in, out, pl, exec);
 }
 }  // namespace detail
 
 template <class T>
 void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
-                    const MlaPreprocessOutputs<T>& out, int num_threads = 0) {
+                    const MlaPreprocessOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("mla_preprocess", exec);
   detail::DenseArena arena("mla_preprocess");
   MlaPreprocessInputs<T> din = in;
   MlaPreprocessOutputs<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::mla_preprocess_dense(params, din, dout, num_threads);
+  detail::mla_preprocess_dense(params, din, dout, exec);
   arena.commit();
 }
 

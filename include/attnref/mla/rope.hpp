@@ -18,6 +18,7 @@
 
 #include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/exec.hpp"
 #include "attnref/core/nz.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
@@ -128,7 +129,7 @@ namespace detail {
 /// DenseArena first.
 template <class T>
 void q_nope_absorb_dense(const StridedView<const T>& q, const WukRef<T>& wuk,
-                         const StridedView<float>& out, int num_threads) {
+                         const StridedView<float>& out, const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "q_nope_absorb: half, bfloat16 or float");
   using namespace detail::mla;
@@ -163,7 +164,7 @@ void q_nope_absorb_dense(const StridedView<const T>& q, const WukRef<T>& wuk,
   // Per head: out[t][h][:] = Σ_k q[t][h][k] · wuk[h][k][:], k ascending (fp32 axpys), so each
   // element's sum order is the same for every N and thread count.
   detail::parallel_for(
-      detail::resolve_threads(num_threads), H,
+      detail::resolve_threads(exec.threads), H,
       [&] { return std::vector<float>(static_cast<size_t>(C)); },
       [&](std::vector<float>& wrow, Index h) {
         for (Index t = 0; t < N; ++t) std::fill_n(out.data() + (t * H + h) * C, C, 0.0f);
@@ -190,7 +191,8 @@ void q_nope_absorb_dense(const StridedView<const T>& q, const WukRef<T>& wuk,
 /// out [N, heads, C] (fp32) = q [N, heads, P] · wuk[h] per head.
 template <class T>
 void q_nope_absorb(const StridedView<const T>& q, const WukRef<T>& wuk,
-                   const StridedView<float>& out, int num_threads = 0) {
+                   const StridedView<float>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("q_nope_absorb", exec);
   detail::DenseArena arena("q_nope_absorb");
   StridedView<const T> dq = q;
   WukRef<T> dw = wuk;
@@ -198,7 +200,7 @@ void q_nope_absorb(const StridedView<const T>& q, const WukRef<T>& wuk,
   arena.input("q", dq);
   arena.input("wuk", dw.tensor);
   arena.output("out", dout);
-  detail::q_nope_absorb_dense(dq, dw, dout, num_threads);
+  detail::q_nope_absorb_dense(dq, dw, dout, exec);
   arena.commit();
 }
 

@@ -414,7 +414,7 @@ template <class T>
 void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
                  const NsaCompressAttentionInferInputs<T>& in,
                  const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl,
-                 int num_threads) {
+                 const ExecConfig& exec) {
   const bool tnd = pl.tnd;
   const Index B = pl.B, S = pl.S, total = pl.total, N = pl.N, KVN = pl.KVN, G = pl.G;
   const Index Dqk = pl.Dqk, Dv = pl.Dv, max_cmp = pl.max_cmp, max_sel_blocks = pl.max_sel_blocks;
@@ -437,7 +437,6 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
   e.read_kv(cache);
   AttentionParams ep;
   ep.scale = p.scale_value;
-  ep.num_threads = num_threads;
   const Index pc = std::max<Index>(1, max_cmp);
   // probs as the engine lays them out: TND [1, N, T, pc], BSND [B, N, S, pc].
   const Index pb = tnd ? 1 : B, ps = tnd ? total : S;
@@ -451,7 +450,7 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
   eo.probs = StridedView<float, 4>(probs.data(), {pb, N, ps, pc});
   detail::NsaVariant<T> var;
   if (pl.mask) var.tail = &pl.tail;
-  attention_with(var, e, ep, eo);
+  attention_with(var, e, ep, eo, exec);
 
   // Importance, forced blocks, top-k from the probabilities; padded BSND rows give 0.
   std::vector<float> hs(static_cast<size_t>(std::max<Index>(1, max_sel_blocks)));
@@ -506,7 +505,7 @@ template <class T>
 void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p,
                                         const NsaCompressAttentionInferInputs<T>& in,
                                         const NsaCompressAttentionInferOutputs<T>& out,
-                                        int num_threads) {
+                                        const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
   detail::check_views("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
@@ -520,7 +519,7 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
   nsa_cmp_mask(in, pl);
   nsa_cmp_outputs(out, pl);
   // Nothing has been written yet.
-  nsa_cmp_run(p, in, out, pl, num_threads);
+  nsa_cmp_run(p, in, out, pl, exec);
 }
 }  // namespace detail
 
@@ -528,13 +527,14 @@ template <class T>
 void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                                   const NsaCompressAttentionInferInputs<T>& in,
                                   const NsaCompressAttentionInferOutputs<T>& out,
-                                  int num_threads = 0) {
+                                  const ExecConfig& exec = {}) {
+  detail::check_exec("nsa_compress_attention_infer", exec);
   detail::DenseArena arena("nsa_compress_attention_infer");
   NsaCompressAttentionInferInputs<T> din = in;
   NsaCompressAttentionInferOutputs<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::nsa_compress_attention_infer_dense(p, din, dout, num_threads);
+  detail::nsa_compress_attention_infer_dense(p, din, dout, exec);
   arena.commit();
 }
 

@@ -178,13 +178,14 @@ struct NsaWindowProblem {
   AttentionInputs<T, T> e;
   AttentionParams ep;
   AttentionOutputs<T> eo;
+  ExecConfig exec;
   NsaStepDims d;
 };
 
 template <class T>
 NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
                                        const NsaDecodeInputs<T>& in, const StridedView<T>& out,
-                                       int num_threads) {
+                                       const ExecConfig& exec) {
   check_view(fn, "out", out);
   NsaWindowProblem<T> w;
   const NsaStepDims& d = w.d = nsa_step_dims(fn, p, in);
@@ -224,10 +225,10 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
   w.ep.scale = p.scale_value;
   w.ep.causal = CausalMode::BottomRight;
   w.ep.window = static_cast<Index>(p.window_size);
-  w.ep.num_threads = num_threads;
+  w.exec = exec;
   w.eo.o = tnd ? StridedView<T, 4>(out.data(), {1, d.rows, d.N, d.Dv})
                : StridedView<T, 4>(out.data(), {d.B, d.S, d.N, d.Dv});
-  (void)resolve(fn, e, w.ep, w.eo);  // lengths, block table entries, overlaps, named by fn
+  (void)resolve(fn, e, w.ep, w.eo, exec);  // lengths, block table entries, overlaps, named by fn
   return w;
 }
 
@@ -238,7 +239,7 @@ void nsa_window_run(const NsaWindowProblem<T>& w) {
     for (Index b = 0; b < d.B; ++b)
       for (Index i = d.qlen[static_cast<size_t>(b)]; i < d.S; ++i)
         std::fill_n(w.eo.o.data() + (b * d.S + i) * d.N * d.Dv, d.N * d.Dv, T(0.0f));
-  attention(w.e, w.ep, w.eo);
+  attention(w.e, w.ep, w.eo, w.exec);
 }
 
 }  // namespace detail
@@ -248,9 +249,9 @@ namespace detail {
 /// through a DenseArena first.
 template <class T>
 void nsa_sliding_window_attention_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                                        const StridedView<T>& out, int num_threads) {
+                                        const StridedView<T>& out, const ExecConfig& exec) {
   detail::nsa_window_run(
-      detail::nsa_window_problem("nsa_sliding_window_attention", p, in, out, num_threads));
+      detail::nsa_window_problem("nsa_sliding_window_attention", p, in, out, exec));
 }
 }  // namespace detail
 
@@ -260,13 +261,14 @@ void nsa_sliding_window_attention_dense(const NsaDecodeParams& p, const NsaDecod
 /// inputs and the gates are not read.
 template <class T>
 void nsa_sliding_window_attention(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                                  const StridedView<T>& out, int num_threads = 0) {
+                                  const StridedView<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("nsa_sliding_window_attention", exec);
   detail::DenseArena arena("nsa_sliding_window_attention");
   NsaDecodeInputs<T> din = in;
   StridedView<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   arena.output("out", dout);
-  detail::nsa_sliding_window_attention_dense(p, din, dout, num_threads);
+  detail::nsa_sliding_window_attention_dense(p, din, dout, exec);
   arena.commit();
 }
 
@@ -400,7 +402,7 @@ std::vector<Index> nsa_step_cmp_cache(const char* fn, const NsaDecodeParams& p,
 /// DenseArena first.
 template <class T>
 void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                           const NsaDecodeOutputs<T>& out, int num_threads) {
+                           const NsaDecodeOutputs<T>& out, const ExecConfig& exec) {
   constexpr const char* fn = "nsa_decode_step";
   detail::check_views(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out, "sel_out",
                       out.sel_out, "win_out", out.win_out);
@@ -486,13 +488,13 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
     NsaSelectedAttentionInferInputs<T> probe = si;
     probe.topk_indices = StridedView<const std::int32_t>(none.data(), t_shape);
     std::vector<T> sink(static_cast<size_t>(n_o));
-    nsa_selected_attention_infer(sp, probe, {StridedView<T>(sink.data(), o_shape)}, 1);
+    nsa_selected_attention_infer(sp, probe, {StridedView<T>(sink.data(), o_shape)}, ExecConfig{1});
   }
-  const detail::NsaWindowProblem<T> win = detail::nsa_window_problem(fn, p, in, o_win, num_threads);
+  const detail::NsaWindowProblem<T> win = detail::nsa_window_problem(fn, p, in, o_win, exec);
   // The branches run under the step's error context (its DenseArena): a branch's rejection
   // reads "attnref::nsa_decode_step: ... (in <branch>): ...".
-  nsa_compress_attention_infer(cp, ci, co, num_threads);
-  nsa_selected_attention_infer(sp, si, {o_sel}, num_threads);
+  nsa_compress_attention_infer(cp, ci, co, exec);
+  nsa_selected_attention_infer(sp, si, {o_sel}, exec);
   detail::nsa_window_run(win);
   nsa_gated_sum<T>(in.gates, o_cmp, o_sel, o_win, out.output);
   if (!tnd)  // padded rows are 0 whatever their gates
@@ -505,13 +507,14 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
 /// One NSA decode step: the three branches and the gated sum (see the top of this file).
 template <class T>
 void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                     const NsaDecodeOutputs<T>& out, int num_threads = 0) {
+                     const NsaDecodeOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::check_exec("nsa_decode_step", exec);
   detail::DenseArena arena("nsa_decode_step");
   NsaDecodeInputs<T> din = in;
   NsaDecodeOutputs<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::nsa_decode_step_dense(p, din, dout, num_threads);
+  detail::nsa_decode_step_dense(p, din, dout, exec);
   arena.commit();
 }
 

@@ -367,7 +367,7 @@ template <class T>
 void nsa_sel_run(const NsaSelectedAttentionInferParams& p,
                  const NsaSelectedAttentionInferInputs<T>& in,
                  const NsaSelectedAttentionInferOutputs<T>& out, const NsaSelPlan<T>& pl,
-                 int num_threads) {
+                 const ExecConfig& exec) {
   const bool tnd = pl.layout == Layout::TND;
   const Index B = pl.B, S = pl.S, R = pl.R, KVN = pl.KVN, G = pl.G, Dqk = pl.Dqk, Dv = pl.Dv;
   const std::int64_t ls = pl.ls, k = pl.k;
@@ -425,11 +425,10 @@ void nsa_sel_run(const NsaSelectedAttentionInferParams& p,
   ein.seq.kv = kv_len;
   AttentionParams ep;
   ep.scale = p.scale_value;
-  ep.num_threads = num_threads;
   AttentionOutputs<T> eo;
   eo.o = StridedView<T, 4>(out.output.data(), {E, 1, G, Dv});
   DefaultVariant var;
-  detail::attention_with_pages(var, ein, ep, eo, pages);
+  detail::attention_with_pages(var, ein, ep, eo, pages, exec);
 }
 
 /// nsa_selected_attention_infer on dense arguments: the public entry below passes every view
@@ -438,7 +437,7 @@ template <class T>
 void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p,
                                         const NsaSelectedAttentionInferInputs<T>& in,
                                         const NsaSelectedAttentionInferOutputs<T>& out,
-                                        int num_threads) {
+                                        const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
   constexpr const char* fn = "nsa_selected_attention_infer";
@@ -451,7 +450,7 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
   nsa_sel_outputs(in, out, pl);
   nsa_sel_indices(in, pl);
   // Nothing has been written yet.
-  nsa_sel_run(p, in, out, pl, num_threads);
+  nsa_sel_run(p, in, out, pl, exec);
 }
 }  // namespace detail
 
@@ -459,13 +458,14 @@ template <class T>
 void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                                   const NsaSelectedAttentionInferInputs<T>& in,
                                   const NsaSelectedAttentionInferOutputs<T>& out,
-                                  int num_threads = 0) {
+                                  const ExecConfig& exec = {}) {
+  detail::check_exec("nsa_selected_attention_infer", exec);
   detail::DenseArena arena("nsa_selected_attention_infer");
   NsaSelectedAttentionInferInputs<T> din = in;
   NsaSelectedAttentionInferOutputs<T> dout = out;
   din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
   dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::nsa_selected_attention_infer_dense(p, din, dout, num_threads);
+  detail::nsa_selected_attention_infer_dense(p, din, dout, exec);
   arena.commit();
 }
 

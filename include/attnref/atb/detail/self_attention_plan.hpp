@@ -214,9 +214,9 @@ SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T
 /// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
 /// `prepare` (zeroing, cache writes: after every check), and the engine.
 template <class T, class TIn, class Prepare>
-void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, int num_threads,
-            const std::vector<StridedView<const TIn, 4>>& extra_inputs, Prepare&& prepare,
-            const SaQuant* quant = nullptr) {
+void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl,
+            const ExecConfig& exec, const std::vector<StridedView<const TIn, 4>>& extra_inputs,
+            Prepare&& prepare, const SaQuant* quant = nullptr) {
   using P = SelfAttentionParams;
   constexpr const char* fn = "self_attention";
   const SaMasks<T> mk = sa_masks(params, pl);
@@ -266,9 +266,9 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
       !transform_needed || (!fp16_scores && params.scale_type != P::ScaleType::LogN &&
                             params.clamp_type != P::ClampType::MinMax);
   ep.scale = scale_folded ? static_cast<double>(params.qk_scale) : 1.0;
-  ep.num_threads = num_threads;
-  if (quant) ep.kv_tile = quant->block;  // P is quantized block by block
-  validate(pl.ein, ep, eout);  // engine checks (overlaps included) before anything is written
+  ExecConfig ex = exec;
+  if (quant) ex.kv_tile = quant->block;  // P is quantized block by block
+  validate(pl.ein, ep, eout, ex);  // engine checks (overlaps included) before anything is written
   for (const auto& x : extra_inputs)
     ATTNREF_CHECK(!overlaps(pl.o, x), std::invalid_argument, fn, "out",
                   "overlaps an input or a cache", "memory disjoint from every input",
@@ -301,13 +301,13 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl, in
   if constexpr (!std::is_same_v<TIn, std::int8_t>)
     if (params.q_scale != 1.0f) var.template scale_query<TIn>(params.q_scale);
   if (quant) {
-    attention_with(AtbQkvQuantVariant<T>{var, quant->p_stage}, pl.ein, ep, eout);
+    attention_with(AtbQkvQuantVariant<T>{var, quant->p_stage}, pl.ein, ep, eout, ex);
     return;
   }
   if (pl.pages)
-    attention_with_pages(var, pl.ein, ep, eout, *pl.pages);
+    attention_with_pages(var, pl.ein, ep, eout, *pl.pages, ex);
   else
-    attention_with(var, pl.ein, ep, eout);
+    attention_with(var, pl.ein, ep, eout, ex);
 }
 
 /// seq_len / batchRunStatus checks shared by both layouts; returns the active flags.

@@ -151,7 +151,7 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
                    const AttentionOutputs<TO, TS>& out, const Variant& var, const Geometry& g,
                    const KvPages<TKV>& pages) {
   using E = Engine<Acc, TQ, TKV, TO, TS, Variant>;
-  const int threads = resolve_threads(p.num_threads);
+  const int threads = g.threads;
   const bool want_probs = !out.probs.absent();
   Index num_partials = 0, max_rows = 1, split_rows = 0;
   std::vector<WorkItem> items =

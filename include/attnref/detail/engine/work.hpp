@@ -21,6 +21,7 @@ struct ResolvedSeq {
 struct Geometry {
   Index batch = 0, num_heads = 0, num_kv_heads = 0, group = 1, head_size = 0, v_head_size = 0;
   Index q_tile = 0, kv_tile = 0, kv_split = 0;
+  int threads = 1;  ///< workers (resolved: >= 1)
   std::vector<ResolvedSeq> seqs;
 };
 
