@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace errors_test {
 
 using attnref::Index;
@@ -136,6 +138,25 @@ TEST(Errors, NonFiniteScale) {
                    "params.scale not finite");
   expect_error<IA>([](Fixture& s) { s.p.scale = std::numeric_limits<double>::infinity(); },
                    "params.scale not finite: expected a finite value, got inf");
+}
+
+// A tile longer than every sequence is the whole sequence: the bits of the exact-fit tiles, and no
+// size arithmetic on 2^63 - 1 rows (UBSan would report the overflow).
+TEST(Errors, TilesLongerThanEverySequenceAreTheWholeSequence) {
+  Fixture a, b;
+  for (Fixture* f : {&a, &b}) {
+    for (size_t i = 0; i < f->q.size(); ++i) f->q[i] = std::sin(0.7f * static_cast<float>(i));
+    for (size_t i = 0; i < f->k.size(); ++i) f->k[i] = std::cos(0.3f * static_cast<float>(i));
+    for (size_t i = 0; i < f->v.size(); ++i) f->v[i] = std::sin(0.11f * static_cast<float>(i));
+  }
+  a.x.q_tile = a.x.kv_tile = std::numeric_limits<Index>::max();
+  b.x.q_tile = b.Sq;
+  b.x.kv_tile = b.Skv;
+  attnref::attention(a.in, a.p, a.out, a.x);
+  attnref::attention(b.in, b.p, b.out, b.x);
+  EXPECT_FALSE(a.outputs_untouched());
+  EXPECT_TRUE(support::same_bits(a.o, b.o) && support::same_bits(a.lse, b.lse) &&
+              support::same_bits(a.probs, b.probs));
 }
 
 TEST(Errors, NegativeTuning) {

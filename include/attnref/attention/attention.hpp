@@ -288,8 +288,11 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   resolve_seqs(fn, in, g, max_q, max_kv);
   resolve_outputs(fn, in, out, g, max_q, max_kv);
   // Tiling (depends on the problem only, never on threads).
-  g.q_tile = exec.q_tile > 0 ? exec.q_tile : std::max<Index>(1, 256 / g.group);
-  g.kv_tile = exec.kv_tile > 0 ? exec.kv_tile : 256;
+  // A requested tile longer than every sequence is the whole sequence (the same work, and no
+  // size arithmetic on a tile of 2^62 rows).
+  g.q_tile = exec.q_tile > 0 ? std::min(exec.q_tile, std::max<Index>(1, max_q))
+                             : std::max<Index>(1, 256 / g.group);
+  g.kv_tile = exec.kv_tile > 0 ? std::min(exec.kv_tile, std::max<Index>(1, max_kv)) : 256;
   g.kv_split = exec.kv_split < 0 ? 0 : (exec.kv_split > 0 ? exec.kv_split : 512);
   g.threads = resolve_threads(exec.threads);
   return g;
