@@ -27,6 +27,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 #include "support/views.hpp"
 
 namespace flash_attention_test {
@@ -229,7 +230,8 @@ template <class T, class TKV, class TM>
 using IfaEdit = std::function<void(IfaCall<T, TKV, TM>&)>;
 
 template <class T, class TKV, class TM>
-void run(IfaBuilt<T, TKV, TM>& r, const IfaEdit<T, TKV, TM>& edit = {}) {
+void run(IfaBuilt<T, TKV, TM>& r, const IfaEdit<T, TKV, TM>& edit = {},
+         bool validate_only = false) {
   const IfaCase& c = r.c;
   IfaCall<T, TKV, TM> x;
   const std::int64_t kvn = c.kvn == c.N && c.seed % 2 ? 0 : c.kvn;  // 0: num_heads
@@ -254,7 +256,11 @@ void run(IfaBuilt<T, TKV, TM>& r, const IfaEdit<T, TKV, TM>& edit = {}) {
   if (c.paged()) x.in.block_table = {r.table.data(), {c.B(), r.maxb}};
   x.o = StridedView<T>(r.out.data(), r.qshape);
   if (edit) edit(x);
-  attnref::incre_flash_attention(x.p, x.in, attnref::IncreFlashAttentionOutputs<T>{x.o});
+  const attnref::IncreFlashAttentionOutputs<T> out{x.o};
+  if (validate_only)
+    attnref::validate(x.p, x.in, out);
+  else
+    attnref::incre_flash_attention(x.p, x.in, out);
 }
 
 template <class T, class TKV, class TM>
@@ -521,7 +527,16 @@ void ifa_rejected(const IfaCase& c,
     auto r = built;
     support::expect_throw([&] { run(r, edit); }, what, out_of_range);
     EXPECT_TRUE(untouched(r.out)) << what;
+    // the validation alone: the same exception and message
+    EXPECT_EQ(support::outcome([&] { run(r, edit, true); }),
+              support::outcome([&] { run(r, edit); }))
+        << what;
   }
+  for (const auto& e : edits)
+    if (!e.first) return;  // the case itself is the rejected call
+  auto r = built;          // the unedited call: valid, and validate writes nothing
+  EXPECT_EQ(support::outcome([&] { run(r, {}, true); }), "");
+  EXPECT_TRUE(untouched(r.out));
 }
 
 TEST(IncreFlashAttention, Rejections) {

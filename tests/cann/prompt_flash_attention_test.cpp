@@ -25,6 +25,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 #include "support/views.hpp"
 
 namespace prompt_flash_attention_test {
@@ -162,7 +163,8 @@ template <class T, class TM>
 using PfaEdit = std::function<void(PfaCall<T, TM>&)>;
 
 template <class T, class TM>
-void run(PfaBuilt<T, TM>& r, const PfaEdit<T, TM>& edit = {}, int threads = 0) {
+void run(PfaBuilt<T, TM>& r, const PfaEdit<T, TM>& edit = {}, int threads = 0,
+         bool validate_only = false) {
   const PfaCase& c = r.c;
   PfaCall<T, TM> x;
   const std::int64_t kvn = c.kvn == c.N && c.seed % 2 ? 0 : c.kvn;  // 0: num_heads
@@ -176,8 +178,11 @@ void run(PfaBuilt<T, TM>& r, const PfaEdit<T, TM>& edit = {}, int threads = 0) {
   x.in.actual_seq_lengths_kv = r.kvlist;
   x.o = StridedView<T>(r.out.data(), r.od.shape());
   if (edit) edit(x);
-  attnref::prompt_flash_attention(x.p, x.in, attnref::PromptFlashAttentionOutputs<T>{x.o},
-                                  {threads});
+  const attnref::PromptFlashAttentionOutputs<T> out{x.o};
+  if (validate_only)
+    attnref::validate(x.p, x.in, out, {threads});
+  else
+    attnref::prompt_flash_attention(x.p, x.in, out, {threads});
 }
 
 // The reference in the output's layout (padded rows 0).
@@ -398,14 +403,24 @@ TEST(PromptFlashAttention, EqualsSelfAttentionPaEncoder) {
 template <class T, class TM>
 using Edits = std::vector<std::pair<PfaEdit<T, TM>, std::string>>;
 
-// Each edit must throw std::invalid_argument naming `what`, before the output is written.
+// Each edit must throw std::invalid_argument naming `what`, before the output is written; the
+// validation alone (attnref::validate) throws the same exception with the same message, and on
+// an unedited valid call (the case itself, when every edit is given) it passes and writes nothing.
 void pfa_rejected(const PfaCase& c, const Edits<half, u8>& edits) {
   const auto built = build<half, u8>(c);
   for (const auto& [edit, what] : edits) {
     auto r = built;
     support::expect_throw([&] { run(r, edit); }, what, false);
     EXPECT_TRUE(untouched(r.out)) << what;
+    EXPECT_EQ(support::outcome([&] { run(r, edit, 0, true); }),
+              support::outcome([&] { run(r, edit); }))
+        << what;
   }
+  for (const auto& e : edits)
+    if (!e.first) return;  // the case itself is the rejected call
+  auto r = built;
+  EXPECT_EQ(support::outcome([&] { run(r, {}, 0, true); }), "");
+  EXPECT_TRUE(untouched(r.out));
 }
 
 TEST(PromptFlashAttention, Rejections) {

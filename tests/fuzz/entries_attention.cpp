@@ -317,9 +317,19 @@ const std::vector<P>& perturbations() {
          c.scale_rule = true;
          return true;
        }},
+      {"tiles longer than every sequence", false,
+       [](Config& c, fuzz::Rng& r) {
+         const Index big[] = {1000, Index{1} << 40, std::numeric_limits<Index>::max()};
+         c.x.q_tile = big[r.range(0, 2)];
+         c.x.kv_tile = big[r.range(0, 2)];
+         c.x.kv_split = big[r.range(0, 2)];
+         return true;
+       }},
   };
   return list;
 }
+
+void validate_only(Config& c) { attnref::validate(c.in, c.p, c.out, c.x); }
 
 void run(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(

@@ -247,6 +247,10 @@ const std::vector<PP>& pfa_perturbations() {
 
 void restride_inputs(Pfa& c, support::Restrider& r) { c.in.for_each_view(r); }
 
+void validate_only(Pfa& c) {
+  attnref::validate(c.p, c.in, attnref::PromptFlashAttentionOutputs<half>{c.out});
+}
+
 void run_pfa(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, pfa_perturbations(), build, fuzz::Named{"prompt_flash_attention"},

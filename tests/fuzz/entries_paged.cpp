@@ -345,6 +345,10 @@ const std::vector<PP>& pa_perturbations() {
   return list;
 }
 
+void validate_only(Pa& c) {
+  attnref::validate(c.p, c.in, attnref::PagedAttentionOutputs<float>{c.out});
+}
+
 void run_pa(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, pa_perturbations(), build, fuzz::Named{"paged_attention"},

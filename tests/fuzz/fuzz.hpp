@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "support/bits.hpp"
+#include "support/outcome.hpp"
 #include "support/views.hpp"
 
 namespace fuzz {
@@ -204,11 +205,28 @@ struct Restridable<C, std::void_t<decltype(restride_inputs(std::declval<C&>(),
                                                            std::declval<support::Restrider&>()))>>
     : std::true_type {};
 
+/// True when the entry defines `void validate_only(Config&)` (found by argument-dependent lookup):
+/// the operator's public validate() on the configuration's arguments.
+template <class C, class = void>
+struct Validatable : std::false_type {};
+template <class C>
+struct Validatable<C, std::void_t<decltype(validate_only(std::declval<C&>()))>> : std::true_type {};
+
+/// A defect found beside classify(), counted and reported the same way.
+inline void add_defect(Run& run, const std::string& entry, std::uint64_t seed,
+                       const std::string& label, const std::string& defect) {
+  ++run.tally[entry].defects;
+  if (run.defects.size() < 50)
+    run.defects.push_back(entry + " seed " + std::to_string(seed) + " [" + label + "]: " + defect);
+}
+
 /// One case of an entry point: builds a configuration from the seed, applies one perturbation
 /// of `list` (or none), snapshots the buffers `watched` names (inputs, outputs and caches), calls
 /// the operator and classifies the outcome under the label `entry(c)`. A valid, accepted case of
 /// a Restridable entry runs once more with strided copies of its inputs (label
-/// "<entry> strided"): every watched buffer must come out with the same bits.
+/// "<entry> strided"): every watched buffer must come out with the same bits. For a Validatable
+/// entry, validate() runs first: it must write no watched buffer and end as the call does (the
+/// same exception type and message, or none).
 template <class Config, class Label, class Call, class Verify, class... Buf>
 void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Config>>& list,
               void (*build)(Config&, Rng&), Label entry, Call call, Verify verify,
@@ -219,14 +237,30 @@ void run_case(Run& run, std::uint64_t seed, const std::vector<Perturbation<Confi
   const int pi = perturb(c, r, list);
   const Perturbation<Config>* pert = pi < 0 ? nullptr : &list[static_cast<size_t>(pi)];
   const auto before = std::make_tuple((c.*watched)...);
+  std::string validated, called;
+  if constexpr (Validatable<Config>::value) {
+    validated = support::outcome([&] { validate_only(c); });
+    if (!same_bits_all(before, std::make_tuple((c.*watched)...), std::index_sequence_for<Buf...>{}))
+      add_defect(run, entry(c), seed, pert ? pert->name : "valid", "validate() wrote a buffer");
+  }
   const bool ok = classify(
       run, entry(c), op_of(entry, c), seed, pert ? pert->name : nullptr, pert && pert->reject,
-      [&] { call(c); },
+      [&] {
+        try {
+          call(c);
+        } catch (...) {
+          called = support::outcome([] { throw; });
+          throw;
+        }
+      },
       [&] {
         return same_bits_all(before, std::make_tuple((c.*watched)...),
                              std::index_sequence_for<Buf...>{});
       },
       [&] { return verify(c); });
+  if (Validatable<Config>::value && validated != called)
+    add_defect(run, entry(c), seed, pert ? pert->name : "valid",
+               "validate() and the call disagree: \"" + validated + "\" vs \"" + called + "\"");
   if (ok) {
     std::uint64_t& h = run.digest.try_emplace(entry(c), 0xcbf29ce484222325ull).first->second;
     hash_bytes(h, &seed, sizeof seed);
