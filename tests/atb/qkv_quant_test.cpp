@@ -21,6 +21,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 #include "support/random.hpp"
 #include "support/simd_levels.hpp"
 
@@ -558,10 +559,12 @@ struct Bad {
     in.vpv_descale = StridedView<const float, 1>(s2.data(), {nh});
     in.p_scale = StridedView<const float, 1>(s3.data(), {nh});
   }
-  void run() {
-    attnref::self_attention(
-        p, in,
-        attnref::SelfAttentionOutputs<half>{StridedView<half, 3>(out.data(), {tokens, nh, d})});
+  void run(bool validate_only = false) {
+    const attnref::SelfAttentionOutputs<half> o{StridedView<half, 3>(out.data(), {tokens, nh, d})};
+    if (validate_only)
+      attnref::validate(p, in, o);
+    else
+      attnref::self_attention(p, in, o);
   }
   bool untouched() const {
     for (const half& x : out)
@@ -573,13 +576,19 @@ struct Bad {
 void expect_error(const std::function<void(Bad&)>& edit, const std::string& what) {
   Bad b;
   edit(b);
+  // validate() runs the same checks alone: the same outcome, nothing written.
+  const std::string validated = support::outcome([&] { b.run(true); });
+  EXPECT_TRUE(b.untouched()) << what;
   support::expect_rejected([&] { b.run(); }, what);
   EXPECT_TRUE(b.untouched()) << what;
+  EXPECT_EQ(validated, support::outcome([&] { b.run(); })) << what;
 }
 
 TEST(QkvQuantErrors, ClearMessagesAndNothingWritten) {
   {
     Bad ok;
+    ok.run(true);  // validate() accepts it and writes nothing
+    EXPECT_TRUE(ok.untouched());
     ok.run();
     EXPECT_FALSE(ok.untouched());
   }  // the baseline runs

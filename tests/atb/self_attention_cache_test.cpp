@@ -15,6 +15,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 #include "support/random.hpp"
 
 namespace self_attention_cache_test {
@@ -69,6 +70,8 @@ Step make_step(const std::vector<Index>& seq_len, const std::vector<Index>& toke
   return s;
 }
 
+bool g_validate_only = false;  // run() calls validate() instead (expect_rejected below)
+
 void run(const P& p, Step& s, Caches& c, int layer, bool with_kv,
          std::vector<std::int32_t> status = {}, const std::vector<float>* log_n = nullptr) {
   attnref::SelfAttentionInputs<T> in;
@@ -86,7 +89,10 @@ void run(const P& p, Step& s, Caches& c, int layer, bool with_kv,
         attnref::StridedView<const float, 1>(log_n->data(), {static_cast<Index>(log_n->size())});
   attnref::SelfAttentionOutputs<T> out{
       attnref::StridedView<T, 3>(s.out.data(), {s.tokens, kHeads, kDv}), c.kview(), c.vview()};
-  attnref::self_attention(p, in, out);
+  if (g_validate_only)
+    attnref::validate(p, in, out);
+  else
+    attnref::self_attention(p, in, out);
 }
 
 // Reference output of a step over the cache rows [0, token_offset) as they are now.
@@ -263,9 +269,18 @@ template <class E, class Call>
 void expect_rejected(Call&& call, const std::string& fragment) {
   Caches c;
   Step s = make_step({2, 3, 1}, {2, 3, 1}, 60);
+  // validate() first: the same outcome as the call, nothing written (caches included).
+  g_validate_only = true;
+  const std::string validated = support::outcome([&] { call(s, c); });
+  g_validate_only = false;
+  for (const T& x : c.k) ASSERT_TRUE(std::isnan(static_cast<float>(x)));
+  for (const T& x : s.out) ASSERT_EQ(static_cast<float>(x), 7.0f);
+  s = make_step({2, 3, 1}, {2, 3, 1}, 60);
   support::expect_rejected<E>([&] { call(s, c); }, fragment);
   for (const T& x : c.k) ASSERT_TRUE(std::isnan(static_cast<float>(x)));
   for (const T& x : s.out) ASSERT_EQ(static_cast<float>(x), 7.0f);
+  s = make_step({2, 3, 1}, {2, 3, 1}, 60);
+  EXPECT_EQ(validated, support::outcome([&] { call(s, c); })) << fragment;
 }
 
 TEST(SelfAttentionCache, BadInputIsRejectedBeforeAnyWrite) {

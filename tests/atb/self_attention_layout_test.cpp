@@ -20,6 +20,7 @@
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 
 namespace self_attention_layout_test {
 
@@ -620,8 +621,12 @@ TEST(SelfAttentionLayouts, BadInputIsRejectedBeforeWriting) {
   std::fill(o.begin(), o.end(), T(7.0f));
   auto expect = [&](auto exception, const std::string& fragment) {
     using E = decltype(exception);
+    // validate() runs the same checks alone: the same outcome, nothing written.
+    const std::string validated = support::outcome([&] { attnref::validate(p, in, out); });
+    for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
     support::expect_rejected<E>([&] { attnref::self_attention(p, in, out); }, fragment);
     for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
+    EXPECT_EQ(validated, support::outcome([&] { attnref::self_attention(p, in, out); }));
   };
   table[1] = 4;
   expect(std::out_of_range(""),

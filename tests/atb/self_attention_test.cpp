@@ -12,6 +12,7 @@
 #include "reference/atb_self_attention.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/outcome.hpp"
 
 namespace self_attention_test {
 
@@ -294,8 +295,12 @@ TEST(SelfAttentionPaEncoder, BadInputIsRejectedBeforeWriting) {
                                      {4, 5}};
   attnref::SelfAttentionOutputs<T> out{attnref::StridedView<T, 3>(o.data(), {10, 2, 8})};
   auto expect = [&](const std::string& fragment) {
+    // validate() runs the same checks alone: the same outcome, nothing written.
+    const std::string validated = support::outcome([&] { attnref::validate(p, in, out); });
+    for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
     support::expect_rejected([&] { attnref::self_attention(p, in, out); }, fragment);
     for (const T& x : o) ASSERT_EQ(static_cast<float>(x), 7.0f);
+    EXPECT_EQ(validated, support::outcome([&] { attnref::self_attention(p, in, out); }));
   };
   expect("seq_len sum mismatch with query.shape[0]: expected 10, got 9");
   in.seq_len = {4, 6};

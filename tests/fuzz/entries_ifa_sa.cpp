@@ -344,6 +344,10 @@ const std::vector<PS>& sa_perturbations() {
   return list;
 }
 
+void validate_only(Sa& c) {
+  attnref::validate(c.p, c.in, attnref::SelfAttentionOutputs<float>{c.out});
+}
+
 void run_sa(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, sa_perturbations(), build, fuzz::Named{"self_attention"},

@@ -265,6 +265,8 @@ const std::vector<PD>& dec_perturbations() {
   return list;
 }
 
+void validate_only(Dec& c) { attnref::validate(c.p, c.in, c.out); }
+
 void run_dec(fuzz::Run& run, std::uint64_t seed) {
   std::vector<float> kc0, vc0;  // the caches as built, for the expectation
   fuzz::run_case(
@@ -415,6 +417,10 @@ const std::vector<PP>& pre_perturbations() {
                       }),
   };
   return list;
+}
+
+void validate_only(Pre& c) {
+  attnref::validate(c.p, c.in, attnref::SelfAttentionOutputs<float>{c.out});
 }
 
 void run_pre(fuzz::Run& run, std::uint64_t seed) {
@@ -633,6 +639,8 @@ const std::vector<PB>& bn_perturbations() {
   };
   return list;
 }
+
+void validate_only(Bn& c) { attnref::validate(c.p, c.in, c.out); }
 
 void run_bn(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(

@@ -78,13 +78,11 @@
 
 namespace attnref {
 
-/// ATB SelfAttention, inputLayout BSND. Validates the params (co-existence table and
-/// constraints) and every input before writing anything (caches included). T: half or bfloat16
-/// (the NPU's data types) or float. exec: threads and tiling (core/exec.hpp); results never
-/// depend on exec.threads.
+namespace detail {
+/// self_attention, inputLayout BSND (run) or its validation alone (!run).
 template <class T>
-void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
-                    const SelfAttentionOutputs<T>& out, const ExecConfig& exec = {}) {
+void sa_call(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
+             const SelfAttentionOutputs<T>& out, const ExecConfig& exec, bool run) {
   detail::check_exec("self_attention", exec);
   using P = SelfAttentionParams;
   detail::sa_check_type<T>();
@@ -96,6 +94,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
   const bool mla = params.mla_v_head_size > 0;
 
   detail::SelfAttentionPlan<T> pl;
+  pl.run = run;
   pl.decoder = params.calc_type == P::CalcType::Decoder;
   pl.bottom_right = prefix;
   pl.log_n = &in.log_n;
@@ -153,6 +152,25 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs
       detail::sa_write_caches(params, in, out, pl, active, cu);
   };
   detail::sa_run(params, pl, exec, extra, write_caches);
+}
+}  // namespace detail
+
+/// Every check of self_attention() with the BSND inputs (params, tensors, execution config),
+/// without computing or writing anything (caches included).
+template <class T>
+void validate(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
+              const SelfAttentionOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::sa_call(params, in, out, exec, false);
+}
+
+/// ATB SelfAttention, inputLayout BSND, as validate -> plan -> run: the params (co-existence
+/// table and constraints) and every input are checked before anything is written (caches
+/// included). T: half or bfloat16 (the NPU's data types) or float. exec: threads and tiling
+/// (core/exec.hpp); results never depend on exec.threads.
+template <class T>
+void self_attention(const SelfAttentionParams& params, const SelfAttentionInputs<T>& in,
+                    const SelfAttentionOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::sa_call(params, in, out, exec, true);
 }
 
 }  // namespace attnref

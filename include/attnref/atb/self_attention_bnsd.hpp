@@ -16,12 +16,11 @@
 
 namespace attnref {
 
-/// ATB SelfAttention, inputLayout BNSD (docs/semantics.md §2.10): ENCODER / DECODER / UNDEFINED
-/// with kv-bypass over BNSD caches, or PA_ENCODER over BNSD q / k / v. The output has the query's
-/// layout; its rows past seq_len[b] (and the rows of inactive sequences) are set to 0.
+namespace detail {
+/// self_attention, inputLayout BNSD (run) or its validation alone (!run).
 template <class T>
-void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,
-                    const SelfAttentionBnsdOutputs<T>& out, const ExecConfig& exec = {}) {
+void sa_call(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,
+             const SelfAttentionBnsdOutputs<T>& out, const ExecConfig& exec, bool run) {
   detail::check_exec("self_attention", exec);
   using P = SelfAttentionParams;
   detail::sa_check_type<T>();
@@ -39,6 +38,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdIn
   const bool pa = params.calc_type == P::CalcType::PaEncoder;
 
   detail::SelfAttentionPlan<T> pl;
+  pl.run = run;
   pl.decoder = params.calc_type == P::CalcType::Decoder;
   pl.mask = &in.mask;
   pl.batch = in.query.size(0);
@@ -111,6 +111,24 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdIn
           for (Index x = 0; x < pl.dv; ++x) out.out(b, h, i, x) = T(0.0f);
   };
   detail::sa_run(params, pl, exec, extra, zero_padding);
+}
+}  // namespace detail
+
+/// Every check of self_attention() with the BNSD inputs (params, tensors, execution config),
+/// without computing or writing anything.
+template <class T>
+void validate(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,
+              const SelfAttentionBnsdOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::sa_call(params, in, out, exec, false);
+}
+
+/// ATB SelfAttention, inputLayout BNSD (docs/semantics.md §2.10): ENCODER / DECODER / UNDEFINED
+/// with kv-bypass over BNSD caches, or PA_ENCODER over BNSD q / k / v. The output has the query's
+/// layout; its rows past seq_len[b] (and the rows of inactive sequences) are set to 0.
+template <class T>
+void self_attention(const SelfAttentionParams& params, const SelfAttentionBnsdInputs<T>& in,
+                    const SelfAttentionBnsdOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::sa_call(params, in, out, exec, true);
 }
 
 }  // namespace attnref

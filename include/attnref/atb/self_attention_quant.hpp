@@ -17,20 +17,11 @@
 
 namespace attnref {
 
-/// ATB SelfAttention with qkv full quantization (quantType QkvOffline / QkvOnline),
-/// docs/semantics.md §2.8. Per sequence b, head h (kv head h / G), query i, key j:
-///   s = fp16(fp16(int32(q_i · k_j) · qkDescale[h]) · fp16(qkScale)), clamp (fp16), + mask (fp16)
-/// then the online softmax over blocks of params.quant_block_size keys (128) with P quantized to
-/// int8 per block (detail/hooks/quant_p.hpp): online with the running row amax / 127, offline
-/// with pScale[h]; P8 · V8 exact; dequantized by vpvDescale[h] times the P scale; out = O / l,
-/// rounded to TO. The scores are fp16 whatever the output type and kernel type (the vendor's
-/// golden); masks follow the usual encodings of TO (fp16 DEFAULT: additive; bf16 or
-/// HIGH_PRECISION: binary x -3e38). MLA (mla_v_head_size > 0): V = the first mlaVHeadSize
-/// elements of each K head, no value input. Head sizes: multiples of 32, <= 256 (<= 576 with
-/// MLA). qScale must be 1 (fold it into qkDescale). Everything is checked before `out` is written.
+namespace detail {
+/// self_attention with qkv full quantization (run) or its validation alone (!run).
 template <class TO>
-void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantInputs<TO>& in,
-                    const SelfAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+void sa_call(const SelfAttentionParams& params, const SelfAttentionQuantInputs<TO>& in,
+             const SelfAttentionOutputs<TO>& out, const ExecConfig& exec, bool run) {
   detail::check_exec("self_attention", exec);
   using P = SelfAttentionParams;
   static_assert(std::is_same_v<TO, half> || std::is_same_v<TO, bfloat16>,
@@ -60,6 +51,7 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
   const bool mla = params.mla_v_head_size > 0;
 
   detail::SelfAttentionPlan<TO, std::int8_t> pl;
+  pl.run = run;
   detail::sa_sequences(params, in.seq_len, {}, -1, "");
   const std::vector<Index> cu = detail::sa_bsnd_front(pl, params, in, out);
   const Index tokens = in.query.size(0);
@@ -123,6 +115,32 @@ void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantI
   quant.block = params.quant_block_size;
   detail::sa_run(
       params, pl, exec, extra, [] {}, &quant);
+}
+}  // namespace detail
+
+/// Every check of the qkv-quantized self_attention() (params, tensors, execution config),
+/// without computing or writing anything.
+template <class TO>
+void validate(const SelfAttentionParams& params, const SelfAttentionQuantInputs<TO>& in,
+              const SelfAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::sa_call(params, in, out, exec, false);
+}
+
+/// ATB SelfAttention with qkv full quantization (quantType QkvOffline / QkvOnline),
+/// docs/semantics.md §2.8. Per sequence b, head h (kv head h / G), query i, key j:
+///   s = fp16(fp16(int32(q_i · k_j) · qkDescale[h]) · fp16(qkScale)), clamp (fp16), + mask (fp16)
+/// then the online softmax over blocks of params.quant_block_size keys (128) with P quantized to
+/// int8 per block (detail/hooks/quant_p.hpp): online with the running row amax / 127, offline
+/// with pScale[h]; P8 · V8 exact; dequantized by vpvDescale[h] times the P scale; out = O / l,
+/// rounded to TO. The scores are fp16 whatever the output type and kernel type (the vendor's
+/// golden); masks follow the usual encodings of TO (fp16 DEFAULT: additive; bf16 or
+/// HIGH_PRECISION: binary x -3e38). MLA (mla_v_head_size > 0): V = the first mlaVHeadSize
+/// elements of each K head, no value input. Head sizes: multiples of 32, <= 256 (<= 576 with
+/// MLA). qScale must be 1 (fold it into qkDescale). Everything is checked before `out` is written.
+template <class TO>
+void self_attention(const SelfAttentionParams& params, const SelfAttentionQuantInputs<TO>& in,
+                    const SelfAttentionOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::sa_call(params, in, out, exec, true);
 }
 
 }  // namespace attnref

@@ -73,6 +73,7 @@ struct SelfAttentionPlan {
   bool bottom_right = false;            // PREFIX_ENCODER
   bool swa_rolling = false;             // cacheType SWA: the caches hold the last window tokens
   const KvPages<TIn>* pages = nullptr;  // kv tensorlist
+  bool run = true;                      // false: validate() (every check, nothing written)
 };
 
 /// Parameter combinations this version does not implement (they pass validate()).
@@ -211,8 +212,8 @@ SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T
   return mk;
 }
 
-/// Checks shared by both layouts, then the run: mask and logN shapes, qScale, output overlaps,
-/// `prepare` (zeroing, cache writes: after every check), and the engine.
+/// Checks shared by both layouts, then (pl.run) the run: mask and logN shapes, qScale, output
+/// overlaps, `prepare` (zeroing, cache writes: after every check), and the engine.
 template <class T, class TIn, class Prepare>
 void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl,
             const ExecConfig& exec, const std::vector<StridedView<const TIn, 4>>& extra_inputs,
@@ -273,6 +274,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl,
     ATTNREF_CHECK(!overlaps(pl.o, x), std::invalid_argument, fn, "out",
                   "overlaps an input or a cache", "memory disjoint from every input",
                   "overlapping memory");
+  if (!pl.run) return;  // validate(): every check has run, nothing is written
   prepare();
 
   AtbSelfAttentionVariant<T> var{
