@@ -119,7 +119,7 @@ void decode(benchmark::State& state, Index heads, Index kv, int threads) {
                                           {kv}};
   const StridedView<half> out(o.data(), {1, heads, C});
   for (auto _ : state) {
-    attnref::mla_decode(p, in, out, {threads});
+    attnref::mla_decode(p, in, {out}, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }

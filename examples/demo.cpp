@@ -490,7 +490,7 @@ bool mla_run(std::mt19937& rng) {
         StridedView<const std::int32_t>(table.data(), {1, blocks}),
         {first}};
     t0 = Clock::now();
-    attnref::mla_decode(dp, din, StridedView<half>(o.data(), {1, H, C}));
+    attnref::mla_decode(dp, din, {StridedView<half>(o.data(), {1, H, C})});
     t_dec += seconds_since(t0);
     ref_q.assign(static_cast<size_t>(H * W), 0.0);
     for (Index h = 0; h < H; ++h)

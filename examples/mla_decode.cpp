@@ -72,7 +72,7 @@ int main() {
   std::vector<half> o(H * C);
   attnref::mla_decode(
       dp, {{q.data(), {1, H, W}}, {cache.data(), {4, bs, 1, W}}, {table.data(), {1, 4}}, {tokens}},
-      attnref::StridedView<half>(o.data(), {1, H, C}));
+      attnref::MlaDecodeOutputs<half>{{o.data(), {1, H, C}}});
   auto worse = [](double err, double d) { return std::isnan(d) ? INFINITY : std::max(err, d); };
   double err = 0.0;  // naive loop: s_t = scale q·row(t), o = softmax(s)·row(t)[0, C)
   auto f = [](half h) { return double(static_cast<float>(h)); };

@@ -98,8 +98,8 @@ TEST(InputModel, NsaDecodeStepRejectionsNameTheStep) {
   s.bt[0] = -1;
   support::expect_rejected_by<std::out_of_range>(
       [&] {
-        attnref::nsa_sliding_window_attention<float>(s.p, s.in,
-                                                     StridedView<float>(s.out.data(), {1, 1, 16}));
+        attnref::nsa_sliding_window_attention<float>(
+            s.p, s.in, {StridedView<float>(s.out.data(), {1, 1, 16})});
       },
       "nsa_sliding_window_attention", {"block_table[0][0]"});
   EXPECT_TRUE(all_equal(s.out, 7.0f));

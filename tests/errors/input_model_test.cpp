@@ -487,25 +487,25 @@ TEST(InputModel, MlaDecodeOverflowingWidthAndNullCache) {
   in.block_table = StridedView<const std::int32_t>(table.data(), {1, 2});
   in.context_lens = {5};
   const StridedView<float> o(out.data(), {1, 2, 6});
-  EXPECT_NO_THROW(attnref::mla_decode(p, in, o));
+  EXPECT_NO_THROW(attnref::mla_decode(p, in, {o}));
   std::fill(out.begin(), out.end(), 7.0f);
   {
     auto bad_p = p;
     bad_p.kv_lora_rank = std::numeric_limits<Index>::max();
     support::expect_rejected_by<std::invalid_argument>(
-        [&] { attnref::mla_decode(bad_p, in, o); }, "mla_decode",
+        [&] { attnref::mla_decode(bad_p, in, {o}); }, "mla_decode",
         {"kv_lora_rank + rope_dim", "size overflows"});
   }
   {
     auto bad = in;
     bad.kv_cache = StridedView<const float>(nullptr, {2, 4, 1, 8});
-    support::expect_rejected_by<std::invalid_argument>([&] { attnref::mla_decode(p, bad, o); },
+    support::expect_rejected_by<std::invalid_argument>([&] { attnref::mla_decode(p, bad, {o}); },
                                                        "mla_decode", {"kv_cache", "data is null"});
   }
   {
     auto bad = in;
     bad.block_table = StridedView<const std::int32_t>(table.data(), {1, Index(1) << 61});
-    support::expect_rejected_by<std::invalid_argument>([&] { attnref::mla_decode(p, bad, o); },
+    support::expect_rejected_by<std::invalid_argument>([&] { attnref::mla_decode(p, bad, {o}); },
                                                        "mla_decode", {"size overflows"});
   }
   EXPECT_TRUE(all_equal(out, 7.0f));

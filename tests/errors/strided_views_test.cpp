@@ -121,7 +121,7 @@ TEST(StridedViews, MlaDecodePassesStridesToTheEngine) {
   in.context_lens = {7, 5};
   std::vector<float> o(static_cast<size_t>(B * H * C), 7.0f);
   expect_same_bits(in, o, {B, H, C}, [&](const auto& i, const StridedView<float>& out) {
-    attnref::mla_decode(p, i, out);
+    attnref::mla_decode(p, i, {out});
   });
 }
 

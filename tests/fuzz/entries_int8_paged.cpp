@@ -272,6 +272,11 @@ const std::vector<PP>& perturbations() {
   return list;
 }
 
+void validate_only(Pa8& c) {
+  c.each(
+      [&](auto& in) { attnref::validate(c.p, in, attnref::PagedAttentionOutputs<half>{c.out}); });
+}
+
 void run(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, perturbations(), build, fuzz::Named{"paged_attention_int8", "paged_attention"},

@@ -293,6 +293,10 @@ const std::vector<PS>& sel_perturbations() {
 
 void restride_inputs(Sel& c, support::Restrider& r) { c.in.for_each_view(r); }
 
+void validate_only(Sel& c) {
+  attnref::validate(c.p, c.in, attnref::NsaSelectedAttentionInferOutputs<float>{c.out});
+}
+
 void run_sel(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(
       run, seed, sel_perturbations(), build, fuzz::Named{"nsa_selected_attention_infer"},
@@ -399,7 +403,7 @@ std::string verify_dec(const Dec& c) {
     si.actual_q_seq_len = c.in.actual_q_seq_len;
     si.actual_sel_kv_seq_len = c.in.actual_sel_kv_seq_len;
     attnref::nsa_selected_attention_infer<float>(sp, si, {StridedView<float>(ol.data(), os)});
-    attnref::nsa_sliding_window_attention<float>(c.p, c.in, StridedView<float>(ow.data(), os));
+    attnref::nsa_sliding_window_attention<float>(c.p, c.in, {StridedView<float>(ow.data(), os)});
     attnref::nsa_gated_sum<float>(c.in.gates, StridedView<const float>(oc.data(), os),
                                   StridedView<const float>(ol.data(), os),
                                   StridedView<const float>(ow.data(), os),
@@ -583,6 +587,8 @@ const std::vector<PD>& dec_perturbations() {
 }
 
 void restride_inputs(Dec& c, support::Restrider& r) { c.in.for_each_view(r); }
+
+void validate_only(Dec& c) { attnref::validate(c.p, c.in, c.out); }
 
 void run_dec(fuzz::Run& run, std::uint64_t seed) {
   fuzz::run_case(

@@ -123,7 +123,7 @@ template <class T>
 template <class T>
 void check(const Case& c) {
   auto r = build<T>(c);
-  attnref::mla_decode(r.p, r.in(), r.o());
+  attnref::mla_decode(r.p, r.in(), {r.o()});
   EXPECT_TRUE(close(expected(r), r.out, tol<T>()))
       << "H " << c.H << " C " << c.C << " bs " << c.bs << " seed " << c.seed;
 }
@@ -144,15 +144,15 @@ TEST(MlaDecode, MatchesReference) {
 
 TEST(MlaDecode, SequenceWithoutKeysGivesZero) {
   auto r = build<half>({2, 3, 64, 16, 16, {0, 9}});
-  attnref::mla_decode(r.p, r.in(), r.o());
+  attnref::mla_decode(r.p, r.in(), {r.o()});
   for (int i = 0; i < 3 * 64; ++i) EXPECT_EQ(dbl(r.out[z(i)]), 0.0) << i;
 }
 
 TEST(MlaDecode, ThreadCountDoesNotChangeBits) {
   auto a = build<bfloat16>({3, 16, 64, 16, 16, {1, 100, 130}});
   auto b = a;
-  attnref::mla_decode(a.p, a.in(), a.o(), {1});
-  attnref::mla_decode(b.p, b.in(), b.o(), {2});
+  attnref::mla_decode(a.p, a.in(), {a.o()}, {1});
+  attnref::mla_decode(b.p, b.in(), {b.o()}, {2});
   for (size_t i = 0; i < a.out.size(); ++i) ASSERT_EQ(dbl(a.out[i]), dbl(b.out[i])) << i;
 }
 
@@ -177,7 +177,7 @@ void absorbed_vs_unabsorbed(int H, int P, double rtol) {
     for (int c = 0; c < C; ++c) r.q[z(i * W + c)] = T(qa[z(i * C + c)]);
     for (int j = 0; j < R; ++j) r.q[z(i * W + C + j)] = qr[z(i * R + j)];
   }
-  attnref::mla_decode(r.p, r.in(), r.o());
+  attnref::mla_decode(r.p, r.in(), {r.o()});
   std::vector<T> un(r.out.size(), T(7.0f));
   const attnref::MlaUnabsorbedInputs<T> ui{StridedView<const T>(qn.data(), {B, H, P}),
                                            StridedView<const T>(qr.data(), {B, H, R}),
@@ -185,7 +185,7 @@ void absorbed_vs_unabsorbed(int H, int P, double rtol) {
                                            r.in().kv_cache,
                                            r.in().block_table,
                                            r.in().context_lens};
-  attnref::mla_decode_unabsorbed(r.p, ui, StridedView<T>(un.data(), {B, H, C}));
+  attnref::mla_decode_unabsorbed(r.p, ui, {StridedView<T>(un.data(), {B, H, C})});
   std::vector<double> a, b;
   for (const T& x : r.out) a.push_back(dbl(x));
   for (const T& x : un) b.push_back(dbl(x));
@@ -201,6 +201,13 @@ TEST(MlaDecode, AbsorbedEqualsUnabsorbed) {
 
 TEST(MlaDecode, RejectsBadInputBeforeWriting) {
   const auto base = build<half>({2, 3, 64, 16, 16, {20, 9}});
+  {  // validate() accepts the base and writes nothing; the call writes
+    auto r = base;
+    EXPECT_NO_THROW(attnref::validate(r.p, r.in(), attnref::MlaDecodeOutputs<half>{r.o()}));
+    EXPECT_TRUE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }));
+    attnref::mla_decode(r.p, r.in(), {r.o()});
+    EXPECT_FALSE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }));
+  }
   using In = attnref::MlaDecodeInputs<half>;
   using Edit = std::function<void(In&, attnref::MlaDecodeParams&, StridedView<half>&)>;
   static std::vector<std::int32_t> bad_table;
@@ -227,7 +234,10 @@ TEST(MlaDecode, RejectsBadInputBeforeWriting) {
     auto p = r.p;
     StridedView<half> o = r.o();
     edit(in, p, o);
-    support::expect_throw([&] { attnref::mla_decode(p, in, o); }, what, false);
+    support::expect_validate_agrees(
+        [&] { attnref::validate(p, in, attnref::MlaDecodeOutputs<half>{o}); },
+        [&] { attnref::mla_decode(p, in, {o}); });
+    support::expect_throw([&] { attnref::mla_decode(p, in, {o}); }, what, false);
     EXPECT_TRUE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }))
         << what;
   }
@@ -238,7 +248,10 @@ TEST(MlaDecode, RejectsBadInputBeforeWriting) {
   bad_table[z(1 * r.maxb + 0)] = r.blocks;
   In in = r.in();
   in.block_table = support::with_data(in.block_table, bad_table.data());
-  support::expect_throw([&] { attnref::mla_decode(r.p, in, r.o()); }, "block_table[1][0]", true);
+  support::expect_validate_agrees(
+      [&] { attnref::validate(r.p, in, attnref::MlaDecodeOutputs<half>{r.o()}); },
+      [&] { attnref::mla_decode(r.p, in, {r.o()}); });
+  support::expect_throw([&] { attnref::mla_decode(r.p, in, {r.o()}); }, "block_table[1][0]", true);
   EXPECT_TRUE(std::all_of(r.out.begin(), r.out.end(), [](half x) { return dbl(x) == 7.0; }));
 }
 

@@ -41,6 +41,8 @@ void expect_reject(const Cfg& cfg, const Edit& edit, const std::string& what,
   In in = pr.inputs();
   Out out = pr.outputs();
   edit(pr, p, in, out);
+  support::expect_validate_agrees([&] { attnref::validate(p, in, out); },
+                                  [&] { attnref::mla_preprocess<half>(p, in, out); });
   support::expect_throw([&] { attnref::mla_preprocess<half>(p, in, out); }, what, out_of_range);
   EXPECT_TRUE(same_outs(pr.o, before)) << "written before throwing";
 }
@@ -67,10 +69,14 @@ TEST(MlaPreprocess, BadInputThrowsNamingTheArgumentAndWritesNothing) {
   static const half zero(0.0f);
   const Cfg t0 = cfg_of(0, 0), tnz = cfg_of(0, 0, true), t1 = cfg_of(1, 1), t2 = cfg_of(2, 2),
             t3 = cfg_of(0, 3), tu = cfg_of(3, 1);
-  // The unedited problems run.
+  // The unedited problems pass validate(), which writes nothing, and run.
   for (const Cfg& c : {t0, tnz, t1, t2, t3, tu}) {
     Problem<half> pr(c);
+    const Outs<half> before{pr.o.q_out, pr.o.q_rope, pr.o.q_out_i8, pr.o.caches};
+    EXPECT_NO_THROW(attnref::validate(pr.params(), pr.inputs(), pr.outputs())) << c.str();
+    EXPECT_TRUE(same_outs(pr.o, before)) << c.str() << ": validate() wrote";
     EXPECT_NO_THROW(pr.run()) << c.str();
+    EXPECT_FALSE(same_outs(pr.o, before)) << c.str() << ": the run wrote nothing";
   }
   // Shapes of the inputs.
   expect_reject(

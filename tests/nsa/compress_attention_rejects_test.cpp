@@ -50,6 +50,8 @@ void reject(const Case& c, const Edit& edit, const std::string& what, bool oor =
   const auto out0 = bl.out;
   const auto topk0 = bl.topk;
   const auto probs0 = bl.probs;
+  support::expect_validate_agrees([&] { attnref::validate(p, in, o); },
+                                  [&] { attnref::nsa_compress_attention_infer(p, in, o); });
   support::expect_throw([&] { attnref::nsa_compress_attention_infer(p, in, o); }, what, oor);
   EXPECT_EQ(0, std::memcmp(out0.data(), bl.out.data(), out0.size() * sizeof(half)));
   EXPECT_EQ(topk0, bl.topk);

@@ -36,7 +36,10 @@ void reject_window(const DCase& c, const WEdit& edit, const std::string& what, b
   StridedView<half> o(st.win_out.data(), st.lay(c.N, c.Dv));
   edit(st, p, in, o);
   const auto w0 = st.win_out;
-  support::expect_throw([&] { attnref::nsa_sliding_window_attention(p, in, o); }, what, oor);
+  const attnref::NsaSlidingWindowAttentionOutputs<half> out{o};
+  support::expect_validate_agrees([&] { attnref::validate(p, in, out); },
+                                  [&] { attnref::nsa_sliding_window_attention(p, in, out); });
+  support::expect_throw([&] { attnref::nsa_sliding_window_attention(p, in, out); }, what, oor);
   EXPECT_EQ(0, std::memcmp(w0.data(), st.win_out.data(), w0.size() * sizeof(half)));
 }
 
@@ -77,7 +80,7 @@ TEST(NsaSlidingWindow, Rejections) {
       [](Step<half>&, WP&, WIn&, StridedView<half>& o) {
         o = support::reshaped(o, {3, 4, 8});
       },
-      "out.shape");
+      "output.shape");
   reject_window(
       c, [](Step<half>&, WP&, WIn& in, StridedView<half>&) { in.actual_sel_kv_seq_len[0] = 1; },
       "actual_sel_kv_seq_len[0]");
@@ -150,6 +153,8 @@ void reject_step(const DCase& c, const DEdit& edit, const std::string& what, boo
   edit(st, p, in, o);
   const auto out0 = st.out, cmp0 = st.cmp_out, sel0 = st.sel_out, win0 = st.win_out;
   const auto tk0 = st.topk;
+  support::expect_validate_agrees([&] { attnref::validate(p, in, o); },
+                                  [&] { attnref::nsa_decode_step(p, in, o); });
   support::expect_throw([&] { attnref::nsa_decode_step(p, in, o); }, what, oor);
   const size_t n = out0.size() * sizeof(half);
   EXPECT_EQ(0, std::memcmp(out0.data(), st.out.data(), n)) << "output written";
@@ -264,6 +269,24 @@ TEST(NsaDecodeStep, RejectionsWriteNothing) {
       "nsa_decode_step: params.compress_block_stride");
 }
 
+TEST(NsaDecodeStep, ValidateAcceptsAValidStepAndWritesNothing) {
+  Step<half> st(reject_case());
+  const auto out0 = st.out, cmp0 = st.cmp_out, sel0 = st.sel_out, win0 = st.win_out;
+  const auto tk0 = st.topk;
+  EXPECT_NO_THROW(attnref::validate(st.params(), st.inputs(), st.outputs()));
+  EXPECT_NO_THROW(attnref::validate(st.params(), st.inputs(),
+                                    attnref::NsaSlidingWindowAttentionOutputs<half>{
+                                        StridedView<half>(st.win_out.data(), st.lay(4, 32))}));
+  EXPECT_TRUE(support::bitwise_equal(support::as_floats(out0), support::as_floats(st.out)));
+  EXPECT_TRUE(support::bitwise_equal(support::as_floats(cmp0), support::as_floats(st.cmp_out)));
+  EXPECT_TRUE(support::bitwise_equal(support::as_floats(sel0), support::as_floats(st.sel_out)));
+  EXPECT_TRUE(support::bitwise_equal(support::as_floats(win0), support::as_floats(st.win_out)));
+  EXPECT_EQ(tk0, st.topk);
+  st.run();  // the step itself writes every output (so the checks above can fail)
+  EXPECT_NE(tk0, st.topk);
+  EXPECT_FALSE(support::bitwise_equal(support::as_floats(out0), support::as_floats(st.out)));
+}
+
 TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
   Tiny t;
   constexpr Index D = Tiny::D;
@@ -283,6 +306,8 @@ TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
   {  // the selected output on the value cache
     DOut x = o;
     x.sel_out = StridedView<half>(t.v.data(), {1, 1, D});
+    support::expect_validate_agrees([&] { attnref::validate(t.p, t.in, x); },
+                                    [&] { attnref::nsa_decode_step(t.p, t.in, x); });
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, t.in, x); },
                           "nsa_decode_step: sel_out overlaps an input", false);
     untouched();
@@ -290,6 +315,8 @@ TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
   {  // two branch outputs sharing one buffer
     DOut x = o;
     x.sel_out = StridedView<half>(cmp.data(), {1, 1, D});
+    support::expect_validate_agrees([&] { attnref::validate(t.p, t.in, x); },
+                                    [&] { attnref::nsa_decode_step(t.p, t.in, x); });
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, t.in, x); },
                           "nsa_decode_step: cmp_out overlaps sel_out", false);
     untouched();
@@ -300,10 +327,14 @@ TEST(NsaDecodeStep, OverlappingOutputsAreRejectedBeforeAnyWrite) {
     DIn in = t.in;
     in.gates = StridedView<const float>(g.data(), {1, 1, 3});
     x.output = StridedView<half>(reinterpret_cast<half*>(g.data()), {1, 1, D});
+    support::expect_validate_agrees([&] { attnref::validate(t.p, in, x); },
+                                    [&] { attnref::nsa_decode_step(t.p, in, x); });
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, in, x); },
                           "nsa_decode_step: output overlaps an input", false);
     DOut y = o;
     y.win_out = StridedView<half>(reinterpret_cast<half*>(topk.data()), {1, 1, D});
+    support::expect_validate_agrees([&] { attnref::validate(t.p, t.in, y); },
+                                    [&] { attnref::nsa_decode_step(t.p, t.in, y); });
     support::expect_throw([&] { attnref::nsa_decode_step(t.p, t.in, y); },
                           "nsa_decode_step: win_out overlaps topk", false);
     untouched();

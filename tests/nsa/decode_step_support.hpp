@@ -200,7 +200,7 @@ struct Step {
   }
   void run_window(int threads = 0) {
     attnref::nsa_sliding_window_attention(
-        params(), inputs(), StridedView<T>(win_out.data(), lay(c.N, c.Dv)), {threads});
+        params(), inputs(), {StridedView<T>(win_out.data(), lay(c.N, c.Dv))}, {threads});
   }
   // Live rows of a [rows, N, Dv] buffer, batch / token order.
   std::vector<double> live(const std::vector<T>& x) const {

@@ -303,7 +303,7 @@ void check_step(const DCase& c) {
     EXPECT_TRUE(support::bitwise_equal(as_floats(o), as_floats(st.sel_out))) << "sel_out";
     std::vector<T> w(st.out.size(), T(-3.0f));
     attnref::nsa_sliding_window_attention<T>(st.params(), in,
-                                             StridedView<T>(w.data(), st.lay(c.N, c.Dv)));
+                                             {StridedView<T>(w.data(), st.lay(c.N, c.Dv))});
     EXPECT_TRUE(support::bitwise_equal(as_floats(w), as_floats(st.win_out))) << "win_out";
     std::vector<T> g(st.out.size(), T(-3.0f));
     gated(st.gates, st.cmp_out, st.sel_out, st.win_out, g, st.lay(c.N, c.Dv), {st.rows, c.N, 3});

@@ -50,6 +50,8 @@ void reject(const Case& c, const Edit& edit, const std::string& what, bool oor =
   Out o = bl.outputs();
   edit(bl, p, in, o);
   const auto out0 = bl.out;
+  support::expect_validate_agrees([&] { attnref::validate(p, in, o); },
+                                  [&] { attnref::nsa_selected_attention_infer(p, in, o); });
   support::expect_throw([&] { attnref::nsa_selected_attention_infer(p, in, o); }, what, oor);
   EXPECT_EQ(0, std::memcmp(out0.data(), bl.out.data(), out0.size() * sizeof(half)))
       << "output written";

@@ -9,7 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "support/outcome.hpp"
+
 namespace support {
+
+/// An operator's validate() ends as its call does: the same exception type and message, or
+/// none. validate() runs first, so the caller's "nothing written" checks made after the call
+/// cover both.
+template <class V, class F>
+void expect_validate_agrees(V&& validate, F&& call) {
+  const std::string validated = outcome(validate);
+  EXPECT_EQ(validated, outcome(call)) << "validate() and the call disagree";
+}
 
 template <class F>
 void expect_throw(F&& f, const std::string& what, bool out_of_range) {

@@ -101,6 +101,11 @@ struct IncreFlashAttentionInputs {
 template <class T>
 struct IncreFlashAttentionOutputs {
   StridedView<T> attention_out;  ///< the query's shape
+
+  template <class F>
+  void for_each_view(F&& f) {
+    f("attention_out", attention_out);
+  }
 };
 
 namespace detail {
@@ -548,23 +553,17 @@ void ifa_run(const IfaProblem<T, TKV, TM, TO>& pr) {
     attention_with_pages(pr.var, pr.e, pr.ep, pr.eo, pr.pl.kv.pages, pr.ex);
 }
 
-/// incre_flash_attention (run) or its validation alone (!run): every view passes through a
-/// DenseArena, the dense call is prepared (every check) and, when run, computed and committed.
+/// incre_flash_attention (run) or its validation alone (!run), every view through a DenseArena.
 template <class T, class TKV, class TM, class TO>
 void ifa_call(const IncreFlashAttentionParams& params,
               const IncreFlashAttentionInputs<T, TKV, TM>& in,
               const IncreFlashAttentionOutputs<TO>& out, const ExecConfig& exec, bool run) {
   check_exec("incre_flash_attention", exec);
-  DenseArena arena("incre_flash_attention");
-  IncreFlashAttentionInputs<T, TKV, TM> din = in;
-  IncreFlashAttentionOutputs<TO> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  arena.output("attention_out", dout.attention_out);
-  IfaProblem<T, TKV, TM, TO> pr;
-  ifa_prepare(params, din, dout, exec, pr);
-  if (!run) return;
-  ifa_run(pr);
-  arena.commit();
+  dense_call("incre_flash_attention", in, out, run, [&](const auto& din, const auto& dout) {
+    IfaProblem<T, TKV, TM, TO> pr;
+    ifa_prepare(params, din, dout, exec, pr);
+    if (run) ifa_run(pr);
+  });
 }
 }  // namespace detail
 

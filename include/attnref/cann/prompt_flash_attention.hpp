@@ -111,6 +111,11 @@ struct PromptFlashAttentionInputs {
 template <class T>
 struct PromptFlashAttentionOutputs {
   StridedView<T> attention_out;  ///< query's layout (BNSD_BSND: BSND) with head size Dv
+
+  template <class F>
+  void for_each_view(F&& f) {
+    f("attention_out", attention_out);
+  }
 };
 
 namespace detail {
@@ -554,16 +559,11 @@ void pfa_call(const PromptFlashAttentionParams& params,
               const PromptFlashAttentionInputs<T, TM, TP>& in,
               const PromptFlashAttentionOutputs<TO>& out, const ExecConfig& exec, bool run) {
   check_exec("prompt_flash_attention", exec);
-  DenseArena arena("prompt_flash_attention");
-  PromptFlashAttentionInputs<T, TM, TP> din = in;
-  PromptFlashAttentionOutputs<TO> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  arena.output("attention_out", dout.attention_out);
-  PfaProblem<T, TM, TP, TO> pr;
-  pfa_prepare(params, din, dout, exec, pr);
-  if (!run) return;
-  pfa_run(pr);
-  arena.commit();
+  dense_call("prompt_flash_attention", in, out, run, [&](const auto& din, const auto& dout) {
+    PfaProblem<T, TM, TP, TO> pr;
+    pfa_prepare(params, din, dout, exec, pr);
+    if (run) pfa_run(pr);
+  });
 }
 }  // namespace detail
 

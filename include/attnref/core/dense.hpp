@@ -7,7 +7,9 @@
 ///                           an output overlapping an input or an earlier output is rejected
 ///                           after the operator's own checks (see Overlap below);
 ///   commit()                the overlap rejection, if any; else copies the stand-ins of outputs
-///                           back into the caller's views.
+///                           back into the caller's views;
+///   check()                 the overlap rejection alone (validate(): nothing is written back).
+/// dense_call() below is the whole edge: arena, the operator's checks, its run, commit().
 /// A view that is dense already is its own stand-in (no copy), so dense arguments cost nothing;
 /// padded, permuted and broadcast views cost one copy each, and one of more than
 /// kMaxDenseCopy elements is rejected (std::invalid_argument) rather than copied. Outputs are
@@ -108,6 +110,12 @@ class DenseArena {
     commits_.clear();
   }
 
+  /// validate(): the overlap found at registration, if any, raised as commit() would raise it;
+  /// nothing is written back.
+  void check() const {
+    if (overlap_) raise_overlap();
+  }
+
  private:
   using Range = std::array<std::uintptr_t, 2>;
   static bool hit(const Range& a, const Range& b) {
@@ -164,5 +172,24 @@ class DenseArena {
   std::vector<std::shared_ptr<void>> buffers_;
   std::vector<std::function<void()>> commits_;
 };
+
+/// An operator whose kernels walk dense memory, as validate -> plan -> run: every view of `in`
+/// (as inputs) and of `out` (as outputs) passes through one DenseArena, named `fn`, in their
+/// for_each_view order; then `body(din, dout)` runs on the stand-ins. The body runs every check
+/// and, when `run`, computes into the stand-ins. A run ends with commit(); a validation (!run)
+/// with check(), so it ends exactly as the run would and writes nothing.
+template <class In, class Out, class Body>
+void dense_call(const char* fn, const In& in, const Out& out, bool run, Body&& body) {
+  DenseArena arena(fn);
+  In din = in;
+  Out dout = out;
+  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
+  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
+  body(static_cast<const In&>(din), static_cast<const Out&>(dout));
+  if (run)
+    arena.commit();
+  else
+    arena.check();
+}
 
 }  // namespace attnref::detail

@@ -72,6 +72,17 @@ struct MlaUnabsorbedInputs {
   }
 };
 
+/// The output of mla_decode and mla_decode_unabsorbed.
+template <class T>
+struct MlaDecodeOutputs {
+  StridedView<T> out;  ///< [B, heads, C]
+
+  template <class F>
+  void for_each_view(F&& f) {
+    f("out", out);
+  }
+};
+
 namespace detail::mla {
 
 /// The latent cache [blocks, blockSize, 1, W] with its block table and lengths as the one paged
@@ -113,15 +124,17 @@ inline Index decode_width(const char* fn, const MlaDecodeParams& params) {
 
 }  // namespace detail::mla
 
-/// out [B, heads, C] = the absorbed MLA decode attention (T: half, bfloat16 or float).
+namespace detail {
+/// mla_decode (run) or its validation alone (!run).
 template <class T>
-void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
-                const StridedView<T>& out, const ExecConfig& exec = {}) {
-  detail::check_exec("mla_decode", exec);
+void mla_decode_call(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
+                     const MlaDecodeOutputs<T>& outs, const ExecConfig& exec, bool run) {
+  check_exec("mla_decode", exec);
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "mla_decode: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode";
+  const StridedView<T>& out = outs.out;
   detail::check_views(fn, "q", in.q, "kv_cache", in.kv_cache, "block_table", in.block_table, "out",
                       out);
   const Index C = params.kv_lora_rank, W = decode_width(fn, params);
@@ -147,10 +160,29 @@ void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
   e.read_kv(cache);
   AttentionParams ep;
   ep.scale = params.scale;
-  attention(e, ep,
-            AttentionOutputs<T>{StridedView<T, 4>(
-                out.data(), {B, 1, H, C}, {out.stride(0), 0, out.stride(1), out.stride(2)})},
-            exec);
+  const AttentionOutputs<T> eo{StridedView<T, 4>(out.data(), {B, 1, H, C},
+                                                 {out.stride(0), 0, out.stride(1), out.stride(2)})};
+  if (run)
+    attention(e, ep, eo, exec);
+  else
+    validate(e, ep, eo, exec);  // the engine's checks (overlaps included), nothing written
+}
+}  // namespace detail
+
+/// Every check of mla_decode() (params, tensors, cache, execution config), without computing or
+/// writing anything.
+template <class T>
+void validate(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
+              const MlaDecodeOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::mla_decode_call(params, in, out, exec, false);
+}
+
+/// out [B, heads, C] = the absorbed MLA decode attention (T: half, bfloat16 or float), as
+/// validate -> plan -> run.
+template <class T>
+void mla_decode(const MlaDecodeParams& params, const MlaDecodeInputs<T>& in,
+                const MlaDecodeOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::mla_decode_call(params, in, out, exec, true);
 }
 
 namespace detail {
@@ -158,11 +190,12 @@ namespace detail {
 /// DenseArena first.
 template <class T>
 void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
-                                 const StridedView<T>& out, const ExecConfig& exec) {
+                                 const MlaDecodeOutputs<T>& outs, const ExecConfig& exec) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "mla_decode_unabsorbed: half, bfloat16 or float");
   using namespace detail::mla;
   constexpr const char* fn = "mla_decode_unabsorbed";
+  const StridedView<T>& out = outs.out;
   detail::check_views(fn, "q_nope", in.q_nope, "q_rope", in.q_rope, "wuk", in.wuk, "kv_cache",
                       in.kv_cache, "block_table", in.block_table, "out", out);
   const Index C = params.kv_lora_rank, R = params.rope_dim, W = decode_width(fn, params);
@@ -232,15 +265,12 @@ void mla_decode_unabsorbed_dense(const MlaDecodeParams& params, const MlaUnabsor
 /// out [B, heads, C] = the same attention with the latent expanded per head (verification).
 template <class T>
 void mla_decode_unabsorbed(const MlaDecodeParams& params, const MlaUnabsorbedInputs<T>& in,
-                           const StridedView<T>& out, const ExecConfig& exec = {}) {
+                           const MlaDecodeOutputs<T>& out, const ExecConfig& exec = {}) {
   detail::check_exec("mla_decode_unabsorbed", exec);
-  detail::DenseArena arena("mla_decode_unabsorbed");
-  MlaUnabsorbedInputs<T> din = in;
-  StridedView<T> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  arena.output("out", dout);
-  detail::mla_decode_unabsorbed_dense(params, din, dout, exec);
-  arena.commit();
+  detail::dense_call("mla_decode_unabsorbed", in, out, true,
+                     [&](const auto& din, const auto& dout) {
+                       detail::mla_decode_unabsorbed_dense(params, din, dout, exec);
+                     });
 }
 
 }  // namespace attnref

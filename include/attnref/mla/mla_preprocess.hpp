@@ -405,11 +405,11 @@ void mla_pre_run(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>
 
 }  // namespace mla
 
-/// mla_preprocess on dense arguments: the public entry below passes every view through a
-/// DenseArena first.
+/// mla_preprocess on dense arguments (the stand-ins of dense_call): every check, then (run) the
+/// stages.
 template <class T>
 void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
-                          const MlaPreprocessOutputs<T>& out, const ExecConfig& exec) {
+                          const MlaPreprocessOutputs<T>& out, const ExecConfig& exec, bool run) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
                 "mla_preprocess: half or bfloat16 (the model dtype)");
   constexpr const char* fn = "mla_preprocess";
@@ -429,21 +429,33 @@ void mla_preprocess_dense(const MlaPreprocessParams& params, const MlaPreprocess
   mla::mla_pre_inputs(fn, in, pl);
   mla::mla_pre_outputs(fn, in, out, pl);
   // Nothing has been written yet; from here on only internal buffers until the last step.
-  mla::mla_pre_run(params, in, out, pl, exec);
+  if (run) mla::mla_pre_run(params, in, out, pl, exec);
+}
+
+template <class T>
+void mla_preprocess_call(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+                         const MlaPreprocessOutputs<T>& out, const ExecConfig& exec, bool run) {
+  check_exec("mla_preprocess", exec);
+  dense_call("mla_preprocess", in, out, run, [&](const auto& din, const auto& dout) {
+    mla_preprocess_dense(params, din, dout, exec, run);
+  });
 }
 }  // namespace detail
 
+/// Every check of mla_preprocess() (params, tensors, caches, execution config), without
+/// computing or writing anything.
+template <class T>
+void validate(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
+              const MlaPreprocessOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::mla_preprocess_call(params, in, out, exec, false);
+}
+
+/// ATB MlaPreprocess as validate -> plan -> run: every check runs before anything is written
+/// (the caches included).
 template <class T>
 void mla_preprocess(const MlaPreprocessParams& params, const MlaPreprocessInputs<T>& in,
                     const MlaPreprocessOutputs<T>& out, const ExecConfig& exec = {}) {
-  detail::check_exec("mla_preprocess", exec);
-  detail::DenseArena arena("mla_preprocess");
-  MlaPreprocessInputs<T> din = in;
-  MlaPreprocessOutputs<T> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::mla_preprocess_dense(params, din, dout, exec);
-  arena.commit();
+  detail::mla_preprocess_call(params, in, out, exec, true);
 }
 
 }  // namespace attnref

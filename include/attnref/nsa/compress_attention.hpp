@@ -499,13 +499,13 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
     }
 }
 
-/// nsa_compress_attention_infer on dense arguments: the public entry below passes every view
-/// through a DenseArena first.
+/// nsa_compress_attention_infer on dense arguments (the stand-ins of dense_call): every
+/// check, then (run) the computation.
 template <class T>
 void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p,
                                         const NsaCompressAttentionInferInputs<T>& in,
                                         const NsaCompressAttentionInferOutputs<T>& out,
-                                        const ExecConfig& exec) {
+                                        const ExecConfig& exec, bool run) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_compress_attention_infer: half or bfloat16 (float: attnref extension)");
   detail::check_views("nsa_compress_attention_infer", "query", in.query, "key", in.key, "value",
@@ -518,24 +518,38 @@ void nsa_compress_attention_infer_dense(const NsaCompressAttentionInferParams& p
   nsa_cmp_cache(p, in, pl);
   nsa_cmp_mask(in, pl);
   nsa_cmp_outputs(out, pl);
-  // Nothing has been written yet.
+  if (!run) return;  // validate(): every check has run, nothing is written
   nsa_cmp_run(p, in, out, pl, exec);
+}
+
+template <class T>
+void nsa_compress_attention_infer_call(const NsaCompressAttentionInferParams& p,
+                                       const NsaCompressAttentionInferInputs<T>& in,
+                                       const NsaCompressAttentionInferOutputs<T>& out,
+                                       const ExecConfig& exec, bool run) {
+  check_exec("nsa_compress_attention_infer", exec);
+  dense_call("nsa_compress_attention_infer", in, out, run, [&](const auto& din, const auto& dout) {
+    nsa_compress_attention_infer_dense(p, din, dout, exec, run);
+  });
 }
 }  // namespace detail
 
+/// Every check of nsa_compress_attention_infer() (params, tensors, execution config), without
+/// computing or writing anything.
+template <class T>
+void validate(const NsaCompressAttentionInferParams& p,
+              const NsaCompressAttentionInferInputs<T>& in,
+              const NsaCompressAttentionInferOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::nsa_compress_attention_infer_call(p, in, out, exec, false);
+}
+
+/// CANN NsaCompressAttentionInfer as validate -> plan -> run (every check before any write).
 template <class T>
 void nsa_compress_attention_infer(const NsaCompressAttentionInferParams& p,
                                   const NsaCompressAttentionInferInputs<T>& in,
                                   const NsaCompressAttentionInferOutputs<T>& out,
                                   const ExecConfig& exec = {}) {
-  detail::check_exec("nsa_compress_attention_infer", exec);
-  detail::DenseArena arena("nsa_compress_attention_infer");
-  NsaCompressAttentionInferInputs<T> din = in;
-  NsaCompressAttentionInferOutputs<T> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::nsa_compress_attention_infer_dense(p, din, dout, exec);
-  arena.commit();
+  detail::nsa_compress_attention_infer_call(p, in, out, exec, true);
 }
 
 }  // namespace attnref

@@ -75,6 +75,17 @@ struct NsaDecodeInputs {
 };
 
 /// output is required; the rest are optional views of the intermediates.
+/// The output of nsa_sliding_window_attention (the window branch alone).
+template <class T>
+struct NsaSlidingWindowAttentionOutputs {
+  StridedView<T> output{};  ///< [rows, N, Dv] (BSND: [B, S, N, Dv])
+
+  template <class F>
+  void for_each_view(F&& f) {
+    f("output", output);
+  }
+};
+
 template <class T>
 struct NsaDecodeOutputs {
   StridedView<T> output{};           ///< [rows, N, Dv] (BSND: [B, S, N, Dv])
@@ -186,7 +197,7 @@ template <class T>
 NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
                                        const NsaDecodeInputs<T>& in, const StridedView<T>& out,
                                        const ExecConfig& exec) {
-  check_view(fn, "out", out);
+  check_view(fn, "output", out);
   NsaWindowProblem<T> w;
   const NsaStepDims& d = w.d = nsa_step_dims(fn, p, in);
   ATTNREF_CHECK(p.window_size >= 1, std::invalid_argument, fn, "params.window_size", "not positive",
@@ -205,7 +216,7 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
   const bool tnd = d.tnd;
   const std::vector<Index> o_shape =
       tnd ? std::vector<Index>{d.rows, d.N, d.Dv} : std::vector<Index>{d.B, d.S, d.N, d.Dv};
-  ATTNREF_CHECK(!out.absent() && out.shape() == o_shape, std::invalid_argument, fn, "out.shape",
+  ATTNREF_CHECK(!out.absent() && out.shape() == o_shape, std::invalid_argument, fn, "output.shape",
                 "mismatch", nsa_dims_str(o_shape), shape_str(out));
   auto& e = w.e;
   if (tnd) {
@@ -233,7 +244,7 @@ NsaWindowProblem<T> nsa_window_problem(const char* fn, const NsaDecodeParams& p,
 }
 
 template <class T>
-void nsa_window_run(const NsaWindowProblem<T>& w) {
+void nsa_window_run(const NsaWindowProblem<T>& w) {  // after nsa_window_problem: nothing throws
   const NsaStepDims& d = w.d;
   if (d.S > 0)  // BSND padded rows: the engine leaves them alone
     for (Index b = 0; b < d.B; ++b)
@@ -245,31 +256,36 @@ void nsa_window_run(const NsaWindowProblem<T>& w) {
 }  // namespace detail
 
 namespace detail {
-/// nsa_sliding_window_attention on dense arguments: the public entry below passes every view
-/// through a DenseArena first.
 template <class T>
-void nsa_sliding_window_attention_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                                        const StridedView<T>& out, const ExecConfig& exec) {
-  detail::nsa_window_run(
-      detail::nsa_window_problem("nsa_sliding_window_attention", p, in, out, exec));
+void nsa_sliding_window_attention_call(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                                       const NsaSlidingWindowAttentionOutputs<T>& out,
+                                       const ExecConfig& exec, bool run) {
+  constexpr const char* fn = "nsa_sliding_window_attention";
+  check_exec(fn, exec);
+  dense_call(fn, in, out, run, [&](const auto& din, const auto& dout) {
+    const NsaWindowProblem<T> w = nsa_window_problem(fn, p, din, dout.output, exec);
+    if (run) nsa_window_run(w);
+  });
 }
 }  // namespace detail
 
+/// Every check of nsa_sliding_window_attention() (params, tensors, execution config), without
+/// computing or writing anything.
+template <class T>
+void validate(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+              const NsaSlidingWindowAttentionOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::nsa_sliding_window_attention_call(p, in, out, exec, false);
+}
+
 /// The window branch: query token i of batch b (raw position t = sel_len_b − q_len_b + i) over
 /// the raw keys (t − w, t] ∩ [0, sel_len_b) of the paged cache, fp32 softmax — the engine's
-/// BottomRight-causal sliding window. out: shaped like query with Dv. The compressed-cache
-/// inputs and the gates are not read.
+/// BottomRight-causal sliding window. output: shaped like query with Dv. The compressed-cache
+/// inputs and the gates are not read. validate -> plan -> run.
 template <class T>
 void nsa_sliding_window_attention(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                                  const StridedView<T>& out, const ExecConfig& exec = {}) {
-  detail::check_exec("nsa_sliding_window_attention", exec);
-  detail::DenseArena arena("nsa_sliding_window_attention");
-  NsaDecodeInputs<T> din = in;
-  StridedView<T> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  arena.output("out", dout);
-  detail::nsa_sliding_window_attention_dense(p, din, dout, exec);
-  arena.commit();
+                                  const NsaSlidingWindowAttentionOutputs<T>& out,
+                                  const ExecConfig& exec = {}) {
+  detail::nsa_sliding_window_attention_call(p, in, out, exec, true);
 }
 
 namespace detail {
@@ -398,11 +414,11 @@ std::vector<Index> nsa_step_cmp_cache(const char* fn, const NsaDecodeParams& p,
   return cmp_len;
 }
 
-/// nsa_decode_step on dense arguments: the public entry below passes every view through a
-/// DenseArena first.
+/// nsa_decode_step on dense arguments (the stand-ins of dense_call): every check, its branches'
+/// included, then (run) the branches and the gated sum.
 template <class T>
 void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
-                           const NsaDecodeOutputs<T>& out, const ExecConfig& exec) {
+                           const NsaDecodeOutputs<T>& out, const ExecConfig& exec, bool run) {
   constexpr const char* fn = "nsa_decode_step";
   detail::check_views(fn, "output", out.output, "topk", out.topk, "cmp_out", out.cmp_out, "sel_out",
                       out.sel_out, "win_out", out.win_out);
@@ -480,19 +496,22 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
   si.actual_sel_kv_seq_len = in.actual_sel_kv_seq_len;
   si.topk_indices = topk;
 
-  // Everything the branches check, checked before the first write: the compressed branch
-  // validates fully before it writes; the others are validated on a topk of -1 (every entry
-  // valid) and run only after the compressed branch.
+  // Everything the branches check, checked before the first write: the selected branch is
+  // validated on a topk of -1 (every entry valid: its top-k comes from the compressed branch),
+  // the window branch planned, the compressed branch validated; then they run in that order.
+  // They run under the step's error context (its DenseArena): a branch's rejection reads
+  // "attnref::nsa_decode_step: ... (in <branch>): ...".
   {
     std::vector<std::int32_t> none(static_cast<size_t>(topk.numel()), -1);
     NsaSelectedAttentionInferInputs<T> probe = si;
     probe.topk_indices = StridedView<const std::int32_t>(none.data(), t_shape);
-    std::vector<T> sink(static_cast<size_t>(n_o));
-    nsa_selected_attention_infer(sp, probe, {StridedView<T>(sink.data(), o_shape)}, ExecConfig{1});
+    validate(sp, probe, NsaSelectedAttentionInferOutputs<T>{o_sel});
   }
   const detail::NsaWindowProblem<T> win = detail::nsa_window_problem(fn, p, in, o_win, exec);
-  // The branches run under the step's error context (its DenseArena): a branch's rejection
-  // reads "attnref::nsa_decode_step: ... (in <branch>): ...".
+  if (!run) {  // validate(): the compressed branch's checks, nothing written
+    validate(cp, ci, co, exec);
+    return;
+  }
   nsa_compress_attention_infer(cp, ci, co, exec);
   nsa_selected_attention_infer(sp, si, {o_sel}, exec);
   detail::nsa_window_run(win);
@@ -502,20 +521,31 @@ void nsa_decode_step_dense(const NsaDecodeParams& p, const NsaDecodeInputs<T>& i
       for (Index i = d.qlen[static_cast<size_t>(b)]; i < d.S; ++i)
         std::fill_n(out.output.data() + (b * d.S + i) * d.N * d.Dv, d.N * d.Dv, T(0.0f));
 }
+
+template <class T>
+void nsa_decode_step_call(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+                          const NsaDecodeOutputs<T>& out, const ExecConfig& exec, bool run) {
+  check_exec("nsa_decode_step", exec);
+  dense_call("nsa_decode_step", in, out, run, [&](const auto& din, const auto& dout) {
+    nsa_decode_step_dense(p, din, dout, exec, run);
+  });
+}
 }  // namespace detail
 
-/// One NSA decode step: the three branches and the gated sum (see the top of this file).
+/// Every check of nsa_decode_step() (params, tensors, caches, execution config; its branches'
+/// checks included), without computing or writing anything.
+template <class T>
+void validate(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
+              const NsaDecodeOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::nsa_decode_step_call(p, in, out, exec, false);
+}
+
+/// One NSA decode step: the three branches and the gated sum (see the top of this file), as
+/// validate -> plan -> run.
 template <class T>
 void nsa_decode_step(const NsaDecodeParams& p, const NsaDecodeInputs<T>& in,
                      const NsaDecodeOutputs<T>& out, const ExecConfig& exec = {}) {
-  detail::check_exec("nsa_decode_step", exec);
-  detail::DenseArena arena("nsa_decode_step");
-  NsaDecodeInputs<T> din = in;
-  NsaDecodeOutputs<T> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::nsa_decode_step_dense(p, din, dout, exec);
-  arena.commit();
+  detail::nsa_decode_step_call(p, in, out, exec, true);
 }
 
 }  // namespace attnref

@@ -431,13 +431,13 @@ void nsa_sel_run(const NsaSelectedAttentionInferParams& p,
   detail::attention_with_pages(var, ein, ep, eo, pages, exec);
 }
 
-/// nsa_selected_attention_infer on dense arguments: the public entry below passes every view
-/// through a DenseArena first.
+/// nsa_selected_attention_infer on dense arguments (the stand-ins of dense_call): every
+/// check, then (run) the computation.
 template <class T>
 void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p,
                                         const NsaSelectedAttentionInferInputs<T>& in,
                                         const NsaSelectedAttentionInferOutputs<T>& out,
-                                        const ExecConfig& exec) {
+                                        const ExecConfig& exec, bool run) {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
                 "nsa_selected_attention_infer: half or bfloat16 (float: attnref extension)");
   constexpr const char* fn = "nsa_selected_attention_infer";
@@ -449,24 +449,38 @@ void nsa_selected_attention_infer_dense(const NsaSelectedAttentionInferParams& p
   nsa_sel_cache(p, in, pl);
   nsa_sel_outputs(in, out, pl);
   nsa_sel_indices(in, pl);
-  // Nothing has been written yet.
+  if (!run) return;  // validate(): every check has run, nothing is written
   nsa_sel_run(p, in, out, pl, exec);
+}
+
+template <class T>
+void nsa_selected_attention_infer_call(const NsaSelectedAttentionInferParams& p,
+                                       const NsaSelectedAttentionInferInputs<T>& in,
+                                       const NsaSelectedAttentionInferOutputs<T>& out,
+                                       const ExecConfig& exec, bool run) {
+  check_exec("nsa_selected_attention_infer", exec);
+  dense_call("nsa_selected_attention_infer", in, out, run, [&](const auto& din, const auto& dout) {
+    nsa_selected_attention_infer_dense(p, din, dout, exec, run);
+  });
 }
 }  // namespace detail
 
+/// Every check of nsa_selected_attention_infer() (params, tensors, execution config), without
+/// computing or writing anything.
+template <class T>
+void validate(const NsaSelectedAttentionInferParams& p,
+              const NsaSelectedAttentionInferInputs<T>& in,
+              const NsaSelectedAttentionInferOutputs<T>& out, const ExecConfig& exec = {}) {
+  detail::nsa_selected_attention_infer_call(p, in, out, exec, false);
+}
+
+/// CANN NsaSelectedAttentionInfer as validate -> plan -> run (every check before any write).
 template <class T>
 void nsa_selected_attention_infer(const NsaSelectedAttentionInferParams& p,
                                   const NsaSelectedAttentionInferInputs<T>& in,
                                   const NsaSelectedAttentionInferOutputs<T>& out,
                                   const ExecConfig& exec = {}) {
-  detail::check_exec("nsa_selected_attention_infer", exec);
-  detail::DenseArena arena("nsa_selected_attention_infer");
-  NsaSelectedAttentionInferInputs<T> din = in;
-  NsaSelectedAttentionInferOutputs<T> dout = out;
-  din.for_each_view([&](const std::string& name, auto& v) { arena.input(name, v); });
-  dout.for_each_view([&](const std::string& name, auto& v) { arena.output(name, v); });
-  detail::nsa_selected_attention_infer_dense(p, din, dout, exec);
-  arena.commit();
+  detail::nsa_selected_attention_infer_call(p, in, out, exec, true);
 }
 
 }  // namespace attnref
