@@ -1,6 +1,6 @@
-// Fuzz entries "prompt_flash_attention" (BSH / BSND / BNSD / TND, fp16, actual lengths, GQA) and
-// "incre_flash_attention" (contiguous fp16 K/V) against the naive reference, and "mla_decode"
-// (the absorbed latent attention over a shuffled paged cache).
+// Fuzz entries "prompt_flash_attention" (BSH / BSND / BNSD / TND, fp16, actual lengths, GQA)
+// against the naive reference, and "mla_decode" (the absorbed latent attention over a shuffled
+// paged cache). "incre_flash_attention" is in entries_ifa_sa.cpp.
 
 #include <attnref/attnref.hpp>
 #include <limits>
