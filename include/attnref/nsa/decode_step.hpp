@@ -74,7 +74,6 @@ struct NsaDecodeInputs {
   }
 };
 
-/// output is required; the rest are optional views of the intermediates.
 /// The output of nsa_sliding_window_attention (the window branch alone).
 template <class T>
 struct NsaSlidingWindowAttentionOutputs {
@@ -86,6 +85,7 @@ struct NsaSlidingWindowAttentionOutputs {
   }
 };
 
+/// output is required; the rest are optional views of the intermediates.
 template <class T>
 struct NsaDecodeOutputs {
   StridedView<T> output{};           ///< [rows, N, Dv] (BSND: [B, S, N, Dv])
