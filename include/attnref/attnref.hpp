@@ -1,5 +1,6 @@
 #pragma once
 /// Umbrella header: everything public in attnref.
+#include "attnref/atb/mask_encoding.hpp"
 #include "attnref/atb/paged_attention.hpp"
 #include "attnref/atb/paged_attention_params.hpp"
 #include "attnref/atb/qkv_quant.hpp"

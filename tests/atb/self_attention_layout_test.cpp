@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "reference/atb_self_attention.hpp"
@@ -106,13 +107,17 @@ PrefixRun<T> run_prefix(const PrefixCase& c, unsigned seed) {
       rq[b].push_back(dbl(q[static_cast<size_t>(t0 * nh * c.d + e)]));
     t0 += c.q_len[static_cast<size_t>(b)];
   }
-  // The 128 x 128 tile: binary (HIGH_PRECISION), upper triangle, or random with a clear diagonal.
+  // The 128 x 128 tile, upper triangle or random with a clear diagonal, as the PREFIX_ENCODER
+  // kernel takes it: fp16 additive (-10000 hidden, the vendor's prefix cases), bf16 binary.
+  constexpr bool kFp16 = std::is_same_v<T, attnref::half>;
+  const float hidden = kFp16 ? -10000.0f : 1.0f;
+  const double factor = kFp16 ? 1.0 : -3e38;
   std::vector<T> tile(128 * 128);
   std::uniform_real_distribution<double> ud(0, 1);
   for (int i = 0; i < 128; ++i)
     for (int j = 0; j < 128; ++j)
       tile[static_cast<size_t>(i * 128 + j)] =
-          T(c.random_tile ? (j != i && ud(rng) < 0.3 ? 1.0f : 0.0f) : (j > i ? 1.0f : 0.0f));
+          T(c.random_tile ? (j != i && ud(rng) < 0.3 ? hidden : 0.0f) : (j > i ? hidden : 0.0f));
 
   P p;
   p.num_heads = nh;
@@ -163,11 +168,11 @@ PrefixRun<T> run_prefix(const PrefixCase& c, unsigned seed) {
       return j > pos ? 0.0 : static_cast<double>(slopes[static_cast<size_t>(h)]) * (j - pos);
     };
   } else if (c.compress) {
-    r.mask = [&tile, ql, kl](int b, int i, int j) {
+    r.mask = [&tile, ql, kl, factor](int b, int i, int j) {
       const int pos = i + kl[static_cast<size_t>(b)] - ql[static_cast<size_t>(b)];
       if (j / 128 > pos / 128) return -3e38;  // block above the diagonal: skipped
       if (j / 128 < pos / 128) return 0.0;    // block below: unmasked
-      return dbl(tile[static_cast<size_t>((pos % 128) * 128 + j % 128)]) * -3e38;
+      return dbl(tile[static_cast<size_t>((pos % 128) * 128 + j % 128)]) * factor;
     };
   } else {
     r.mask = [ql, kl](int b, int i, int j) {

@@ -407,14 +407,21 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
   const bool bypass = p.kvcache_cfg == P::KvCacheCfg::KBypassVBypass;
   const bool bnsd = p.input_layout == P::InputLayout::BNSD;
   const bool mla = p.mla_v_head_size > 0;
-  const bool binary = p.kernel_type == P::KernelType::HighPrecision;  // fp16 data
+  // fp16 data. The kernel ATB selects (its runner and kernel sources, docs/masks.md): DECODER
+  // runs the decoder kernel (fp32 scores, fp16 masks added) whatever kernelType says; the
+  // dynamic-batch encoder (batchRunStatus) runs the fp16 kernel whatever kernelType says; else
+  // HIGH_PRECISION takes binary masks x -3e38 with fp32 scores, DEFAULT additive fp16 ones.
+  const bool fp16_kernel =
+      !dec && (p.kernel_type == P::KernelType::Default || p.batch_run_status_enable);
+  const bool binary = !dec && !fp16_kernel;
   const int dv = mla ? p.mla_v_head_size : kDv;
   const std::vector<int> len = dec ? std::vector<int>{1, 1, 1} : std::vector<int>{5, 9, 3};
-  const std::vector<int> off = pa    ? len
-                               : dec ? std::vector<int>{6, 11, 2}
-                                     : std::vector<int>{7, 9, 4};
+  std::vector<int> off = pa ? len : dec ? std::vector<int>{6, 11, 2} : std::vector<int>{7, 9, 4};
   const std::vector<int> active =
       p.batch_run_status_enable ? std::vector<int>{1, 0, 1} : std::vector<int>{1, 1, 1};
+  // A dynamic batch gives its inactive sequence a kv length (token offset) of 0, below its
+  // seq_len: accepted, and the sequence is skipped.
+  if (p.batch_run_status_enable) off[1] = 0;
   int tokens = 0, max_len = 0;
   for (int l : len) tokens += l, max_len = std::max(max_len, l);
   const size_t row_k = static_cast<size_t>(nkv * kD), row_v = static_cast<size_t>(nkv * kDv);
@@ -439,7 +446,7 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
   r.v_head_size = dv;
   r.qk_scale = p.qk_scale;
   r.q_scale = p.q_scale;
-  r.fp16_scores = !binary;
+  r.fp16_scores = fp16_kernel;
   r.to_dtype = [](double x) { return ref::round_fp16(x); };
   r.clamp = p.clamp_type == P::ClampType::MinMax;
   r.clamp_min = p.clamp_min;
@@ -471,7 +478,7 @@ PairRun run_pair(const Built& built, std::mt19937& rng) {
   }
 
   // Masks: NORM [batch, maxSeq, maxSeq] (decoder [batch, 1, maxSeq]) or the NORM_COMPRESS tile,
-  // binary with HIGH_PRECISION, additive fp16 with DEFAULT; random holes on top of the triangle.
+  // binary on the high-precision kernel, additive otherwise; random holes on top of the triangle.
   const double coeff = binary ? -3e38 : 1.0;
   const float hidden = binary ? 1.0f : -10000.0f;
   std::uniform_real_distribution<double> ud(0, 1);

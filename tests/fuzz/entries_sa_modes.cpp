@@ -90,6 +90,8 @@ void build(Dec& c, R& r) {
   for (Index b = 0; b < c.B; ++b) {
     in.token_offset.push_back(r.range(1, c.rolling ? 3 * c.M : c.M));
     in.batch_run_status.push_back(p.batch_run_status_enable ? r.chance(0.7) : 1);
+    // A dynamic batch's inactive sequence: kv length 0, below its seq_len of 1 (accepted).
+    if (in.batch_run_status.back() == 0 && r.chance(0.5)) in.token_offset.back() = 0;
   }
   c.q = r.normals<float>(c.B * c.nh * c.d);
   c.k = r.normals<float>(c.B * c.nkv * c.d);
@@ -169,17 +171,23 @@ bool norm(const Dec& c) { return c.p.mask_type == P::MaskType::Norm; }
 
 const std::vector<PD>& dec_perturbations() {
   static const std::vector<PD> list{
+      // The token_offset range is checked on active sequences only (an inactive one reads and
+      // writes no cache row).
       must(
-          "token_offset past maxSeqLen", [](const Dec& c) { return !c.rolling; },
-          [](Dec& c, R& r) { c.in.token_offset[z(r.range(0, c.B - 1))] = c.M + 1; }),
+          "token_offset past maxSeqLen", [](const Dec& c) { return !c.rolling && c.active(0); },
+          [](Dec& c, R&) { c.in.token_offset[0] = c.M + 1; }),
       must("token_offset below seq_len or missing",
            [](Dec& c, R& r) {
-             if (r.chance(0.5))
-               c.in.token_offset[z(r.range(0, c.B - 1))] = 0;
+             if (c.active(0) && r.chance(0.5))
+               c.in.token_offset[0] = 0;
              else
                c.in.token_offset.pop_back();
            }),
       must("layer_id out of range", [](Dec& c, R& r) { c.in.layer_id = r.chance(0.5) ? -1 : c.L; }),
+      must(
+          "an additive -10000 in a binary mask",
+          [](const Dec& c) { return norm(c) && c.kv(0) > 0; },
+          [](Dec& c, R&) { c.mask[0] = -10000.0f; }),
       must("seq_len not 1", [](Dec& c, R& r) { c.in.seq_len[z(r.range(0, c.B - 1))] = 2; }),
       must("batch_run_status not 0 or 1", brs,
            [](Dec& c, R& r) {
@@ -444,10 +452,12 @@ struct Bn {
   P p;
   attnref::SelfAttentionBnsdInputs<float> in;
   attnref::SelfAttentionBnsdOutputs<float> out;
+  bool active(Index b) const {
+    return !p.batch_run_status_enable || in.batch_run_status[z(b)] == 1;
+  }
   Index kv(Index b) const {
     if (pa) return in.seq_len[z(b)];
-    const bool on = !p.batch_run_status_enable || in.batch_run_status[z(b)] == 1;
-    return on ? in.token_offset[z(b)] : 0;
+    return active(b) ? in.token_offset[z(b)] : 0;
   }
 };
 
@@ -491,6 +501,7 @@ void build(Bn& c, R& r) {
     for (Index b = 0; b < c.B; ++b) {
       in.token_offset.push_back(r.range(in.seq_len[z(b)], c.M));
       in.batch_run_status.push_back(p.batch_run_status_enable ? r.chance(0.7) : 1);
+      if (in.batch_run_status.back() == 0 && r.chance(0.5)) in.token_offset.back() = 0;
     }
     c.kc.assign(z(c.L * c.B * c.nkv * c.M * c.d), kNaN);
     c.vc.assign(z(c.L * c.B * c.nkv * c.M * c.dv), kNaN);
@@ -567,10 +578,12 @@ const std::vector<PB>& bn_perturbations() {
           "seq_len not 1 for the decoder",
           [](const Bn& c) { return c.p.calc_type == P::CalcType::Decoder; },
           [](Bn& c, R&) { c.in.seq_len[0] = 0; }),
-      must("token_offset past maxSeqLen", caches,
-           [](Bn& c, R& r) { c.in.token_offset[z(r.range(0, c.B - 1))] = c.M + 1; }),
       must(
-          "token_offset below seq_len", [](const Bn& c) { return !c.pa && c.in.seq_len[0] > 0; },
+          "token_offset past maxSeqLen", [](const Bn& c) { return !c.pa && c.active(0); },
+          [](Bn& c, R&) { c.in.token_offset[0] = c.M + 1; }),
+      must(
+          "token_offset below seq_len",
+          [](const Bn& c) { return !c.pa && c.active(0) && c.in.seq_len[0] > 0; },
           [](Bn& c, R&) { c.in.token_offset[0] = c.in.seq_len[0] - 1; }),
       must("layer_id out of range", caches, [](Bn& c, R&) { c.in.layer_id = c.L; }),
       must("caches written with BNSD", caches,

@@ -138,13 +138,15 @@ std::vector<T> alibi_mask(const std::vector<float>& slopes, Index max_seq,
   return m;
 }
 
-/// ALIBI_COMPRESS with a [heads, seq_len, 128] mask: the first 128 key columns of the full mask.
+/// ALIBI_COMPRESS (and, with sqrt_variant, ALIBI_COMPRESS_SQRT) with a [heads, seq_len, 128]
+/// mask: the first 128 key columns of the full mask. The kernel reads it as given (no square
+/// root of its own), so the SQRT form holds the final sqrt biases.
 template <class T>
 std::vector<T> alibi_head_mask(const std::vector<float>& slopes, Index seq_len,
-                               float masked_value = -10000.0f) {
+                               float masked_value = -10000.0f, bool sqrt_variant = false) {
   detail::check_positive("alibi_head_mask", "seq_len", seq_len);
   const Index width = seq_len > 128 ? seq_len : 128;
-  const std::vector<T> full = alibi_mask<T>(slopes, width, false, masked_value);
+  const std::vector<T> full = alibi_mask<T>(slopes, width, sqrt_variant, masked_value);
   const Index h_n = static_cast<Index>(slopes.size());
   std::vector<T> m(static_cast<size_t>(h_n * seq_len * 128));
   for (Index h = 0; h < h_n; ++h)

@@ -203,6 +203,7 @@ void sa_kv_cache(const SelfAttentionParams& params, const SelfAttentionInputs<T>
     pl.kv_len =
         sa_token_offsets(in.seq_len, in.token_offset, active, std::numeric_limits<Index>::max());
     for (Index b = 0; b < pl.batch; ++b) {
+      if (!active[static_cast<size_t>(b)]) continue;  // reads and writes nothing
       const Index off = in.token_offset[static_cast<size_t>(b)];
       const std::string arg = "token_offset[" + std::to_string(b) + "]";
       ATTNREF_CHECK(std::min(window, off) <= kc.size(2), std::invalid_argument, fn,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attnref/atb/detail/self_attention_variant.hpp"
+#include "attnref/atb/mask_encoding.hpp"
 #include "attnref/atb/self_attention_io.hpp"
 #include "attnref/atb/self_attention_params.hpp"
 #include "attnref/attention/attention.hpp"
@@ -100,6 +101,30 @@ struct SaMasks {
   bool swa_norm = false, alibi_compressed = false, head_mask_form = false;
 };
 
+/// The values of the mask tensors the run reads, against the encoding table
+/// (atb/mask_encoding.hpp): binary masks hold 0 / 1, additive ones 0 / negative, ALiBi biases
+/// no NaN or +inf, the compressed ALiBi tile no NaN and only infinities its slopes turn to -inf.
+template <class T, class TIn>
+void sa_check_mask_values(const SelfAttentionParams& params, const SelfAttentionPlan<T, TIn>& pl,
+                          const SaMasks<T>& mk) {
+  using P = SelfAttentionParams;
+  constexpr const char* fn = "self_attention";
+  const auto m = params.mask_type;
+  const MaskRule causal = self_attention_mask_rule<T>(params, MaskRole::Causal);
+  const MaskRule bias = self_attention_mask_rule<T>(params, MaskRole::HeadBias);
+  if (m == P::MaskType::Norm || (m == P::MaskType::SlidingWindowNorm && !mk.mask.absent()))
+    check_mask_values<T, 3>(fn, "mask", mk.mask, causal, {-1, pl.max_q, pl.max_kv});
+  if (m == P::MaskType::NormCompress || m == P::MaskType::SlidingWindowCompress)
+    check_mask_values<T, 3>(fn, "mask", mk.mask, causal, {-1, -1, -1});
+  if (m == P::MaskType::Alibi)
+    check_mask_values<T, 4>(fn, "head_mask", mk.head_mask, bias, {-1, -1, pl.max_q, pl.max_kv});
+  if (mk.head_mask_form)
+    check_mask_values<T, 4>(fn, "head_mask", mk.head_mask, bias,
+                            {-1, -1, pl.bottom_right ? pl.max_kv : pl.max_q, -1});
+  else if (mk.alibi_compressed)
+    check_alibi_tile<T>(fn, mk.mask, mk.slopes, m == P::MaskType::AlibiCompressSqrt);
+}
+
 template <class T, class TIn>
 SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T, TIn>& pl) {
   using P = SelfAttentionParams;
@@ -142,9 +167,12 @@ SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T
       params.mask_type == P::MaskType::AlibiCompress ||
       params.mask_type == P::MaskType::AlibiCompressSqrt ||
       params.mask_type == P::MaskType::AlibiCompressLeftAlign;
-  // ALIBI_COMPRESS takes either the [256, 256] tile with slopes or a [headNum, seqLen, 128] mask.
+  // ALIBI_COMPRESS and ALIBI_COMPRESS_SQRT take either the [256, 256] tile with slopes or a
+  // [headNum, seqLen, 128] mask of final bias values (read alike: no square root applied).
   const bool head_mask_form = mk.head_mask_form =
-      params.mask_type == P::MaskType::AlibiCompress && !head_mask.absent() && mask.absent();
+      (params.mask_type == P::MaskType::AlibiCompress ||
+       params.mask_type == P::MaskType::AlibiCompressSqrt) &&
+      !head_mask.absent() && mask.absent();
   if (params.mask_type == P::MaskType::Alibi) {
     ATTNREF_CHECK(!head_mask.absent(), std::invalid_argument, fn, "head_mask", "missing for ALIBI",
                   "[batch or 1, headNum, maxSeq, maxSeq]", "none");
@@ -172,7 +200,8 @@ SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T
       const Index rows = pl.bottom_right ? pl.max_kv : pl.max_q;
       ATTNREF_CHECK(head_mask.size(0) == 1 && head_mask.size(1) == pl.nh &&
                         head_mask.size(2) >= rows && head_mask.size(3) == AlibiCompressHook::kTile,
-                    std::invalid_argument, fn, "head_mask.shape", "mismatch for ALIBI_COMPRESS",
+                    std::invalid_argument, fn, "head_mask.shape",
+                    "mismatch for the compressed ALiBi head form",
                     "[1, " + std::to_string(pl.nh) + ", >= " + std::to_string(rows) + ", 128]",
                     shape_str(head_mask));
       check_view(fn, "head_mask", head_mask);
@@ -189,6 +218,7 @@ SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T
                     "missing for a compressed ALiBi mask", "[headNum] float", "none");
       ATTNREF_CHECK(slopes.size(0) == pl.nh, std::invalid_argument, fn, "slopes.shape[0]",
                     "mismatch with the number of heads", pl.nh, slopes.size(0));
+      check_finite(fn, "slopes", slopes);
     }
   }
   if (params.mask_type == P::MaskType::SlidingWindowCompress) {
@@ -209,6 +239,7 @@ SaMasks<T> sa_masks(const SelfAttentionParams& params, const SelfAttentionPlan<T
                   ">= " + std::to_string(need), log_n.size(0));
   }
 
+  sa_check_mask_values(params, pl, mk);
   return mk;
 }
 
@@ -229,11 +260,11 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl,
              head_mask_form = mk.head_mask_form;
 
   AttentionOutputs<T> eout{pl.o};
-  // fp16 mask encodings: additive with the DEFAULT kernel, binary x -3e38 otherwise.
-  const bool additive_mask =
-      std::is_same_v<T, half> && params.kernel_type == P::KernelType::Default;
-  // The qkv-quantized path always computes its scores in fp16 (docs/semantics.md §2.8).
-  const bool fp16_scores = additive_mask || quant != nullptr;
+  // The kernel the params select decides the mask encoding and the score precision
+  // (atb/mask_encoding.hpp). The qkv-quantized path always computes its scores in fp16
+  // (docs/semantics.md §2.8).
+  const MaskRule rule = self_attention_mask_rule<T>(params, MaskRole::Causal);
+  const bool fp16_scores = rule.kernel == AtbKernel::Fp16Default || quant != nullptr;
   const bool alibi_blocks = alibi_compressed && !head_mask_form;  // the [256, 256] tile
   const bool compressed = params.mask_type == P::MaskType::NormCompress || alibi_compressed;
   const bool swa_compressed = params.mask_type == P::MaskType::SlidingWindowCompress;
@@ -253,9 +284,13 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl,
   // Sliding window (SLIDING_WINDOW_NORM): the encoders' window is aligned top-left like their
   // masks; the decoder's query is the last token (bottom-right), and a rolling cache (cacheType
   // SWA) holds exactly the window, so nothing is hidden there.
-  CausalHook causal{params.mask_type == P::MaskType::CausalMask
-                        ? (pl.bottom_right ? CausalMode::BottomRight : CausalMode::TopLeft)
-                        : CausalMode::None};
+  // CAUSAL_MASK is aligned top-left like the encoders' NORM masks, and bottom-right for
+  // PREFIX_ENCODER (the vendor's generated mask) and DECODER (its query is the last token: it
+  // sees every key).
+  CausalHook causal{
+      params.mask_type == P::MaskType::CausalMask
+          ? (pl.bottom_right || pl.decoder ? CausalMode::BottomRight : CausalMode::TopLeft)
+          : CausalMode::None};
   if (swa_norm && !pl.swa_rolling)
     causal =
         CausalHook{pl.decoder ? CausalMode::BottomRight : CausalMode::TopLeft, params.window_size};
@@ -281,7 +316,7 @@ void sa_run(const SelfAttentionParams& params, SelfAttentionPlan<T, TIn>& pl,
       {},
       &params,
       fp16_scores,
-      additive_mask ? 1.0f : AtbSelfAttentionVariant<T>::kMaskValue,
+      rule.factor,
       mask_read ? mask : StridedView<const T, 3>{},
       params.scale_type == P::ScaleType::LogN ? log_n : StridedView<const float, 1>{},
       pl.decoder,
@@ -344,7 +379,8 @@ inline std::vector<bool> sa_sequences(const SelfAttentionParams& params,
   return active;
 }
 
-/// token_offset checks of the cache calcTypes; returns the kv lengths (0 when inactive).
+/// token_offset checks of the cache calcTypes (active sequences only, but for the sign); returns
+/// the kv lengths (0 when inactive).
 inline std::vector<Index> sa_token_offsets(const std::vector<Index>& seq_len,
                                            const std::vector<Index>& token_offset,
                                            const std::vector<bool>& active, Index max_seq) {
@@ -352,16 +388,20 @@ inline std::vector<Index> sa_token_offsets(const std::vector<Index>& seq_len,
   const Index batch = static_cast<Index>(seq_len.size());
   ATTNREF_CHECK(static_cast<Index>(token_offset.size()) == batch, std::invalid_argument, fn,
                 "token_offset", "size mismatch", batch, token_offset.size());
-  std::vector<Index> kv(static_cast<size_t>(batch));
+  std::vector<Index> kv(static_cast<size_t>(batch), 0);
   for (Index b = 0; b < batch; ++b) {
     const Index off = token_offset[static_cast<size_t>(b)];
     const std::string arg = "token_offset[" + std::to_string(b) + "]";
+    ATTNREF_CHECK(off >= 0, std::invalid_argument, fn, arg, "negative", ">= 0", off);
+    // An inactive sequence (batchRunStatus 0) reads and writes no cache row: a dynamic-batch
+    // caller gives it a token offset of 0, below its seq_len (ATB skips it the same way).
+    if (!active[static_cast<size_t>(b)]) continue;
     ATTNREF_CHECK(off >= seq_len[static_cast<size_t>(b)], std::invalid_argument, fn, arg,
                   "smaller than seq_len", ">= " + std::to_string(seq_len[static_cast<size_t>(b)]),
                   off);
     ATTNREF_CHECK(off <= max_seq, std::invalid_argument, fn, arg, "exceeds maxSeqLen",
                   "<= " + std::to_string(max_seq), off);
-    kv[static_cast<size_t>(b)] = active[static_cast<size_t>(b)] ? off : 0;
+    kv[static_cast<size_t>(b)] = off;
   }
   return kv;
 }

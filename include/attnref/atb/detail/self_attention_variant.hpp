@@ -31,7 +31,7 @@ struct AtbSelfAttentionVariant : IoHooks {
   using P = SelfAttentionParams;
   const SelfAttentionParams* p;
   bool fp16_scores;                   // DEFAULT kernel with fp16 data
-  float mask_coeff;                   // -3e38 (binary masks) or 1 (additive fp16 masks)
+  float mask_coeff;                   // -3e38 (binary masks) or 1 (additive masks)
   StridedView<const T, 3> mask;       // NORM mask or NORM_COMPRESS tile, absent otherwise
   StridedView<const float, 1> log_n;  // LOGN, absent otherwise
   bool log_n_per_batch;               // DECODER: one logN value per sequence
@@ -47,8 +47,6 @@ struct AtbSelfAttentionVariant : IoHooks {
   StridedView<const float, 1> slopes;  // ALIBI_COMPRESS* with the [256, 256] tile
   AlibiCompressHook alibi;
   StridedView<const float, 1> qk_descale;  // qkv quant: [headNum], scores are int32(q·k)
-
-  static constexpr float kMaskValue = -3e38f;
 
   /// A full mask tensor read at (sequence, query, key): NORM, or SLIDING_WINDOW_NORM with one.
   bool full_mask() const {
