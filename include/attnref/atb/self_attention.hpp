@@ -33,29 +33,31 @@
 ///                in attnref/mask/norm_compress.hpp; ALIBI_COMPRESS*: the [256, 256] tile with
 ///                `slopes` (attnref/mask/alibi.hpp); SLIDING_WINDOW_COMPRESS: the [512, 512]
 ///                pattern (attnref/mask/sliding_window.hpp)
-///   head_mask    ALIBI [batch or 1, headNum, maxSeq, maxSeq]; ALIBI_COMPRESS [1, headNum,
-///                seqLen, 128] (then no tile, no slopes)
+///   head_mask    ALIBI [batch or 1, headNum, maxSeq, maxSeq]; ALIBI_COMPRESS(_SQRT) [1,
+///                headNum, seqLen, 128] (then no tile; slopes ignored)
 ///   log_n        LOGN: float, [maxSeqLen] per query position (PA_ENCODER) or [batch] (DECODER)
 ///   out          [nTokens, headNum, headSizeV]
 /// batchRunStatus (batch_run_status_enable): a sequence with status 0 gets zero output rows and
-/// no cache write (docs/semantics.md §2.7, the choice of §10 item 4).
+/// no cache write, and its token offset may be 0 (below its seq_len: a dynamic batch's inactive
+/// sequence) (docs/semantics.md §2.7, the choice of §10 item 4).
 ///
 /// Per sequence b, head h, query i, key j (docs/semantics.md §2.2–2.3):
 ///   s = (q_i · qScale) · k_j  (fp32 accumulation)
 ///   s = s · logN[i] (LOGN) · qkScale
 ///   s = fp16(clamp(s, clampMin, clampMax))      (clampType MIN_MAX)
-///   s = s + mask term                            (NORM / NORM_COMPRESS / SWA: binary mask ×
-///                                                 −3e38 with HIGH_PRECISION or bf16, additive
-///                                                 fp16 values with DEFAULT; ALiBi: additive in
-///                                                 every dtype; CAUSAL_MASK, blocks a compressed
-///                                                 mask skips and keys outside a window get
-///                                                 probability 0)
+///   s = s + mask term                            (NORM / NORM_COMPRESS / SWA: binary (0 / 1)
+///                                                 × −3e38 or additive, as the kernel the params
+///                                                 select takes it: atb/mask_encoding.hpp; ALiBi:
+///                                                 additive in every dtype; CAUSAL_MASK, blocks a
+///                                                 compressed mask skips and keys outside a
+///                                                 window get probability 0)
 ///   out = softmax_j(s) · V                       (fp32), rounded to the data type
-/// DEFAULT with fp16 data rounds s to fp16 after the product, after logN (a float32 factor),
-/// after qkScale (rounded to fp16 first) and after the mask
-/// addition, as the NPU's fp16 kernel does, so an fp16 overflow gives inf / NaN exactly where the
-/// NPU does; HIGH_PRECISION (and bf16, always) keeps fp32. A fully masked row follows the −3e38
-/// arithmetic: a uniform average of its values, as on the NPU.
+/// The fp16 kernel (fp16 data with DEFAULT, or with batchRunStatus; not DECODER or
+/// PREFIX_ENCODER) rounds s to fp16 after the product, after logN (a float32 factor), after
+/// qkScale (rounded to fp16 first) and after the mask addition, as the NPU does, so an fp16
+/// overflow gives inf / NaN exactly where the NPU does; every other kernel keeps fp32. Mask values
+/// outside their encoding are rejected before anything is written. A fully masked row follows the
+/// −3e38 arithmetic: a uniform average of its values, as on the NPU.
 ///
 /// This header holds the BSND overload; the int8 (qkv-quantized) and BNSD overloads are in
 /// attnref/atb/self_attention_quant.hpp and self_attention_bnsd.hpp, included here; the hooks

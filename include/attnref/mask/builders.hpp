@@ -3,9 +3,9 @@
 /// ALiBi slopes (docs/semantics.md §2.3–2.6, §3). Every builder returns a row-major std::vector of
 /// the shape it names; view it with StridedView.
 ///
-/// Forms (MaskForm): Additive — fp16 with kernelType DEFAULT: 0 = keep, `masked_value` (−10000
-/// by default; the SWA examples use −65536) = masked, added to the score; Binary — bf16, or fp16
-/// with HIGH_PRECISION: 0 = keep, 1 = masked (the kernel multiplies by −3e38).
+/// Forms (MaskForm): Additive: 0 = keep, `masked_value` (−10000 by default; the SWA examples use
+/// −65536) = masked, added to the score; Binary: 0 = keep, 1 = masked (the kernel multiplies by
+/// −3e38). Which one a kernel takes: atb/mask_encoding.hpp (MaskRule::form()).
 ///
 /// Positions: query i (row), key j (column) of one sequence, from 0.
 
