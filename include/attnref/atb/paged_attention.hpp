@@ -10,7 +10,7 @@
 /// serves query i), SPEC ([numTokens, maxSeq], one row per query token) and ALIBI ([batch,
 /// headNum, 1, maxSeq] or ATB's [headNum, 1, maxSeq] as [1, headNum, 1, maxSeq]), all additive;
 /// scaleType LOGN (one float per sequence), mlaVHeadSize (V = the first mlaVHeadSize elements of
-/// each K head; no value cache), batchRunStatus, and the quantized modes:
+/// each K head; no value cache), batchRunStatus (see the packing below), the quantized modes:
 ///   DEQUANT_FUSION (int8 caches): K = (K8 + k_offset[c]) · k_descale[c] per channel
 ///     c = kvHead · headSize + d (offset with hasQuantOffset), V likewise; then as unquantized.
 ///     Computed exactly in that algebra with the scale folded into q and the V affine applied
@@ -23,13 +23,40 @@
 ///     (which must therefore fold 1 / p_scale, as in the golden); O = Σ factor · (P8·V8), l = Σ P̂
 ///     (unrounded), out = O / l. No split-KV (the NPU's kv split, a tiling choice, would restart
 ///     the blocks and the running max per split).
-/// Validated and rejected: MASK_FREE and NORM_COMPRESS (Atlas 300I Duo only), compressType
-/// (razor attention) and BNSD (not implemented), and ATB's incompatible combinations (SPEC with
-/// batchRunStatus or DEQUANT_FUSION or, without MLA, masks other than NORM / SPEC; MLA with
-/// ALIBI, DEQUANT_FUSION or, under SPEC, NORM or quantization; qkv quantization with offsets).
+///   inputLayout BNSD: only the caches change, key_cache [numBlocks, kvHeadNum, blockSize,
+///     headSize] and value_cache [numBlocks, kvHeadNum, blockSize, headSize] (headSizeV must
+///     equal headSize); read in place through permuted strides. Masks NORM / ALIBI and
+///     batchRunStatus as in BSND; not with SPEC, compressType, quantization, LOGN or MLA.
+///   compressType KVHEAD / KVHEAD_ROPE (razor attention): every (query token t, kv head g) pair
+///     b = t · kvHeadNum + g is a sequence of its own, with its own context length and block
+///     table row, over caches with one kv head ([numBlocks, blockSize, 1, headSize(V)]); it
+///     serves the query heads g·G .. g·G + G - 1 (G = headNum / kvHeadNum): the query and out
+///     are read as [numTokens · kvHeadNum, G, ·] in place (stride(0) = headNum · stride(1)
+///     unless numTokens or kvHeadNum is 1; otherwise rejected). KVHEAD takes NORM
+///     [numTokens or 1, 1, maxSeq] (row = token) and ALIBI [numTokens or 1, headNum, 1, maxSeq]
+///     (real head g·G + i), DEQUANT_FUSION (scales of the pair's kv head g) and batchRunStatus.
+///     KVHEAD_ROPE adds razor_offset [numBlocks, blockSize]: s_j = qkScale · (q·k_j +
+///     razor_offset[block of key j][j % blockSize]); no mask, no batchRunStatus. Neither with
+///     SPEC, qkv quantization, LOGN, BNSD or MLA; kvHeadNum must be set.
+/// Validated and rejected: MASK_FREE and NORM_COMPRESS (Atlas 300I Duo only), and ATB's
+/// incompatible combinations (SPEC with batchRunStatus or DEQUANT_FUSION or, without MLA, masks
+/// other than NORM / SPEC; MLA with ALIBI, DEQUANT_FUSION or, under SPEC, NORM or quantization;
+/// qkv quantization with offsets; the BNSD and compressType rules above).
+///
+/// Packing of the query rows (ATB's kernel, paged_attention_tiling_dependency.cpp): a sequence
+/// whose context length is 0 takes NO query row and writes NO output row; query and out hold the
+/// rows of the sequences with context > 0, in order. numTokens must equal their count (SPEC:
+/// the sum of their q_seq_lens; a zero-context sequence contributes 0 rows whatever its
+/// q_seq_lens entry says, and q_seq_lens[b] <= context_lens[b] applies to the others).
+/// batchRunStatus is read by no PagedAttention kernel: it is checked (0 or 1, one per
+/// sequence), and a sequence with status 0 must have context length 0 (else rejected: the NPU
+/// would compute it). With compressType the (token, kv head) pairs follow the same rule, while
+/// the shapes stay [numTokens · kvHeadNum] pairs: a pair of length 0 drops its G rows, every
+/// later pair reads and writes the rows one pair earlier, and the last rows of out are left
+/// untouched (ATB's hazard, reproduced: give every pair a nonzero length).
 ///
 /// Shapes (BSND):
-///   query          [numTokens, headNum, headSize]    numTokens = batch, or Σ q_seq_lens (SPEC)
+///   query          [numTokens, headNum, headSize]    numTokens: see the packing above
 ///   key_cache      [numBlocks, blockSize, kvHeadNum, headSize]
 ///   value_cache    [numBlocks, blockSize, kvHeadNum, headSizeV]   (absent with MLA)
 ///   block_tables   [batch, maxBlocksPerSeq] int32: key t of sequence b is row t % blockSize of
@@ -41,9 +68,9 @@
 ///   s_t = q · k_t · qkScale (· logN[b]) + mask + alibi[b][h][t];  p = softmax(s)
 ///   out = Σ_t p_t v_t rounded to the output type
 /// The scores and P stay fp32 (the golden's fp32 reference; its P cast to the data type before
-/// P·V is what the NPU's rounding does, not the definition — docs/semantics.md §1). A sequence with
-/// context length 0 or batchRunStatus 0 gets zero output rows. Masks are additive (ATB's
-/// -10000 / -inf entries): a row whose keys are all masked is an ordinary softmax over them.
+/// P·V is what the NPU's rounding does, not the definition — docs/semantics.md §1). Masks are
+/// additive (ATB's -10000 / -inf entries): a row whose keys are all masked is an ordinary softmax
+/// over them.
 
 #include <cstdint>
 #include <type_traits>
@@ -88,24 +115,28 @@ void pa_engine_problem(const PagedAttentionParams& params,
                        PaProblem<TQ, TKV, TM, TO>& pr) {
   constexpr bool kQkv = std::is_same_v<TQ, std::int8_t>;
   constexpr bool kDequant = !kQkv && std::is_same_v<TKV, std::int8_t>;
-  const Index tokens = pl.tokens, nh = pl.nh, d = pl.d, dv = pl.dv;
+  const Index rows = pl.rows, heads = pl.heads, d = pl.d, dv = pl.dv;
+  const bool rope = !pr.var.razor.absent();  // the variant applies qkScale after the offset
   auto& e = pr.e;
-  e.q = StridedView<const TQ, 4>(in.query.data(), {1, tokens, nh, d},
-                                 {0, in.query.stride(0), in.query.stride(1), in.query.stride(2)});
+  // The packed rows: query tokens, or with compressType the (token, kv head) pairs, each of
+  // `heads` query heads (the query reshaped in place, pa_row_stride).
+  e.q = StridedView<const TQ, 4>(in.query.data(), {1, rows, heads, d},
+                                 {0, pl.q_row_stride, in.query.stride(1), in.query.stride(2)});
   e.read_kv(pl.cache);
   e.seq.q_cu = pl.q_cu;
-  pr.ep.scale = kQkv ? 1.0f : params.qk_scale;
+  pr.ep.scale = kQkv || rope ? 1.0f : params.qk_scale;
   if (kQkv) pr.ex.kv_tile = params.quant_block_size;  // P is quantized block by block
-  pr.eo.o = StridedView<TO, 4>(out.out.data(), {1, tokens, nh, dv},
-                               {0, out.out.stride(0), out.out.stride(1), out.out.stride(2)});
+  pr.eo.o = StridedView<TO, 4>(out.out.data(), {1, rows, heads, dv},
+                               {0, pl.o_row_stride, out.out.stride(1), out.out.stride(2)});
   validate(e, pr.ep, pr.eo, pr.ex);  // engine checks, overlaps included
 
   auto& var = pr.var;
   if (!kQkv && params.q_scale != 0.0f && params.q_scale != 1.0f)
     var.template scale_query<TQ>(params.q_scale);
   if constexpr (kDequant) {
-    var.group = nh / pl.nkv;
-    var.bias_scale = params.qk_scale;
+    var.group = pl.nh / pl.nkv;
+    var.batch_heads = pl.compress;  // compressType: the pair's kv head, b % kvHeadNum
+    var.bias_scale = static_cast<float>(pr.ep.scale);
     var.zero_empty = true;
     for (Index c = 0; c < in.k_descale.size(0); ++c) var.k_scale.push_back(in.k_descale(c));
     for (Index c = 0; c < in.v_descale.size(0); ++c) var.v_scale.push_back(in.v_descale(c));
@@ -137,6 +168,7 @@ void pa_prepare(const PagedAttentionParams& params, const PagedAttentionInputs<T
   pr.pl = pa_plan(params, in, out);
   pr.ex = exec;
   pa_bind_masks(params, in, pr.pl, pr.var);
+  pa_bind_compress(params, in, pr.pl, pr.var);
   pa_bind_scales(params, in, pr.pl, pr.var);
   pa_engine_problem(params, in, out, pr.pl, pr);
 }

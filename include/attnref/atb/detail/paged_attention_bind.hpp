@@ -3,6 +3,7 @@
 /// atb/paged_attention.hpp), checked against the plan and bound to its variant. Not part of the
 /// API.
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -39,16 +40,23 @@ void pa_bind_masks(const PagedAttentionParams& params, const PagedAttentionInput
   ATTNREF_CHECK(in.alibi_mask.absent() || mask_t == P::MaskType::Alibi, std::invalid_argument,
                 "paged_attention", "alibi_mask", "given for mask_type " + mt, "absent",
                 detail::shape_str(in.alibi_mask));
+  // compressType: NORM and ALIBI have one row per query token (pair b reads token b / kvHeadNum).
+  const bool compress = pl.compress > 0;
+  const Index mrows = compress ? pl.tokens : batch;
+  const std::string mr = compress ? "numTokens" : "batch";
   if (mask_t == P::MaskType::Norm) {
     const auto& m = in.mask;
-    ATTNREF_CHECK(!m.absent(), std::invalid_argument, "paged_attention", "mask", "missing for Norm",
-                  "[batch or 1, 1, maxSeq] or [1, maxSeq, maxSeq]", "none");
-    const bool rows = m.size(1) == 1 && (m.size(0) == 1 || m.size(0) == batch);
-    const bool square = !rows && m.size(0) == 1 && m.size(1) == m.size(2);
+    ATTNREF_CHECK(
+        !m.absent(), std::invalid_argument, "paged_attention", "mask", "missing for Norm",
+        compress ? "[numTokens or 1, 1, maxSeq]" : "[batch or 1, 1, maxSeq] or [1, maxSeq, maxSeq]",
+        "none");
+    const bool rows = m.size(1) == 1 && (m.size(0) == 1 || m.size(0) == mrows);
+    const bool square = !compress && !rows && m.size(0) == 1 && m.size(1) == m.size(2);
     ATTNREF_CHECK((rows || square) && m.size(2) >= max_kv, std::invalid_argument, "paged_attention",
                   "mask.shape", "mismatch for Norm",
-                  "[1 or " + std::to_string(batch) + ", 1, >= " + std::to_string(max_kv) +
-                      "] or [1, M, M] with M >= " + std::to_string(max_kv),
+                  "[1 or " + std::to_string(mrows) + ", 1, >= " + std::to_string(max_kv) + "]" +
+                      (compress ? std::string(" (compress_type: one row per query token)")
+                                : " or [1, M, M] with M >= " + std::to_string(max_kv)),
                   detail::shape_str(m));
     ATTNREF_CHECK(square || max_q <= 1, std::invalid_argument, "paged_attention", "mask.shape",
                   "a row mask serves one query token per sequence; several need the square form",
@@ -67,12 +75,12 @@ void pa_bind_masks(const PagedAttentionParams& params, const PagedAttentionInput
   if (mask_t == P::MaskType::Alibi) {
     const auto& m = in.alibi_mask;
     ATTNREF_CHECK(!m.absent(), std::invalid_argument, "paged_attention", "alibi_mask",
-                  "missing for Alibi", "[batch or 1, headNum, 1, maxSeq]", "none");
-    ATTNREF_CHECK((m.size(0) == 1 || m.size(0) == batch) && m.size(1) == nh && m.size(2) == 1 &&
+                  "missing for Alibi", "[" + mr + " or 1, headNum, 1, maxSeq]", "none");
+    ATTNREF_CHECK((m.size(0) == 1 || m.size(0) == mrows) && m.size(1) == nh && m.size(2) == 1 &&
                       m.size(3) >= max_kv,
                   std::invalid_argument, "paged_attention", "alibi_mask.shape",
                   "mismatch for Alibi",
-                  "[1 or " + std::to_string(batch) + ", " + std::to_string(nh) +
+                  "[1 or " + std::to_string(mrows) + ", " + std::to_string(nh) +
                       ", 1, >= " + std::to_string(max_kv) + "]",
                   detail::shape_str(m));
     var.alibi = m;
@@ -83,6 +91,31 @@ void pa_bind_masks(const PagedAttentionParams& params, const PagedAttentionInput
                   "[batch] float", pa_len(in.log_n));
     var.log_n = in.log_n;
   }
+}
+
+/// compressType (razor attention): the pairs' query heads against the real ones, and for
+/// KVHEAD_ROPE razor_offset [numBlocks, blockSize], read through the pair's block table and
+/// added to q·k before qkScale (the engine's scale is then 1 and the variant applies qkScale).
+template <class TQ, class TKV, class TM, class Variant>
+void pa_bind_compress(const PagedAttentionParams& params,
+                      const PagedAttentionInputs<TQ, TKV, TM>& in, const PaPlan<TKV>& pl,
+                      Variant& var) {
+  const auto& r = in.razor_offset;
+  if (params.compress_type != PagedAttentionParams::CompressType::KvHeadRope) {
+    ATTNREF_CHECK(r.absent(), std::invalid_argument, "paged_attention", "razor_offset",
+                  "given without compress_type KvHeadRope", "absent", detail::shape_str(r));
+  } else {
+    const std::array<Index, 2> want{pl.cache.num_blocks(), pl.cache.block_size()};
+    ATTNREF_CHECK(!r.absent() && r.shape() == want, std::invalid_argument, "paged_attention",
+                  "razor_offset.shape",
+                  "mismatch for compress_type KvHeadRope (one value per cache slot)",
+                  detail::shape_str<2>(want), r.absent() ? "none" : detail::shape_str(r));
+    var.razor = r;
+    var.table = in.block_tables;
+    var.razor_scale = params.qk_scale;
+  }
+  var.compress = pl.compress;
+  var.pair_heads = pl.heads;
 }
 
 /// The quantization scales of the type family, checked (finite) and bound to the variant.
