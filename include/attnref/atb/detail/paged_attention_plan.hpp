@@ -326,6 +326,7 @@ PaPlan<TKV> pa_plan(const PagedAttentionParams& params, const PagedAttentionInpu
                 : pl.tokens;
   pl.heads = pl.compress > 0 ? group : pl.nh;
   pa_pack_rows(params, in, pl);
+  pa_plan_cache(params, in, pl);
   const std::array<Index, 3> os{pl.tokens, pl.nh, pl.dv};
   ATTNREF_CHECK(out.out.shape() == os, std::invalid_argument, fn, "out.shape", "mismatch",
                 detail::shape_str<3>(os), detail::shape_str(out.out));
@@ -342,7 +343,6 @@ PaPlan<TKV> pa_plan(const PagedAttentionParams& params, const PagedAttentionInpu
                 "kvHeadNum * (headNum / kvHeadNum) * stride(1) = " +
                     std::to_string(pl.nh * out.out.stride(1)),
                 out.out.stride(0));
-  pa_plan_cache(params, in, pl);
   // The output against every input, under PagedAttention's names.
   detail::check_out_overlaps(fn, "out", out.out, "query", in.query, "key_cache", in.key_cache,
                              "value_cache", in.value_cache, "block_tables", in.block_tables, "mask",
