@@ -349,6 +349,8 @@ TEST(PagedAttentionForms, BnsdRejections) {
               in.q_seq_lens = {1, 1, 1};
             },
             "params.calc_type Spec not supported with input_layout BNSD"},
+           {[](P& p, auto&) { p.mask_type = P::MaskType::Spec; },
+            "params.mask_type Spec not supported with input_layout BNSD"},
            {[](P& p, auto&) { p.compress_type = P::CompressType::KvHead; },
             "params.input_layout BNSD not supported with compress_type KvHead"},
            {[](P& p, auto&) { p.quant_type = P::QuantType::DequantFusion; },

@@ -26,7 +26,8 @@
 ///   inputLayout BNSD: only the caches change, key_cache [numBlocks, kvHeadNum, blockSize,
 ///     headSize] and value_cache [numBlocks, kvHeadNum, blockSize, headSize] (headSizeV must
 ///     equal headSize); read in place through permuted strides. Masks NORM / ALIBI and
-///     batchRunStatus as in BSND; not with SPEC, compressType, quantization, LOGN or MLA.
+///     batchRunStatus as in BSND; not with SPEC (calcType or mask), compressType, quantization,
+///     LOGN or MLA.
 ///   compressType KVHEAD / KVHEAD_ROPE (razor attention): every (query token t, kv head g) pair
 ///     b = t · kvHeadNum + g is a sequence of its own, with its own context length and block
 ///     table row, over caches with one kv head ([numBlocks, blockSize, 1, headSize(V)]); it

@@ -81,6 +81,9 @@ void pa_check_forms(const PagedAttentionParams& params) {
     const std::string with = "not supported with input_layout BNSD";
     ATTNREF_CHECK(!spec, std::invalid_argument, fn, "params.calc_type", "Spec " + with, "Undefined",
                   "Spec");
+    ATTNREF_CHECK(params.mask_type != P::MaskType::Spec, std::invalid_argument, fn,
+                  "params.mask_type", "Spec " + with + " (a parallel form: BSND tiling only)",
+                  "Undefined, Norm or Alibi", mt);
     ATTNREF_CHECK(!kInt8Cache && params.quant_type == P::QuantType::Unquant, std::invalid_argument,
                   fn, "params.quant_type",
                   "quantization (int8 caches or quant_type != Unquant) " + with,
