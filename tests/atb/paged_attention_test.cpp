@@ -1,8 +1,8 @@
 // ATB PagedAttention (decode) against the independent reference, with K/V gathered through
 // shuffled block tables (-1 padding, block size 1, block size larger than the context, empty
-// contexts, shared prefix blocks), over dtypes, GQA, masks and logN; metamorphic: paged ==
-// contiguous attention bit for bit, shuffled == ordered table; MLA; batchRunStatus; threads;
-// bad input.
+// contexts taking no query row, shared prefix blocks), over dtypes, GQA, masks and logN;
+// metamorphic: paged == contiguous attention bit for bit, shuffled == ordered table; MLA;
+// batchRunStatus; threads; bad input.
 
 #include <gtest/gtest.h>
 
@@ -52,7 +52,7 @@ struct Built {
   std::vector<T> q, kc, vc, mask, alibi, out;
   std::vector<float> log_n;
   std::vector<std::int32_t> table;
-  Index blocks = 0, max_blocks = 0;
+  Index blocks = 0, max_blocks = 0, tokens = 0;  // tokens: the sequences with keys
   std::vector<double> want;
 };
 
@@ -164,9 +164,20 @@ Built<T> build(const Case& c) {
     rk.push_back(kb);
     rv.push_back(vb);
   }
-  for (double x : ref::atb_paged_attention(pr, rq, rk, rv))
-    r.want.push_back(static_cast<float>(T(static_cast<float>(x))));
-  r.out.assign(static_cast<size_t>(batch * c.nh * dv), T(7.0f));
+  const std::vector<double> want = ref::atb_paged_attention(pr, rq, rk, rv);
+  // Packed rows: a sequence with context length 0 takes no query row and no output row.
+  std::vector<T> packed;
+  for (Index b = 0; b < batch; ++b) {
+    if (c.ctx[static_cast<size_t>(b)] == 0) continue;
+    const size_t qr = static_cast<size_t>(c.nh * c.d), orow = static_cast<size_t>(c.nh * dv);
+    packed.insert(packed.end(), r.q.begin() + static_cast<long>(b * qr),
+                  r.q.begin() + static_cast<long>((b + 1) * qr));
+    for (size_t i = static_cast<size_t>(b) * orow; i < static_cast<size_t>(b + 1) * orow; ++i)
+      r.want.push_back(static_cast<float>(T(static_cast<float>(want[i]))));
+    ++r.tokens;
+  }
+  r.q = packed;
+  r.out.assign(static_cast<size_t>(r.tokens * c.nh * dv), T(7.0f));
   return r;
 }
 
@@ -183,7 +194,7 @@ void run(const Case& c, Built<T>& r) {
   p.q_scale = c.q_scale;
   p.mla_v_head_size = static_cast<std::uint32_t>(c.mla_dv);
   attnref::PagedAttentionInputs<T> in;
-  in.query = StridedView<const T, 3>(r.q.data(), {batch, c.nh, c.d});
+  in.query = StridedView<const T, 3>(r.q.data(), {r.tokens, c.nh, c.d});
   in.key_cache = StridedView<const T, 4>(r.kc.data(), {r.blocks, c.bs, c.nkv, c.d});
   if (!c.mla_dv)
     in.value_cache = StridedView<const T, 4>(r.vc.data(), {r.blocks, c.bs, c.nkv, c.dv});
@@ -208,7 +219,8 @@ void run(const Case& c, Built<T>& r) {
     in.batch_run_status = c.status;
   }
   attnref::paged_attention(
-      p, in, attnref::PagedAttentionOutputs<T>{StridedView<T, 3>(r.out.data(), {batch, c.nh, dv})},
+      p, in,
+      attnref::PagedAttentionOutputs<T>{StridedView<T, 3>(r.out.data(), {r.tokens, c.nh, dv})},
       {c.threads});
 }
 
@@ -258,16 +270,14 @@ TEST(PagedAttention, GqaMhaMlaQScaleSharedPrefixAndBatchRunStatus) {
   share.ctx = {40, 40, 40, 40};
   share.share_prefix = true;
   check<float>(share, "shared prefix block");
-  Case status;
+  Case status;  // status 0 with context 0 (the NPU reads only the lengths); status 1 with 0 too
+  status.ctx = {0, 1, 0, 300};
   status.status = {1, 1, 0, 1};
   Built<half> r = build<half>(status);
+  ASSERT_EQ(r.tokens, 2);  // the two sequences with keys, packed
   ASSERT_NO_THROW(run(status, r));
   EXPECT_TRUE(support::all_close(r.want, support::as_doubles(r.out),
                                  support::tolerance(support::Kind::F16)));
-  for (int h = 0; h < status.nh * status.dv; ++h) {  // the inactive sequence and context 0: zeros
-    EXPECT_EQ(static_cast<float>(r.out[static_cast<size_t>(2 * status.nh * status.dv + h)]), 0.0f);
-    EXPECT_EQ(static_cast<float>(r.out[static_cast<size_t>(h)]), 0.0f);
-  }
 }
 
 TEST(PagedAttention, ShuffledEqualsOrderedEqualsContiguousBitForBit) {
@@ -345,6 +355,23 @@ TEST(PagedAttention, BadInputThrowsBeforeWriting) {
          "params.num_heads not a multiple of num_kv_heads", false);
   expect([](Case& c, Built<half>&) { c.status = {1, 1}; }, "batch_run_status size mismatch", false);
   expect(
+      [](Case& c, Built<half>&) {
+        c.status = {1, 1, 0, 1};
+      },
+      "batch_run_status[2] is 0 for a sequence with keys (the NPU kernel ignores "
+      "batchRunStatus and would compute that sequence; set its context length to 0): "
+      "expected context_lens[2] = 0, got context_lens[2] = 17",
+      false);
+  expect(
+      [](Case& c, Built<half>&) {
+        c.status = {1, 2, 1, 1};
+      },
+      "batch_run_status[1] not 0 or 1", false);
+  expect([](Case& c, Built<half>&) { c.ctx[0] = 5; },  // one more row than the query holds
+         "query.shape[0] mismatch with the number of sequences with context_lens > 0 (one query "
+         "row each, packed; a sequence with context length 0 takes none): expected 4, got 3",
+         false);
+  expect(
       [](Case& c, Built<half>& r) {
         c.log_n = true;
         r.log_n = {1.0f};
@@ -359,13 +386,13 @@ TEST(PagedAttention, UnsupportedFeaturesAreRejected) {
   p.num_heads = c.nh;
   p.num_kv_heads = c.nkv;
   attnref::PagedAttentionInputs<half> in;
-  in.query = StridedView<const half, 3>(r.q.data(), {4, c.nh, c.d});
+  in.query = StridedView<const half, 3>(r.q.data(), {r.tokens, c.nh, c.d});
   in.key_cache = StridedView<const half, 4>(r.kc.data(), {r.blocks, c.bs, c.nkv, c.d});
   in.value_cache = StridedView<const half, 4>(r.vc.data(), {r.blocks, c.bs, c.nkv, c.dv});
   in.block_tables = StridedView<const std::int32_t, 2>(r.table.data(), {4, r.max_blocks});
   in.context_lens = c.ctx;
   const attnref::PagedAttentionOutputs<half> out{
-      StridedView<half, 3>(r.out.data(), {4, c.nh, c.dv})};
+      StridedView<half, 3>(r.out.data(), {r.tokens, c.nh, c.dv})};
   const std::vector<std::pair<std::function<void(P&)>, std::string>> cases{
       {[](P& q) { q.calc_type = P::CalcType::Spec; },
        "params.mask_type calc_type Spec needs a Norm or Spec mask"},
@@ -373,11 +400,7 @@ TEST(PagedAttention, UnsupportedFeaturesAreRejected) {
       {[](P& q) { q.mask_type = P::MaskType::MaskFree; }, "Atlas 300I Duo (310P) only"},
       {[](P& q) { q.mask_type = P::MaskType::NormCompress; }, "Atlas 300I Duo (310P) only"},
       {[](P& q) { q.quant_type = P::QuantType::DequantFusion; },
-       "params.quant_type does not match floating-point caches"},
-      {[](P& q) { q.compress_type = P::CompressType::KvHead; },
-       "params.compress_type not implemented yet"},
-      {[](P& q) { q.input_layout = P::InputLayout::BNSD; },
-       "params.input_layout not implemented yet"}};
+       "params.quant_type does not match floating-point caches"}};
   for (const auto& [edit, what] : cases) {
     P q = p;
     edit(q);

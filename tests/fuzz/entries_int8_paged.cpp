@@ -48,7 +48,8 @@ void build(Pa8& c, R& r) {
   c.qcu.push_back(0);
   for (Index b = 0; b < c.batch; ++b) {
     c.ctx.push_back(r.range(0, 40));
-    c.ql.push_back(spec ? r.range(0, std::min<Index>(c.ctx.back(), 4)) : 1);
+    // Packed rows: a sequence with context length 0 takes no query row.
+    c.ql.push_back(spec ? r.range(0, std::min<Index>(c.ctx.back(), 4)) : c.ctx.back() > 0 ? 1 : 0);
     c.qcu.push_back(c.qcu.back() + c.ql.back());
     c.maxb = std::max(c.maxb, (c.ctx.back() + c.bs - 1) / c.bs);
     c.S = std::max(c.S, c.ctx.back() + r.range(0, 2));

@@ -1,11 +1,11 @@
 // Fuzz entries "reshape_and_cache" (ND and NZ caches) and "paged_attention" (ATB decode over a
-// shuffled block pool), each against a plain-loop expectation written here.
+// shuffled block pool: BSND or BNSD caches, compressType KVHEAD / KVHEAD_ROPE, packed rows of the
+// sequences with keys), each against a plain-loop expectation written here.
 
 #include <attnref/attnref.hpp>
 #include <limits>
 
 #include "fuzz/fuzz.hpp"
-#include "reference/naive_attention.hpp"
 
 namespace fuzz_paged {
 
@@ -186,30 +186,57 @@ void run_rac(fuzz::Run& run, std::uint64_t seed) {
 const fuzz::Register reg_rac("reshape_and_cache", run_rac);
 
 // ---- PagedAttention -----------------------------------------------------------------------
+// Four forms: BSND caches, BNSD caches ([numBlocks, kvHeads, blockSize, D]), compressType KVHEAD
+// and KVHEAD_ROPE (every (token, kv head) pair a sequence of its own over one-head caches; ROPE
+// with a razor offset per cache slot). Contexts of length 0 take no query row (rows packed over
+// the sequences with keys; compressType: the trailing pair rows stay untouched), sometimes with
+// batchRunStatus 0 on them.
+
+using PA = attnref::PagedAttentionParams;
 
 struct Pa {
-  Index batch = 1, nh = 1, nkv = 1, d = 1, dv = 1, bs = 1, blocks = 1, maxb = 1;
-  std::vector<float> q, kc, vc, o;
+  int form = 0;  // 0 BSND, 1 BNSD, 2 KVHEAD, 3 KVHEAD_ROPE
+  Index batch = 1, tokens = 1, nh = 1, nkv = 1, d = 1, dv = 1, bs = 1, blocks = 1, maxb = 1;
+  Index ch = 1;  // the caches' kv heads (1 with compressType)
+  std::vector<float> q, kc, vc, o, razor;
   std::vector<std::int32_t> table;
-  attnref::PagedAttentionParams p;
+  PA p;
   attnref::PagedAttentionInputs<float> in;
   StridedView<float, 3> out;
+  bool compress() const { return form >= 2; }
+  Index rows() const { return compress() ? tokens * nkv : tokens; }  // the engine's rows
+  Index row_heads() const { return compress() ? nh / nkv : nh; }
 };
 
+// Element e of kv head h of key row `row` (block * bs + offset) in a cache of width w.
+Index pa_at(const Pa& c, Index row, Index h, Index e, Index w) {
+  if (c.form != 1) return (row * c.ch + h) * w + e;
+  return (((row / c.bs) * c.ch + h) * c.bs + row % c.bs) * w + e;  // BNSD
+}
+
 void build(Pa& c, fuzz::Rng& r) {
-  c.batch = r.range(1, 4);
+  c.form = static_cast<int>(r.range(0, 3));
   c.nkv = r.range(1, 3);
   c.nh = c.nkv * r.range(1, 3);
   c.d = r.range(1, 24);
-  c.dv = r.range(1, 24);
+  c.dv = c.form == 1 ? c.d : r.range(1, 24);
   c.bs = r.range(1, 8);
-  for (Index b = 0; b < c.batch; ++b) c.in.context_lens.push_back(r.range(0, 40));
-  for (Index l : c.in.context_lens) c.maxb = std::max(c.maxb, (l + c.bs - 1) / c.bs);
+  c.ch = c.compress() ? 1 : c.nkv;
+  const Index sequences = c.compress() ? (c.tokens = r.range(1, 3)) * c.nkv : r.range(1, 4);
+  c.batch = sequences;
+  for (Index b = 0; b < c.batch; ++b)
+    c.in.context_lens.push_back(r.chance(0.25) ? 0 : r.range(1, 40));
+  Index active = 0;
+  for (Index l : c.in.context_lens) {
+    c.maxb = std::max(c.maxb, (l + c.bs - 1) / c.bs);
+    active += l > 0 ? 1 : 0;
+  }
+  if (!c.compress()) c.tokens = active;  // packed: one row per sequence with keys
   c.blocks = c.batch * c.maxb + 2;
-  c.q = r.normals<float>(c.batch * c.nh * c.d);
-  c.kc = r.normals<float>(c.blocks * c.bs * c.nkv * c.d);
-  c.vc = r.normals<float>(c.blocks * c.bs * c.nkv * c.dv);
-  c.o.assign(static_cast<size_t>(c.batch * c.nh * c.dv), 777.0f);
+  c.q = r.normals<float>(c.tokens * c.nh * c.d);
+  c.kc = r.normals<float>(c.blocks * c.bs * c.ch * c.d);
+  c.vc = r.normals<float>(c.blocks * c.bs * c.ch * c.dv);
+  c.o.assign(static_cast<size_t>(c.tokens * c.nh * c.dv), 777.0f);
   std::vector<std::int32_t> ids(static_cast<size_t>(c.blocks));
   for (Index i = 0; i < c.blocks; ++i) ids[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
   std::shuffle(ids.begin(), ids.end(), r.g);
@@ -221,44 +248,79 @@ void build(Pa& c, fuzz::Rng& r) {
   c.p.num_heads = static_cast<std::int32_t>(c.nh);
   c.p.num_kv_heads = static_cast<std::int32_t>(c.nkv);
   c.p.qk_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
-  c.in.query = StridedView<const float, 3>(c.q.data(), {c.batch, c.nh, c.d});
-  c.in.key_cache = StridedView<const float, 4>(c.kc.data(), {c.blocks, c.bs, c.nkv, c.d});
-  c.in.value_cache = StridedView<const float, 4>(c.vc.data(), {c.blocks, c.bs, c.nkv, c.dv});
+  c.p.input_layout = c.form == 1 ? PA::InputLayout::BNSD : PA::InputLayout::BSND;
+  c.p.compress_type = c.form == 2   ? PA::CompressType::KvHead
+                      : c.form == 3 ? PA::CompressType::KvHeadRope
+                                    : PA::CompressType::Undefined;
+  if (c.form != 3 && r.chance(0.3)) {  // batchRunStatus: 0 only where the context is 0
+    c.p.batch_run_status_enable = true;
+    for (Index l : c.in.context_lens)
+      c.in.batch_run_status.push_back(l == 0 && r.chance(0.7) ? 0 : 1);
+  }
+  if (c.form == 3) {
+    c.razor.assign(static_cast<size_t>(c.blocks * c.bs), 0.0f);
+    for (float& x : c.razor)
+      if (r.chance(0.8)) x = 20.0f * static_cast<float>(r.range(0, 1000)) / 1000.0f;
+    c.in.razor_offset = StridedView<const float, 2>(c.razor.data(), {c.blocks, c.bs});
+  }
+  c.in.query = StridedView<const float, 3>(c.q.data(), {c.tokens, c.nh, c.d});
+  if (c.form == 1) {
+    c.in.key_cache = StridedView<const float, 4>(c.kc.data(), {c.blocks, c.ch, c.bs, c.d});
+    c.in.value_cache = StridedView<const float, 4>(c.vc.data(), {c.blocks, c.ch, c.bs, c.dv});
+  } else {
+    c.in.key_cache = StridedView<const float, 4>(c.kc.data(), {c.blocks, c.bs, c.ch, c.d});
+    c.in.value_cache = StridedView<const float, 4>(c.vc.data(), {c.blocks, c.bs, c.ch, c.dv});
+  }
   c.in.block_tables = StridedView<const std::int32_t, 2>(c.table.data(), {c.batch, c.maxb});
-  c.out = StridedView<float, 3>(c.o.data(), {c.batch, c.nh, c.dv});
+  c.out = StridedView<float, 3>(c.o.data(), {c.tokens, c.nh, c.dv});
 }
 
 std::string verify_pa(const Pa& c) {
-  // Decode: the one query token of each sequence sees all of its keys.
-  ref::Problem pr;
-  pr.num_heads = static_cast<int>(c.nh);
-  pr.num_kv_heads = static_cast<int>(c.nkv);
-  pr.head_size = static_cast<int>(c.d);
-  pr.v_head_size = static_cast<int>(c.dv);
-  pr.scale = c.p.qk_scale;
-  ref::Seqs q, k, v;
+  // Each sequence with keys reads the next packed row of `row_heads` query heads (a token, or a
+  // (token, kv head) pair) and writes the same row of out; rows past the packed ones keep 777.
+  const Index H = c.row_heads(), G = H / c.ch;
+  std::vector<double> want(c.o.size(), 777.0), got(c.o.begin(), c.o.end());
+  Index x = 0;
   for (Index b = 0; b < c.batch; ++b) {
     const Index len = c.in.context_lens[static_cast<size_t>(b)];
-    pr.q_len.push_back(1);
-    pr.kv_len.push_back(static_cast<int>(len));
-    q.emplace_back(c.q.begin() + b * c.nh * c.d, c.q.begin() + (b + 1) * c.nh * c.d);
-    k.emplace_back();
-    v.emplace_back();
-    for (Index t = 0; t < len; ++t) {
-      const Index blk = c.table[static_cast<size_t>(b * c.maxb + t / c.bs)], row = t % c.bs;
-      const auto kb = c.kc.begin() + (blk * c.bs + row) * c.nkv * c.d;
-      const auto vb = c.vc.begin() + (blk * c.bs + row) * c.nkv * c.dv;
-      k.back().insert(k.back().end(), kb, kb + c.nkv * c.d);
-      v.back().insert(v.back().end(), vb, vb + c.nkv * c.dv);
+    if (len == 0) continue;
+    for (Index h = 0; h < H; ++h) {
+      std::vector<double> s(static_cast<size_t>(len));
+      double mx = -INFINITY, sum = 0.0;
+      for (Index t = 0; t < len; ++t) {
+        const Index row = c.table[static_cast<size_t>(b * c.maxb + t / c.bs)] * c.bs + t % c.bs;
+        double dot = 0.0;
+        for (Index e = 0; e < c.d; ++e)
+          dot += static_cast<double>(c.q[static_cast<size_t>((x * H + h) * c.d + e)]) *
+                 c.kc[static_cast<size_t>(pa_at(c, row, h / G, e, c.d))];
+        if (c.form == 3) dot += c.razor[static_cast<size_t>(row)];
+        s[static_cast<size_t>(t)] = dot * c.p.qk_scale;
+        mx = std::max(mx, s[static_cast<size_t>(t)]);
+      }
+      for (double& v : s) sum += (v = std::exp(v - mx));
+      for (Index e = 0; e < c.dv; ++e) {
+        double acc = 0.0;
+        for (Index t = 0; t < len; ++t) {
+          const Index row = c.table[static_cast<size_t>(b * c.maxb + t / c.bs)] * c.bs + t % c.bs;
+          acc += s[static_cast<size_t>(t)] / sum *
+                 c.vc[static_cast<size_t>(pa_at(c, row, h / G, e, c.dv))];
+        }
+        want[static_cast<size_t>((x * H + h) * c.dv + e)] = acc;
+      }
     }
+    ++x;
   }
-  const ref::Result want = ref::attention(pr, q, k, v);
-  std::vector<double> w, got(c.o.begin(), c.o.end());
-  for (const auto& s : want.o) w.insert(w.end(), s.begin(), s.end());
-  return fuzz::compare(got, w, 2e-4);
+  return fuzz::compare(got, want, 2e-4);
 }
 
 using PP = fuzz::Perturbation<Pa>;
+
+bool pa_bnsd(const Pa& c) { return c.form == 1; }
+bool pa_compress(const Pa& c) { return c.compress(); }
+bool pa_rope(const Pa& c) { return c.form == 3; }
+bool pa_has_zero(const Pa& c) {
+  return std::count(c.in.context_lens.begin(), c.in.context_lens.end(), 0) > 0;
+}
 
 const std::vector<PP>& pa_perturbations() {
   static const std::vector<PP> list{
@@ -310,24 +372,26 @@ const std::vector<PP>& pa_perturbations() {
       {"out shape mismatch", true,
        [](Pa& c, fuzz::Rng&) {
          if (c.dv < 2) return false;
-         c.out = StridedView<float, 3>(c.o.data(), {c.batch, c.nh, c.dv - 1});
+         c.out = StridedView<float, 3>(c.o.data(), {c.tokens, c.nh, c.dv - 1});
          return true;
        }},
       {"query null", true,
        [](Pa& c, fuzz::Rng&) {
-         c.in.query = StridedView<const float, 3>(nullptr, {c.batch, c.nh, c.d});
+         if (c.tokens == 0) return false;
+         c.in.query = StridedView<const float, 3>(nullptr, {c.tokens, c.nh, c.d});
          return true;
        }},
       {"key cache head size mismatch", true,
        [](Pa& c, fuzz::Rng&) {
          if (c.d < 2) return false;
-         c.in.key_cache =
-             StridedView<const float, 4>(c.kc.data(), {c.blocks, c.bs, c.nkv, c.d - 1});
+         auto s = c.in.key_cache.shape();
+         s[3] = c.d - 1;
+         c.in.key_cache = StridedView<const float, 4>(c.kc.data(), s);
          return true;
        }},
       {"Norm mask missing", true,
        [](Pa& c, fuzz::Rng&) {
-         c.p.mask_type = attnref::PagedAttentionParams::MaskType::Norm;
+         c.p.mask_type = PA::MaskType::Norm;
          return true;
        }},
       {"qk_scale NaN", true,
@@ -337,10 +401,89 @@ const std::vector<PP>& pa_perturbations() {
        }},
       {"out overlaps the query", true,
        [](Pa& c, fuzz::Rng&) {
-         if (c.q.size() < c.o.size()) return false;
-         c.out = StridedView<float, 3>(c.q.data(), {c.batch, c.nh, c.dv});
+         if (c.q.size() < c.o.size() || c.o.empty()) return false;
+         c.out = StridedView<float, 3>(c.q.data(), {c.tokens, c.nh, c.dv});
          return true;
        }},
+      {"query rows not packed (one per sequence)", true,
+       [](Pa& c, fuzz::Rng&) {
+         if (c.compress() || !pa_has_zero(c)) return false;
+         c.tokens = c.batch;
+         c.q.resize(static_cast<size_t>(c.tokens * c.nh * c.d), 0.5f);
+         c.o.resize(static_cast<size_t>(c.tokens * c.nh * c.dv), 777.0f);
+         c.in.query = StridedView<const float, 3>(c.q.data(), {c.tokens, c.nh, c.d});
+         c.out = StridedView<float, 3>(c.o.data(), {c.tokens, c.nh, c.dv});
+         return true;
+       }},
+      {"batchRunStatus 0 on a sequence with keys", true,
+       [](Pa& c, fuzz::Rng&) {
+         if (c.form == 3 || c.in.context_lens[0] == 0) return false;
+         c.p.batch_run_status_enable = true;
+         c.in.batch_run_status.assign(static_cast<size_t>(c.batch), 1);
+         c.in.batch_run_status[0] = 0;
+         return true;
+       }},
+      fuzz::edit<Pa>("BNSD with Spec, LogN or quantization", true, pa_bnsd,
+                     [](Pa& c, fuzz::Rng& r) {
+                       const Index k = r.range(0, 2);
+                       if (k == 0) c.p.calc_type = PA::CalcType::Spec;
+                       if (k == 1) c.p.scale_type = PA::ScaleType::LogN;
+                       if (k == 2) c.p.quant_type = PA::QuantType::DequantFusion;
+                     }),
+      fuzz::edit<Pa>("BNSD value head size != head size", true, pa_bnsd,
+                     [](Pa& c, fuzz::Rng&) {
+                       c.dv = c.d + 1;
+                       c.vc.resize(static_cast<size_t>(c.blocks * c.bs * c.ch * c.dv));
+                       c.in.value_cache =
+                           StridedView<const float, 4>(c.vc.data(), {c.blocks, c.ch, c.bs, c.dv});
+                       c.o.resize(static_cast<size_t>(c.tokens * c.nh * c.dv), 777.0f);
+                       c.out = StridedView<float, 3>(c.o.data(), {c.tokens, c.nh, c.dv});
+                     }),
+      fuzz::edit<Pa>("compress with Spec, LogN, BNSD or num_kv_heads 0", true, pa_compress,
+                     [](Pa& c, fuzz::Rng& r) {
+                       const Index k = r.range(0, 3);
+                       if (k == 0) c.p.calc_type = PA::CalcType::Spec;
+                       if (k == 1) c.p.scale_type = PA::ScaleType::LogN;
+                       if (k == 2) c.p.input_layout = PA::InputLayout::BNSD;
+                       if (k == 3) c.p.num_kv_heads = 0;
+                     }),
+      fuzz::edit<Pa>("compress context_lens not one per pair", true, pa_compress,
+                     [](Pa& c, fuzz::Rng&) {
+                       c.in.context_lens.push_back(0);
+                       c.table.resize(c.table.size() + static_cast<size_t>(c.maxb), -1);
+                       c.in.block_tables = StridedView<const std::int32_t, 2>(
+                           c.table.data(), {c.batch + 1, c.maxb});
+                     }),
+      fuzz::edit<Pa>(
+          "compress query rows not reshapeable", true,
+          [](const Pa& c) { return c.compress() && c.tokens > 1 && c.nkv > 1; },
+          [](Pa& c, fuzz::Rng&) {  // a padded token stride
+            c.q.resize(static_cast<size_t>(c.tokens * (c.nh * c.d + 1)), 0.5f);
+            c.in.query = StridedView<const float, 3>(c.q.data(), {c.tokens, c.nh, c.d},
+                                                     {c.nh * c.d + 1, c.d, 1});
+          }),
+      fuzz::edit<Pa>("KVHEAD_ROPE with a mask or batchRunStatus", true, pa_rope,
+                     [](Pa& c, fuzz::Rng& r) {
+                       if (r.chance(0.5)) {
+                         c.p.mask_type = PA::MaskType::Alibi;
+                       } else {
+                         c.p.batch_run_status_enable = true;
+                         c.in.batch_run_status.assign(static_cast<size_t>(c.batch), 1);
+                       }
+                     }),
+      fuzz::edit<Pa>("razor_offset missing or mis-shaped", true, pa_rope,
+                     [](Pa& c, fuzz::Rng& r) {
+                       c.in.razor_offset =
+                           r.chance(0.5)
+                               ? StridedView<const float, 2>{}
+                               : StridedView<const float, 2>(c.razor.data(), {c.blocks - 1, c.bs});
+                     }),
+      fuzz::edit<Pa>(
+          "razor_offset without KVHEAD_ROPE", true, [](const Pa& c) { return c.form != 3; },
+          [](Pa& c, fuzz::Rng&) {
+            c.razor.assign(static_cast<size_t>(c.blocks * c.bs), 1.0f);
+            c.in.razor_offset = StridedView<const float, 2>(c.razor.data(), {c.blocks, c.bs});
+          }),
   };
   return list;
 }
@@ -356,7 +499,7 @@ void run_pa(fuzz::Run& run, std::uint64_t seed) {
         attnref::paged_attention(c.p, c.in, attnref::PagedAttentionOutputs<float>{c.out},
                                  {static_cast<int>(seed % 2 + 1)});
       },
-      verify_pa, &Pa::q, &Pa::kc, &Pa::vc, &Pa::o, &Pa::table);
+      verify_pa, &Pa::q, &Pa::kc, &Pa::vc, &Pa::o, &Pa::table, &Pa::razor);
 }
 
 const fuzz::Register reg_pa("paged_attention", run_pa);

@@ -15,6 +15,9 @@ struct AtbPaged {
   std::vector<float> log_n;                          // empty: scaleType TOR
   std::function<double(int b, int t)> mask;          // NORM term
   std::function<double(int b, int h, int t)> alibi;  // ALIBI term
+  // A per-key term added to q·k BEFORE qk_scale (razor attention's razorOffset): the same value
+  // for every head of the sequence.
+  std::function<double(int b, int t)> key_bias;
 };
 
 // q[b]: [heads * D]; k[b]: [len][kv heads * D]; v[b]: [len][kv heads * Dv] (len = k[b].size()).
@@ -37,6 +40,7 @@ inline std::vector<double> atb_paged_attention(
         for (int d = 0; d < D; ++d)
           dot += q[b][static_cast<size_t>(h * D + d)] *
                  k[b][static_cast<size_t>(t)][static_cast<size_t>(hk * D + d)];
+        if (pr.key_bias) dot += pr.key_bias(static_cast<int>(b), t);
         double x = dot * pr.qk_scale;
         if (!pr.log_n.empty()) x *= pr.log_n[b];
         if (pr.mask) x += pr.mask(static_cast<int>(b), t);

@@ -2,8 +2,9 @@
 /// The query and output hooks the operators share (the engine's q_transform, o_transform and
 /// quantize_o, attention/variant.hpp): one place for the algebra of
 ///   qScale           q[e] -> round(q[e] · q_scale) to the query's data type (ATB qScale)
-///   key dequant      per channel c = kv_head · D + e, keys read as (k8 + k_offset[c]) · k_scale[c]
-///                    without touching the cache: the scale folds into q (q'[e] = q[e] ·
+///   key dequant      per channel c = kv_head · D + e (kv_head: q_head / group, or the
+///                    sequence's index modulo batch_heads), keys read as (k8 + k_offset[c]) ·
+///                    k_scale[c] without touching the cache: the scale folds into q (q'[e] = q[e] ·
 ///                    k_scale[c]) and the offset into one constant per row, bias_scale ·
 ///                    Σ_e q'[e] · k_offset[c] (summed in double), added to every score
 ///   value dequant    out[e] -> (out[e] + v_offset[c]) · v_scale[c], c = kv_head · Dv + e
@@ -39,6 +40,13 @@ struct IoHooks {
   Index post_width = 0;                        ///< Dv when per channel, 0 when per tensor
   bool post_zero_empty = false;                ///< rows of sequences without keys quantize to 0
   Index group = 1;                             ///< q heads per kv head
+  /// > 0: the kv head of a row is its sequence's index modulo batch_heads, not q_head / group
+  /// (ATB PagedAttention's compressType: sequence b is the (token, kv head b % kvHeadNum) pair).
+  Index batch_heads = 0;
+
+  Index kv_head(const SeqInfo& s, Index q_head) const {
+    return batch_heads > 0 ? s.batch % batch_heads : q_head / group;
+  }
 
   /// Sets qScale for a query of type TQ (rounded to TQ after the product, ATB's golden).
   template <class TQ>
@@ -49,8 +57,8 @@ struct IoHooks {
 
   bool has_q_transform() const { return q_scale != 1.0f || !k_scale.empty(); }
   template <class Acc>
-  Acc q_transform(const SeqInfo&, Index, Index q_head, Acc* row, Index d) const {
-    const Index c0 = (q_head / group) * d;
+  Acc q_transform(const SeqInfo& s, Index, Index q_head, Acc* row, Index d) const {
+    const Index c0 = kv_head(s, q_head) * d;
     double acc = 0.0;
     for (Index e = 0; e < d; ++e) {
       float v = static_cast<float>(row[e]);
@@ -69,7 +77,7 @@ struct IoHooks {
       std::fill(row, row + dv, Acc(0));
       return;
     }
-    const Index c0 = (q_head / group) * dv;
+    const Index c0 = kv_head(s, q_head) * dv;
     for (Index e = 0; e < dv; ++e) {
       float v = static_cast<float>(row[e]);
       if (!v_offset.empty()) v += v_offset[static_cast<size_t>(c0 + e)];
