@@ -48,8 +48,9 @@ struct Case {
   std::vector<Index> ctx{37, 1, 130, 300};
   std::vector<Index> qlen;  // SPEC: query tokens per sequence; empty: decode
   Mask mask = Mask::None;
-  bool causal = true;  // masks hide the keys after the token's own position (-10000)
-  bool holes = false;  // and random -10000 holes (never the token's own key)
+  bool causal = true;   // masks hide the keys after the token's own position (-10000)
+  bool holes = false;   // and random -10000 holes (never the token's own key)
+  bool binary = false;  // masks hold 1 where hidden, multiplied by -3e38 (MLA SPEC, bf16 / float)
   bool log_n = false, shuffle = true;
   int mla_dv = 0;
   Mode mode = Mode::Float;
@@ -132,7 +133,8 @@ Built<TQ, TKV, TM, TO> build(const Case& c) {
     }
   std::bernoulli_distribution hole(0.25);
   auto val = [&](Index p, Index t) {
-    return TM((c.causal && t > p) || (c.holes && t != p && hole(mrng)) ? -10000.0f : 0.0f);
+    const float hidden = c.binary ? 1.0f : -10000.0f;
+    return TM((c.causal && t > p) || (c.holes && t != p && hole(mrng)) ? hidden : 0.0f);
   };
   for (Index b = 0; c.mask == Mask::Rows && b < B; ++b)
     for (Index t = 0; t < r.S; ++t)
@@ -243,7 +245,8 @@ ref::QkvResult expected(const Case& c, const Built<TQ, TKV, TM, TO>& r) {
                        : c.mask == Mask::Spec   ? z(x)
                                                 : b * z(c.nh) + z(h);
     return c.mask == Mask::None ? 0.0
-                                : dbl((c.mask == Mask::Alibi ? r.alibi : r.mask)[row * S + z(t)]);
+                                : dbl((c.mask == Mask::Alibi ? r.alibi : r.mask)[row * S + z(t)]) *
+                                      (c.binary ? -3e38 : 1.0);
   };
   ref::QkvResult res;
   if constexpr (std::is_same_v<TQ, i8>) {
@@ -386,7 +389,10 @@ TEST(PagedAttentionModes, SpecMla) {
     c.mla_dv = 32;
     c.mask = m;
     c.holes = true;
+    // The MLA multi-token kernel: fp16 SPEC masks additive, bf16 / float ones 0 / 1 x -3e38.
     check<half, half, half, half>(c, m == Mask::Spec ? "MLA spec mask" : "MLA no mask");
+    c.binary = m == Mask::Spec;
+    check<bfloat16, bfloat16, bfloat16, bfloat16>(c, "MLA bf16");
     check<float, float, float, float>(c, "MLA float");
   }
 }
@@ -450,6 +456,17 @@ TEST(PagedAttentionModes, SpecRejections) {
   expect_rejected(
       dq, build<half, i8, half, half>(dq),
       Edits<attnref::PagedAttentionInputs<half, i8, half>>{{nullptr, "params.calc_type"}});
+  // Mask values outside the kernel's encoding: the additive -10000 in a bf16 MLA SPEC mask
+  // (binary x -3e38: +inf, a NaN row on the NPU), a 1 in an additive mask (hides nothing).
+  Case mla = c;
+  mla.nkv = 1;
+  mla.mla_dv = 32;
+  using InB = attnref::PagedAttentionInputs<bfloat16, bfloat16, bfloat16>;
+  expect_rejected(mla, build<bfloat16, bfloat16, bfloat16, bfloat16>(mla),
+                  Edits<InB>{{nullptr, "spec_mask[0][1] not a value of this mask's encoding"}});
+  mla.binary = true;
+  expect_rejected(mla, build<half, half, half, half>(mla),
+                  Edits<In>{{nullptr, "expected 0 (keep) or a negative value (hide)"}});
 }
 
 // --------------------------------------------------------------------------- DEQUANT_FUSION

@@ -199,20 +199,20 @@ std::string index_str(const std::array<Index, R>& i) {
 
 }  // namespace detail
 
-/// Checks the values of a mask (Additive, Binary or Bias) over the leading `extent` of each
-/// dimension (the part the operator reads; -1: the whole dimension). Throws
+/// Checks the values of a mask (Additive, Binary or Bias) in the box [lo, hi) of its indices
+/// (clamped to the view: the part the operator reads for one sequence). Throws
 /// std::invalid_argument naming the first bad element, the encoding and the kernel.
 template <class T, int R>
 void check_mask_values(const char* fn, const std::string& arg, const StridedView<const T, R>& m,
-                       const MaskRule& rule, std::array<Index, R> extent) {
+                       const MaskRule& rule, std::array<Index, R> lo, std::array<Index, R> hi) {
   if (m.absent()) return;
-  for (int d = 0; d < R; ++d)
-    extent[static_cast<size_t>(d)] = extent[static_cast<size_t>(d)] < 0
-                                         ? m.size(d)
-                                         : std::min(extent[static_cast<size_t>(d)], m.size(d));
-  std::array<Index, R> i{};
-  for (Index x : extent)
-    if (x == 0) return;
+  for (int d = 0; d < R; ++d) {
+    const size_t u = static_cast<size_t>(d);
+    hi[u] = std::min(hi[u], m.size(d));
+    lo[u] = std::max<Index>(lo[u], 0);
+    if (lo[u] >= hi[u]) return;
+  }
+  std::array<Index, R> i = lo;
   for (;;) {
     Index off = 0;
     for (int d = 0; d < R; ++d) off += i[static_cast<size_t>(d)] * m.stride(d);
@@ -223,8 +223,11 @@ void check_mask_values(const char* fn, const std::string& arg, const StridedView
                                                detail::kernel_name(rule.kernel) + ")",
                                            detail::mask_value_rule(rule.encoding), v);
     int d = R - 1;
-    while (d >= 0 && ++i[static_cast<size_t>(d)] == extent[static_cast<size_t>(d)])
-      i[static_cast<size_t>(d--)] = 0;
+    for (; d >= 0; --d) {
+      const size_t u = static_cast<size_t>(d);
+      if (++i[u] < hi[u]) break;
+      i[u] = lo[u];
+    }
     if (d < 0) return;
   }
 }

@@ -8,7 +8,8 @@
 /// maskType UNDEFINED, NORM (rows [batch or 1, 1, maxSeq], ATB's [1, maxSeq] as [1, 1, maxSeq];
 /// or the square [1, maxSeq, maxSeq], ATB's [maxSeq, maxSeq], whose row context - q_len + i
 /// serves query i), SPEC ([numTokens, maxSeq], one row per query token) and ALIBI ([batch,
-/// headNum, 1, maxSeq] or ATB's [headNum, 1, maxSeq] as [1, headNum, 1, maxSeq]), all additive;
+/// headNum, 1, maxSeq] or ATB's [headNum, 1, maxSeq] as [1, headNum, 1, maxSeq]), additive
+/// but for the bf16 / float SPEC mask of the MLA multi-token kernel (binary x -3e38);
 /// scaleType LOGN (one float per sequence), mlaVHeadSize (V = the first mlaVHeadSize elements of
 /// each K head; no value cache), batchRunStatus (see the packing below), the quantized modes:
 ///   DEQUANT_FUSION (int8 caches): K = (K8 + k_offset[c]) · k_descale[c] per channel
@@ -70,8 +71,11 @@
 ///   out = Σ_t p_t v_t rounded to the output type
 /// The scores and P stay fp32 (the golden's fp32 reference; its P cast to the data type before
 /// P·V is what the NPU's rounding does, not the definition — docs/semantics.md §1). Masks are
-/// additive (ATB's -10000 / -inf entries): a row whose keys are all masked is an ordinary softmax
-/// over them.
+/// additive (ATB's -10000 / -inf entries; a row whose keys are all masked is an ordinary softmax
+/// over them), except the SPEC mask of the MLA multi-token kernel (mla_v_head_size > 0 with
+/// calcType SPEC) in bf16 / float: 0 / 1, multiplied by -3e38 (atb/mask_encoding.hpp). Values
+/// outside the encoding (a positive additive value, a binary value other than 0 / 1, a NaN or
+/// +inf ALiBi bias) are rejected.
 
 #include <cstdint>
 #include <type_traits>

@@ -11,6 +11,7 @@
 
 #include "attnref/atb/detail/paged_attention_plan.hpp"
 #include "attnref/atb/detail/paged_attention_variant.hpp"
+#include "attnref/atb/mask_encoding.hpp"
 #include "attnref/atb/paged_attention_io.hpp"
 #include "attnref/atb/paged_attention_params.hpp"
 #include "attnref/core/error.hpp"
@@ -20,6 +21,33 @@
 namespace attnref {
 
 namespace detail {
+
+/// The mask values against the encoding table (atb/mask_encoding.hpp), sequence by sequence
+/// over the rows and keys the run reads, and the factor of a binary mask (the MLA multi-token
+/// kernel in bf16 / float).
+template <class TQ, class TKV, class TM, class Variant>
+void pa_mask_values(const PagedAttentionParams& params, const PagedAttentionInputs<TQ, TKV, TM>& in,
+                    const PaPlan<TKV>& pl, Variant& var) {
+  constexpr const char* fn = "paged_attention";
+  const MaskRule causal = paged_attention_mask_rule<TM>(params, MaskRole::Causal);
+  const MaskRule bias = paged_attention_mask_rule<TM>(params, MaskRole::HeadBias);
+  var.mask_factor = causal.factor;
+  const auto& lens = pl.cache.context_lens;
+  for (Index b = 0; b < pl.batch; ++b) {
+    const Index kv = lens[static_cast<size_t>(b)];
+    const Index q0 = pl.q_cu[static_cast<size_t>(b)], q1 = pl.q_cu[static_cast<size_t>(b + 1)];
+    if (kv == 0 || q1 == q0) continue;                        // reads no mask
+    const Index row = pl.compress > 0 ? b / pl.compress : b;  // the sequence's (token's) row
+    const Index mb = in.mask.size(0) == 1 ? 0 : row, ab = in.alibi_mask.size(0) == 1 ? 0 : row;
+    if (var.square)
+      check_mask_values<TM, 3>(fn, "mask", in.mask, causal, {0, kv - (q1 - q0), 0}, {1, kv, kv});
+    else
+      check_mask_values<TM, 3>(fn, "mask", in.mask, causal, {mb, 0, 0}, {mb + 1, 1, kv});
+    check_mask_values<TM, 2>(fn, "spec_mask", in.spec_mask, causal, {q0, 0}, {q1, kv});
+    check_mask_values<TM, 4>(fn, "alibi_mask", in.alibi_mask, bias, {ab, 0, 0, 0},
+                             {ab + 1, pl.nh, 1, kv});
+  }
+}
 
 /// Masks (exactly the tensor of params.mask_type) and logN, checked and bound to the variant.
 template <class TQ, class TKV, class TM, class Variant>
@@ -91,6 +119,7 @@ void pa_bind_masks(const PagedAttentionParams& params, const PagedAttentionInput
                   "[batch] float", pa_len(in.log_n));
     var.log_n = in.log_n;
   }
+  pa_mask_values(params, in, pl, var);
 }
 
 /// compressType (razor attention): the pairs' query heads against the real ones, and for

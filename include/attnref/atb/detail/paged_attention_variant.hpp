@@ -20,13 +20,15 @@ namespace attnref {
 namespace detail {
 
 /// The engine hooks of PagedAttention, in fp32: the qkv-quant score scaling, logN and the
-/// additive masks (NORM rows or square, SPEC, ALIBI), razor attention's pairs and razor offset;
+/// masks (NORM rows or square, SPEC, ALIBI; additive, or binary x -3e38 on the MLA multi-token
+/// kernel), razor attention's pairs and razor offset;
 /// qScale and the dequant fold through the shared query / output hooks (IoHooks).
 template <class TM>
 struct AtbPagedVariant : IoHooks {
   StridedView<const TM, 3> mask;       // NORM
   bool square = false;                 // NORM mask [1, maxSeq, maxSeq]: row kv_len - q_len + i
   StridedView<const TM, 2> spec_mask;  // SPEC: [numTokens, maxSeq]
+  float mask_factor = 1.0f;            // NORM / SPEC: 1 (additive) or -3e38 (binary, MLA SPEC)
   StridedView<const TM, 4> alibi;
   StridedView<const float, 1> log_n;
   StridedView<const float, 1> head_scale;  // qkv quant: k_descale[h], then · qk_scale
@@ -63,11 +65,11 @@ struct AtbPagedVariant : IoHooks {
     if (!log_n.absent()) s *= log_n(c.batch);
     if (!mask.absent()) {
       if (square)
-        s += static_cast<float>(mask(0, si.kv_len - si.q_len + c.q, c.kv));
+        s += static_cast<float>(mask(0, si.kv_len - si.q_len + c.q, c.kv)) * mask_factor;
       else
-        s += static_cast<float>(mask(mask.size(0) == 1 ? 0 : mb, 0, c.kv));
+        s += static_cast<float>(mask(mask.size(0) == 1 ? 0 : mb, 0, c.kv)) * mask_factor;
     }
-    if (!spec_mask.absent()) s += static_cast<float>(spec_mask(token, c.kv));
+    if (!spec_mask.absent()) s += static_cast<float>(spec_mask(token, c.kv)) * mask_factor;
     if (!alibi.absent()) s += static_cast<float>(alibi(alibi.size(0) == 1 ? 0 : mb, head, 0, c.kv));
     return static_cast<Acc>(s);
   }

@@ -102,8 +102,9 @@ struct SaMasks {
 };
 
 /// The values of the mask tensors the run reads, against the encoding table
-/// (atb/mask_encoding.hpp): binary masks hold 0 / 1, additive ones 0 / negative, ALiBi biases
-/// no NaN or +inf, the compressed ALiBi tile no NaN and only infinities its slopes turn to -inf.
+/// (atb/mask_encoding.hpp), sequence by sequence over the rows and keys it reads: binary masks
+/// hold 0 / 1, additive ones 0 / negative, ALiBi biases no NaN or +inf, the compressed ALiBi tile
+/// no NaN and only infinities its slopes turn to -inf.
 template <class T, class TIn>
 void sa_check_mask_values(const SelfAttentionParams& params, const SelfAttentionPlan<T, TIn>& pl,
                           const SaMasks<T>& mk) {
@@ -112,16 +113,27 @@ void sa_check_mask_values(const SelfAttentionParams& params, const SelfAttention
   const auto m = params.mask_type;
   const MaskRule causal = self_attention_mask_rule<T>(params, MaskRole::Causal);
   const MaskRule bias = self_attention_mask_rule<T>(params, MaskRole::HeadBias);
-  if (m == P::MaskType::Norm || (m == P::MaskType::SlidingWindowNorm && !mk.mask.absent()))
-    check_mask_values<T, 3>(fn, "mask", mk.mask, causal, {-1, pl.max_q, pl.max_kv});
+  const bool full = m == P::MaskType::Norm || m == P::MaskType::SlidingWindowNorm;
   if (m == P::MaskType::NormCompress || m == P::MaskType::SlidingWindowCompress)
-    check_mask_values<T, 3>(fn, "mask", mk.mask, causal, {-1, -1, -1});
-  if (m == P::MaskType::Alibi)
-    check_mask_values<T, 4>(fn, "head_mask", mk.head_mask, bias, {-1, -1, pl.max_q, pl.max_kv});
-  if (mk.head_mask_form)
-    check_mask_values<T, 4>(fn, "head_mask", mk.head_mask, bias,
-                            {-1, -1, pl.bottom_right ? pl.max_kv : pl.max_q, -1});
-  else if (mk.alibi_compressed)
+    check_mask_values<T, 3>(fn, "mask", mk.mask, causal, {0, 0, 0},
+                            {1, mk.mask.size(1), mk.mask.size(2)});
+  for (Index b = 0; b < pl.batch; ++b) {
+    const Index q = pl.q_len[static_cast<size_t>(b)], kv = pl.kv_len[static_cast<size_t>(b)];
+    if (q == 0 || kv == 0) continue;  // reads no mask
+    if (full && !mk.mask.absent()) {
+      const Index mb = mk.mask.size(0) == 1 ? 0 : b;
+      check_mask_values<T, 3>(fn, "mask", mk.mask, causal, {mb, 0, 0}, {mb + 1, q, kv});
+    }
+    if (m == P::MaskType::Alibi) {
+      const Index mb = mk.head_mask.size(0) == 1 ? 0 : b;
+      check_mask_values<T, 4>(fn, "head_mask", mk.head_mask, bias, {mb, 0, 0, 0},
+                              {mb + 1, pl.nh, q, kv});
+    }
+    if (mk.head_mask_form)
+      check_mask_values<T, 4>(fn, "head_mask", mk.head_mask, bias, {0, 0, 0, 0},
+                              {1, pl.nh, pl.bottom_right ? kv : q, std::min<Index>(kv, 128)});
+  }
+  if (mk.alibi_compressed && !mk.head_mask_form)
     check_alibi_tile<T>(fn, mk.mask, mk.slopes, m == P::MaskType::AlibiCompressSqrt);
 }
 
