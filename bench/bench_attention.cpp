@@ -6,9 +6,14 @@
 //   decode_paged/<kv dtype>/B:<B>/KV:<kv>/threads:<T>     the same over a block pool (block size
 //                                                          128, shuffled block table): the engine
 //                                                          path of PagedAttention
+//   decode_bnsd/<kv dtype>/B:<B>/KV:<kv>/threads:<T>      decode over a head-major cache
+//                                                          [B, Hkv, S, D] (ONNX Runtime, PyTorch
+//                                                          SDPA, ATB's BNSD PagedAttention)
 //   reference/<dense|causal>/S:<S>                          naive double loops, small sizes
 // Counters: GFLOPS = useful FLOPs per second (4*B*Hq*Sq*Skv*D dense; causal counts unmasked pairs
-// only); decode also GBps = K and V bytes read per second.
+// only) and of_peak = GFLOPS / the fp32 FMA peak of as many threads; decode also GBps = K and V
+// bytes read per second and of_bw = GBps / the read bandwidth of a working set of that size
+// (bench/limits.hpp, measured in the same run).
 
 #include <benchmark/benchmark.h>
 
@@ -19,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "limits.hpp"
 #include "reference/naive_attention.hpp"
 
 namespace {
@@ -36,16 +42,34 @@ std::vector<T> random_vector(size_t n, unsigned seed) {
   return v;
 }
 
+// K and V bytes read per second, and that as a fraction of the machine's read bandwidth of the
+// same working set with as many threads.
+void bandwidth_counters(benchmark::State& state, double bytes, int threads) {
+  state.counters["GBps"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  const double limit = bench_limits::read_gbps(static_cast<std::size_t>(bytes), threads);
+  state.counters["of_bw"] =
+      benchmark::Counter(bytes * 1e-9 / limit, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 template <class T>
 void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal, int threads,
-         Index window = 0) {
+         Index window = 0, bool head_major = false) {
   const auto q = random_vector<T>(static_cast<size_t>(batch * sq * kHeads * kHeadSize), 1);
   const auto k = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 2);
   const auto v = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 3);
   std::vector<T> o(q.size());
+  const auto kv_view = [&](const T* x) {
+    return head_major ? attnref::bnsd_view(x, batch, kKvHeads, skv, kHeadSize)
+                      : attnref::bsnd_view(x, batch, skv, kKvHeads, kHeadSize);
+  };
   attnref::AttentionInputs<T> in{attnref::bsnd_view(q.data(), batch, sq, kHeads, kHeadSize),
-                                 attnref::bsnd_view(k.data(), batch, skv, kKvHeads, kHeadSize),
-                                 attnref::bsnd_view(v.data(), batch, skv, kKvHeads, kHeadSize)};
+                                 kv_view(k.data()), kv_view(v.data())};
+  // The limits are measured once, before the first timed run that needs them.
+  const double peak = bench_limits::fma_peak_gflops(threads);
+  if (sq == 1)
+    bench_limits::read_gbps(
+        static_cast<std::size_t>(2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T)), threads);
   attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, sq, kHeads, kHeadSize)};
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
@@ -68,11 +92,10 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   const double flops = 4.0 * batch * kHeads * pairs * kHeadSize;
   state.counters["GFLOPS"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  if (sq == 1) {
-    const double bytes = 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T);
-    state.counters["GBps"] =
-        benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  }
+  state.counters["of_peak"] =
+      benchmark::Counter(flops * 1e-9 / peak, benchmark::Counter::kIsIterationInvariantRate);
+  if (sq == 1)
+    bandwidth_counters(state, 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T), threads);
 }
 
 // Decode over a paged cache: K/V in a pool of blocks of 128 tokens, each sequence's blocks
@@ -97,14 +120,14 @@ void run_paged(benchmark::State& state, Index batch, Index skv, int threads) {
   attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, 1, kHeads, kHeadSize)};
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
+  const double bytes = 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T);
+  bench_limits::read_gbps(static_cast<std::size_t>(bytes), threads);
   for (auto _ : state) {
     attnref::attention(in, p, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
-  const double bytes = 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T);
-  state.counters["GBps"] =
-      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  bandwidth_counters(state, bytes, threads);
 }
 
 void reference(benchmark::State& state, Index s, bool causal) {
@@ -156,6 +179,12 @@ void register_dtype() {
           "decode/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" + std::to_string(t);
       benchmark::RegisterBenchmark(name.c_str(),
                                    [=](benchmark::State& st) { run<T>(st, b, 1, 4096, false, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+      const std::string bnsd =
+          "decode_bnsd/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(
+          bnsd.c_str(), [=](benchmark::State& st) { run<T>(st, b, 1, 4096, false, t, 0, true); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
       if (dt == "f32") continue;
