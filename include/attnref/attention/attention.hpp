@@ -16,6 +16,7 @@
 /// "attnref::attention: <argument> <what>: expected <x>, got <y>").
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -295,6 +296,7 @@ Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const Atten
   g.kv_tile = exec.kv_tile > 0 ? std::min(exec.kv_tile, std::max<Index>(1, max_kv)) : 256;
   g.kv_split = exec.kv_split < 0 ? 0 : (exec.kv_split > 0 ? exec.kv_split : 512);
   g.threads = resolve_threads(exec.threads);
+  g.kv_head_major = std::abs(in.k.stride(2)) > std::abs(in.k.stride(1));
   return g;
 }
 

@@ -21,7 +21,8 @@ struct ResolvedSeq {
 struct Geometry {
   Index batch = 0, num_heads = 0, num_kv_heads = 0, group = 1, head_size = 0, v_head_size = 0;
   Index q_tile = 0, kv_tile = 0, kv_split = 0;
-  int threads = 1;  ///< workers (resolved: >= 1)
+  bool kv_head_major = false;  ///< K's head stride exceeds its token stride ([B, N, S, D] caches)
+  int threads = 1;             ///< workers (resolved: >= 1)
   std::vector<ResolvedSeq> seqs;
 };
 
@@ -37,8 +38,9 @@ struct KvPages {
 };
 
 /// One unit of work: kv heads [head_begin, head_end) of one sequence, one q tile, one kv range.
-/// Sequences with a single q tile (decode) put all kv heads in one item, so each K/V row of a
-/// token-major cache is read head after head from the same pages; others use one head per item.
+/// Sequences with a single q tile (decode) over a token-major cache put all kv heads in one item,
+/// so each K/V row is read head after head from the same pages; others use one head per item (a
+/// head-major cache: each item then streams one head's keys and values, contiguous runs).
 struct WorkItem {
   Index seq, head_begin, head_end, q_begin, q_end, kv_begin, kv_end;
   Index partial;  // -1: single split, finalise directly; else index of its partial slot
@@ -63,7 +65,7 @@ inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, 
     const ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
     if (s.q_len == 0) continue;
     const Index n_qt = (s.q_len + g.q_tile - 1) / g.q_tile;
-    const Index heads = n_qt == 1 ? g.num_kv_heads : 1;
+    const Index heads = n_qt == 1 && !g.kv_head_major ? g.num_kv_heads : 1;
     const bool split = allow_split && g.kv_split > 0 && n_qt == 1 && s.kv_len > g.kv_split;
     for (Index h = 0; h < g.num_kv_heads; h += heads) {
       for (Index q0 = 0; q0 < s.q_len; q0 += g.q_tile) {
