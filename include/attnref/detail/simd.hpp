@@ -95,6 +95,11 @@ struct V8 {
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
   }
+  /// The four sums of a, b, c, d, stored to out[0..3] (three horizontal adds for the four).
+  static void sum4(reg a, reg b, reg c, reg d, float* out) {
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+  }
 };
 #endif
 
@@ -122,6 +127,14 @@ struct V16 {
     const __m256 lo = _mm512_castps512_ps256(v);
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return V8::sum(_mm256_add_ps(lo, hi));
+  }
+  /// The four sums of a, b, c, d, stored to out[0..3]: the halves added first, then V8's.
+  static void sum4(reg a, reg b, reg c, reg d, float* out) {
+    const auto half_sum = [](reg v) {
+      return _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    };
+    V8::sum4(half_sum(a), half_sum(b), half_sum(c), half_sum(d), out);
   }
 };
 #endif
@@ -292,6 +305,13 @@ inline void dot_rows(const float* q, Index q_stride, const T* const* k, Index n,
     for (int r = 0; r < R; ++r) {
       const typename V::reg qq = V::load(q + r * q_stride + i);
       for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(qq, kk[c], acc[r][c]);
+    }
+  }
+  if constexpr (C == 4) {
+    if (i == n) {  // no tail: the four sums of a row at once
+      for (int r = 0; r < R; ++r)
+        V::sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out + r * out_stride);
+      return;
     }
   }
   for (int r = 0; r < R; ++r)
