@@ -322,6 +322,43 @@ inline void dot_rows(const float* q, Index q_stride, const T* const* k, Index n,
     }
 }
 
+/// o + r * o_stride += sum_{c < cols} p[r * p_stride + c] * v[c], r < R, over n elements: the
+/// same multiply-adds in the same key order as axpy_rows over the keys in turn (the same bits),
+/// with a block of each output row held in registers across all the keys instead of loaded and
+/// stored for every few of them.
+template <class V, int R, class T>
+inline void axpy_rows_all(const float* p, Index p_stride, const T* const* v, Index cols, Index n,
+                          float* o, Index o_stride) {
+  constexpr int kChunks = V::kWidth == 16 ? (R <= 4 ? 4 : 2) : (R <= 4 ? 2 : 1);
+  Index i = 0;
+  const auto block = [&](auto chunks) {
+    constexpr int K = decltype(chunks)::value;
+    typename V::reg acc[R][K];
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < K; ++k) acc[r][k] = V::load(o + r * o_stride + i + k * V::kWidth);
+    for (Index c = 0; c < cols; ++c) {
+      typename V::reg vv[K];
+      for (int k = 0; k < K; ++k) vv[k] = V::load(v[c] + i + k * V::kWidth);
+      for (int r = 0; r < R; ++r) {
+        const typename V::reg a = V::set1(p[r * p_stride + c]);
+        for (int k = 0; k < K; ++k) acc[r][k] = V::fmadd(a, vv[k], acc[r][k]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < K; ++k) V::store(o + r * o_stride + i + k * V::kWidth, acc[r][k]);
+  };
+  for (; i + kChunks * V::kWidth <= n; i += kChunks * V::kWidth)
+    block(std::integral_constant<int, kChunks>{});
+  for (; i + V::kWidth <= n; i += V::kWidth) block(std::integral_constant<int, 1>{});
+  for (; i < n; ++i)  // the tail: fused multiply-adds, as the vector lanes
+    for (int r = 0; r < R; ++r) {
+      float acc = o[r * o_stride + i];
+      for (Index c = 0; c < cols; ++c)
+        acc = std::fma(p[r * p_stride + c], static_cast<float>(v[c][i]), acc);
+      o[r * o_stride + i] = acc;
+    }
+}
+
 /// o + r * o_stride += sum_{c < C} p[r * p_stride + c] * v[c], r < R, over n elements.
 template <class V, int R, int C, class T>
 inline void axpy_rows(const float* p, Index p_stride, const T* const* v, Index n, float* o,
@@ -339,10 +376,11 @@ inline void axpy_rows(const float* p, Index p_stride, const T* const* v, Index n
       V::store(o + r * o_stride + i, acc);
     }
   }
-  for (; i < n; ++i)
+  for (; i < n; ++i)  // the tail: fused multiply-adds, as the vector lanes
     for (int r = 0; r < R; ++r) {
       float acc = o[r * o_stride + i];
-      for (int c = 0; c < C; ++c) acc += p[r * p_stride + c] * static_cast<float>(v[c][i]);
+      for (int c = 0; c < C; ++c)
+        acc = std::fma(p[r * p_stride + c], static_cast<float>(v[c][i]), acc);
       o[r * o_stride + i] = acc;
     }
 }

@@ -60,6 +60,19 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_small(Workspace& ws, const WorkIt
   simd::with_vector(level, [&](auto vec) {
     using V = decltype(vec);
     simd::with_rows(rows, [&](auto R) {
+      if (!partial) {  // every row sees every key: blocks of keys, the output in registers
+        constexpr Index kKeys = 16;  // the rows of a token-major page stay hot across the heads
+        const X* vk[kKeys];
+        for (Index c = 0; c < cols; c += kKeys) {
+          const Index n = std::min(kKeys, cols - c);
+          for (Index h = h0; h < h1; ++h) {
+            const Head hd = head(ws, it, h);
+            for (Index k = 0; k < n; ++k) vk[k] = row_of(h, c + k);
+            simd::axpy_rows_all<V, R()>(hd.s + c, ld(), vk, n, dv, hd.o, dv);
+          }
+        }
+        return;
+      }
       for (Index c = 0; c < cols; c += 4) {
         const Index n = std::min<Index>(4, cols - c);
         for (Index h = h0; h < h1; ++h) {
