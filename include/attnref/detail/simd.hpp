@@ -322,10 +322,9 @@ inline void dot_rows(const float* q, Index q_stride, const T* const* k, Index n,
     }
 }
 
-/// o + r * o_stride += sum_{c < cols} p[r * p_stride + c] * v[c], r < R, over n elements: the
-/// same multiply-adds in the same key order as axpy_rows over the keys in turn (the same bits),
-/// with a block of each output row held in registers across all the keys instead of loaded and
-/// stored for every few of them.
+/// o + r * o_stride += sum_{c < cols} p[r * p_stride + c] * v[c], r < R, over n elements, key
+/// after key (fused multiply-adds in key order for every element), with a block of each output
+/// row held in registers across all the keys.
 template <class V, int R, class T>
 inline void axpy_rows_all(const float* p, Index p_stride, const T* const* v, Index cols, Index n,
                           float* o, Index o_stride) {
@@ -354,32 +353,6 @@ inline void axpy_rows_all(const float* p, Index p_stride, const T* const* v, Ind
     for (int r = 0; r < R; ++r) {
       float acc = o[r * o_stride + i];
       for (Index c = 0; c < cols; ++c)
-        acc = std::fma(p[r * p_stride + c], static_cast<float>(v[c][i]), acc);
-      o[r * o_stride + i] = acc;
-    }
-}
-
-/// o + r * o_stride += sum_{c < C} p[r * p_stride + c] * v[c], r < R, over n elements.
-template <class V, int R, int C, class T>
-inline void axpy_rows(const float* p, Index p_stride, const T* const* v, Index n, float* o,
-                      Index o_stride) {
-  typename V::reg a[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a[r][c] = V::set1(p[r * p_stride + c]);
-  Index i = 0;
-  for (; i + V::kWidth <= n; i += V::kWidth) {
-    typename V::reg vv[C];
-    for (int c = 0; c < C; ++c) vv[c] = V::load(v[c] + i);
-    for (int r = 0; r < R; ++r) {
-      typename V::reg acc = V::load(o + r * o_stride + i);
-      for (int c = 0; c < C; ++c) acc = V::fmadd(a[r][c], vv[c], acc);
-      V::store(o + r * o_stride + i, acc);
-    }
-  }
-  for (; i < n; ++i)  // the tail: fused multiply-adds, as the vector lanes
-    for (int r = 0; r < R; ++r) {
-      float acc = o[r * o_stride + i];
-      for (int c = 0; c < C; ++c)
         acc = std::fma(p[r * p_stride + c], static_cast<float>(v[c][i]), acc);
       o[r * o_stride + i] = acc;
     }

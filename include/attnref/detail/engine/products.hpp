@@ -81,18 +81,18 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_small(Workspace& ws, const WorkIt
           for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
           if (all) {
             const X* v4[4] = {row_of(h, c), row_of(h, c + 1), row_of(h, c + 2), row_of(h, c + 3)};
-            simd::axpy_rows<V, R(), 4>(hd.s + c, ld(), v4, dv, hd.o, dv);
+            simd::axpy_rows_all<V, R()>(hd.s + c, ld(), v4, 4, dv, hd.o, dv);
             continue;
           }
           for (Index k = c; k < c + n; ++k) {
             const Index seen = partial ? seen_by(hd, k) : rows;
             const X* v1[1] = {row_of(h, k)};
             if (seen == rows) {
-              simd::axpy_rows<V, R(), 1>(hd.s + k, ld(), v1, dv, hd.o, dv);
+              simd::axpy_rows_all<V, R()>(hd.s + k, ld(), v1, 1, dv, hd.o, dv);
             } else if (seen > 0) {
               for (Index r = 0; r < rows; ++r)
                 if (hd.f[r * ld() + k] == 0)
-                  simd::axpy_rows<V, 1, 1>(hd.s + r * ld() + k, 0, v1, dv, hd.o + r * dv, 0);
+                  simd::axpy_rows_all<V, 1>(hd.s + r * ld() + k, 0, v1, 1, dv, hd.o + r * dv, 0);
             }
           }
         }
