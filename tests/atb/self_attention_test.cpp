@@ -13,6 +13,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 #include "support/outcome.hpp"
+#include "support/simd_levels.hpp"
 
 namespace self_attention_test {
 
@@ -197,9 +198,10 @@ TEST(SelfAttentionPaEncoder, Fp16OverflowGivesNanInDefaultAndFiniteInHighPrecisi
   EXPECT_TRUE(support::all_close(hp.want, hp.got, support::tolerance(support::Kind::F16)));
 }
 
-TEST(SelfAttentionPaEncoder, Fp16ScorePathGivesTheSameBitsAtEverySimdLevel) {
-  // The DEFAULT path rounds whole score rows to fp16 with SIMD conversions when compiled in:
-  // the portable path must give the same bits (prefill-sized rows go through the same GEMMs).
+TEST(SelfAttentionPaEncoder, Fp16ScorePathMatchesTheReferenceAtEverySimdLevel) {
+  // The DEFAULT path rounds whole score rows to fp16 (SIMD conversions, the same bits at every
+  // level); the products around it are the panel kernels at the vector levels and Eigen's GEMM
+  // at Portable: every level must match the reference.
   namespace simd = attnref::detail::simd;
   Case c;
   c.high_precision = false;
@@ -207,14 +209,10 @@ TEST(SelfAttentionPaEncoder, Fp16ScorePathGivesTheSameBitsAtEverySimdLevel) {
   c.clamp = true;
   c.value_scale = 3.0;
   c.seq_len = {40, 100, 300};
-  const simd::Level previous = simd::set_level(simd::Level::Portable);
-  const Result portable = run_case<attnref::half>(c);
-  simd::set_level(simd::compiled_level());
-  const Result fast = run_case<attnref::half>(c);
-  simd::set_level(previous);
-  ASSERT_EQ(portable.got.size(), fast.got.size());
-  for (size_t i = 0; i < fast.got.size(); ++i) ASSERT_EQ(portable.got[i], fast.got[i]) << i;
-  EXPECT_TRUE(support::all_close(fast.want, fast.got, support::tolerance(support::Kind::F16)));
+  support::at_every_level([&] {
+    const Result r = run_case<attnref::half>(c);
+    EXPECT_TRUE(support::all_close(r.want, r.got, support::tolerance(support::Kind::F16)));
+  });
 }
 
 TEST(SelfAttentionPaEncoder, CausalMaskEqualsTheBinaryTriangle) {

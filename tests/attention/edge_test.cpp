@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "support/case.hpp"
+#include "support/simd_levels.hpp"
 
 namespace edge_test {
 
@@ -93,40 +94,43 @@ TEST(EdgeCases, BottomRightCausalWithMoreQueriesThanKeysMasksLeadingRows) {
 TEST(EdgeCases, NanAndInfInMaskedKeysAndValuesDoNotLeak) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  for (Index kv_tile : {Index(4), Index(256)}) {
-    Buffers clean(1, 6, 9, 2, 1, 8);
-    Buffers dirty = clean;
-    // Key/value 8 is hidden by the boolean mask for every query; keys > i are hidden by the
-    // causal mask from query i; poison both.
-    std::vector<std::uint8_t> mask(6 * 9, 0);
-    for (int i = 0; i < 6; ++i) mask[static_cast<size_t>(i * 9 + 8)] = 1;
-    for (Index d = 0; d < 8; ++d) {
-      dirty.k[static_cast<size_t>(8 * 8 + d)] = nan;
-      dirty.v[static_cast<size_t>(8 * 8 + d)] = d % 2 ? inf : nan;
-      dirty.v[static_cast<size_t>(7 * 8 + d)] = nan;  // visible only to the last query (i = 5)
-    }
-    attnref::AttentionParams p;
-    p.causal = attnref::CausalMode::BottomRight;  // query i sees keys j <= i + 3
-    attnref::ExecConfig x;
-    x.kv_tile = kv_tile;
-    auto in_clean = clean.inputs();
-    auto in_dirty = dirty.inputs();
-    in_clean.mask_bool = attnref::StridedView<const std::uint8_t, 4>(mask.data(), {1, 1, 6, 9});
-    in_dirty.mask_bool = in_clean.mask_bool;
-    attnref::attention(in_clean, p, clean.outputs(), x);
-    attnref::attention(in_dirty, p, dirty.outputs(), x);
-    // Rows 0..3 never see key 7 or 8: the clean result (up to the rounding of the slower
-    // accumulation used for tiles with non-finite values). Row 4 sees key 7 (NaN v).
-    for (Index i = 0; i < 4; ++i)
+  // (12 rows per item: the panel kernels at the vector levels, Eigen's GEMM at Portable)
+  support::at_every_level([&] {
+    for (Index kv_tile : {Index(4), Index(256)}) {
+      Buffers clean(1, 6, 9, 2, 1, 8);
+      Buffers dirty = clean;
+      // Key/value 8 is hidden by the boolean mask for every query; keys > i are hidden by the
+      // causal mask from query i; poison both.
+      std::vector<std::uint8_t> mask(6 * 9, 0);
+      for (int i = 0; i < 6; ++i) mask[static_cast<size_t>(i * 9 + 8)] = 1;
+      for (Index d = 0; d < 8; ++d) {
+        dirty.k[static_cast<size_t>(8 * 8 + d)] = nan;
+        dirty.v[static_cast<size_t>(8 * 8 + d)] = d % 2 ? inf : nan;
+        dirty.v[static_cast<size_t>(7 * 8 + d)] = nan;  // visible only to the last query (i = 5)
+      }
+      attnref::AttentionParams p;
+      p.causal = attnref::CausalMode::BottomRight;  // query i sees keys j <= i + 3
+      attnref::ExecConfig x;
+      x.kv_tile = kv_tile;
+      auto in_clean = clean.inputs();
+      auto in_dirty = dirty.inputs();
+      in_clean.mask_bool = attnref::StridedView<const std::uint8_t, 4>(mask.data(), {1, 1, 6, 9});
+      in_dirty.mask_bool = in_clean.mask_bool;
+      attnref::attention(in_clean, p, clean.outputs(), x);
+      attnref::attention(in_dirty, p, dirty.outputs(), x);
+      // Rows 0..3 never see key 7 or 8: the clean result (up to the rounding of the slower
+      // accumulation used for tiles with non-finite values). Row 4 sees key 7 (NaN v).
+      for (Index i = 0; i < 4; ++i)
+        for (Index h = 0; h < 2; ++h)
+          for (Index d = 0; d < 8; ++d) {
+            const size_t idx = static_cast<size_t>((i * 2 + h) * 8 + d);
+            EXPECT_NEAR(dirty.o[idx], clean.o[idx], 1e-6) << "i=" << i << " h=" << h << " d=" << d;
+          }
       for (Index h = 0; h < 2; ++h)
-        for (Index d = 0; d < 8; ++d) {
-          const size_t idx = static_cast<size_t>((i * 2 + h) * 8 + d);
-          EXPECT_NEAR(dirty.o[idx], clean.o[idx], 1e-6) << "i=" << i << " h=" << h << " d=" << d;
-        }
-    for (Index h = 0; h < 2; ++h)
-      EXPECT_TRUE(std::isnan(dirty.o[static_cast<size_t>((4 * 2 + h) * 8)]))
-          << "a visible NaN value must propagate";
-  }
+        EXPECT_TRUE(std::isnan(dirty.o[static_cast<size_t>((4 * 2 + h) * 8)]))
+            << "a visible NaN value must propagate";
+    }
+  });
 }
 
 TEST(EdgeCases, AdditiveMaskMinusInfIsMaskedAndFiniteValuesAreAdded) {

@@ -222,6 +222,55 @@ TEST(Simd, RoundToHalfMatchesTheScalarConversion) {
   });
 }
 
+// The softmax exponential: every vector lane and the scalar tail give the same bits, within
+// 2 ulp of exp in double over [-87.33, 0]; exactly 0 below the normal floats and for -inf.
+TEST(Simd, SoftmaxExpMatchesDoubleAndTheScalarForm) {
+  std::vector<float> x;
+  for (float v = -88.5f; v <= 0.0f; v += 0.00731f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, -1e-30f, -87.3365f, -87.3366f, -87.34f, -100.0f, -1e30f,
+                  -std::numeric_limits<float>::infinity()})
+    x.push_back(v);
+  at_every_level([&] {
+    std::vector<float> e = x;  // exp(x - 0), vector lanes and a scalar tail
+    const float sum = attnref::detail::exp_shift_sum(simd::level(), e.data(),
+                                                     static_cast<Index>(e.size()), 0.0f, nullptr);
+    double want_sum = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(static_cast<double>(x[i]));
+      want_sum += want;
+      if (simd::level() == simd::Level::Portable) continue;  // Eigen's exp: near, not ours
+      ASSERT_EQ(e[i], simd::exp_nonpositive(x[i])) << std::hexfloat << x[i];
+      if (x[i] < simd::expf_consts::kLow) {
+        ASSERT_EQ(e[i], 0.0f) << x[i];
+        continue;
+      }
+      ASSERT_LE(std::abs(e[i] - want), 2 * std::numeric_limits<float>::epsilon() * want) << x[i];
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum);
+  });
+}
+
+// The key panel of the prefill kernels: element d of key c at [(c / W · n + d) · W + c % W],
+// zero past the last key, for every width and a head size with a vector tail.
+TEST(Simd, KeyPanelIsTheTransposeInBlocksOfOneVector) {
+  const Index cols = 37, n = 40;
+  std::vector<attnref::half> k(static_cast<size_t>(cols * n));
+  for (size_t i = 0; i < k.size(); ++i) k[i] = attnref::half(static_cast<float>(i % 997) / 64);
+  const auto check = [&](auto vec) {
+    constexpr Index W = decltype(vec)::kWidth;
+    const Index blocks = (cols + W - 1) / W;
+    std::vector<float> panel(static_cast<size_t>(blocks * n * W), -1.0f);
+    simd::pack_keys<decltype(vec)>([&](Index c) { return k.data() + c * n; }, cols, n,
+                                   panel.data());
+    for (Index c = 0; c < blocks * W; ++c)
+      for (Index d = 0; d < n; ++d)
+        ASSERT_EQ(panel[static_cast<size_t>((c / W * n + d) * W + c % W)],
+                  c < cols ? static_cast<float>(k[static_cast<size_t>(c * n + d)]) : 0.0f)
+            << "width " << W << " key " << c << " element " << d;
+  };
+  at_every_level([&] { simd::with_vector(simd::level(), check); });
+}
+
 TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
   const simd::Level previous = simd::set_level(simd::Level::Portable);
   EXPECT_FALSE(simd::enabled());

@@ -4,19 +4,31 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <attnref/core/simd_level.hpp>
-#include <vector>
+#include <cstddef>
 
 namespace support {
 
+/// The levels of one build, iterable (a fixed array: no heap, which also keeps GCC 12's
+/// -Wfree-nonheap-object false positive on small inlined vectors away).
+struct Levels {
+  std::array<attnref::detail::simd::Level, 3> l{};
+  std::size_t n = 0;
+  const attnref::detail::simd::Level* begin() const { return l.data(); }
+  const attnref::detail::simd::Level* end() const { return l.data() + n; }
+  std::size_t size() const { return n; }
+};
+
 /// Portable, then Avx2 and Avx512 where compiled in: the int8 (VNNI) kernels run at Avx512, the
 /// float GEMM below it.
-inline std::vector<attnref::detail::simd::Level> simd_levels() {
+inline Levels simd_levels() {
   namespace simd = attnref::detail::simd;
-  std::vector<simd::Level> l{simd::Level::Portable};
-  if (simd::compiled_level() >= simd::Level::Avx2) l.push_back(simd::Level::Avx2);
-  if (simd::compiled_level() >= simd::Level::Avx512) l.push_back(simd::Level::Avx512);
-  return l;
+  Levels v;
+  v.l[v.n++] = simd::Level::Portable;
+  if (simd::compiled_level() >= simd::Level::Avx2) v.l[v.n++] = simd::Level::Avx2;
+  if (simd::compiled_level() >= simd::Level::Avx512) v.l[v.n++] = simd::Level::Avx512;
+  return v;
 }
 
 /// Runs `body` at every compiled level (a trace names the level), then restores the level in use.

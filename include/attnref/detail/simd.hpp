@@ -4,11 +4,13 @@
 /// The SIMD code is compiled in only when the translation unit targets the instruction set
 /// (e.g. -march=native; attnref never adds flags itself) and the level in use is selectable at
 /// run time, so the tests run every compiled level and the portable path:
-///   Level::Portable  Eigen GEMMs and scalar/Eigen conversions only;
-///   Level::Avx2      AVX2 + FMA + F16C small-row kernels (8 lanes) and conversions;
-///   Level::Avx512    AVX-512F small-row kernels (16 lanes).
-/// Conversions fp16/bf16 -> float give the same bits at every level; the small-row kernels sum in
-/// a level-dependent order (each level is deterministic and thread-count independent).
+///   Level::Portable  Eigen GEMMs, Eigen's exp and scalar/Eigen conversions only;
+///   Level::Avx2      AVX2 + FMA + F16C kernels (8 lanes) and conversions;
+///   Level::Avx512    AVX-512F kernels (16 lanes).
+/// The kernels: the small-row ones here (decode), the panel ones of simd_panel.hpp (prefill) and
+/// the softmax rows of simd_exp.hpp. Conversions fp16/bf16 -> float give the same bits at every
+/// level; the kernels sum in a level-dependent order (each level is deterministic and
+/// thread-count independent).
 
 #include <algorithm>
 #include <atomic>
@@ -90,6 +92,14 @@ struct V8 {
   }
   static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg fnmadd(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }
+  static reg round(reg a) {  // to the nearest integer, ties to even
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   static float sum(reg v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -123,6 +133,14 @@ struct V16 {
   }
   static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  static reg fnmadd(reg a, reg b, reg c) { return _mm512_fnmadd_ps(a, b, c); }
+  static reg round(reg a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   static float sum(reg v) {
     const __m256 lo = _mm512_castps512_ps256(v);
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -322,40 +340,54 @@ inline void dot_rows(const float* q, Index q_stride, const T* const* k, Index n,
     }
 }
 
-/// o + r * o_stride += sum_{c < cols} p[r * p_stride + c] * v[c], r < R, over n elements, key
-/// after key (fused multiply-adds in key order for every element), with a block of each output
-/// row held in registers across all the keys.
-template <class V, int R, class T>
-inline void axpy_rows_all(const float* p, Index p_stride, const T* const* v, Index cols, Index n,
-                          float* o, Index o_stride) {
-  constexpr int kChunks = V::kWidth == 16 ? (R <= 4 ? 4 : 2) : (R <= 4 ? 2 : 1);
-  Index i = 0;
-  const auto block = [&](auto chunks) {
-    constexpr int K = decltype(chunks)::value;
-    typename V::reg acc[R][K];
-    for (int r = 0; r < R; ++r)
-      for (int k = 0; k < K; ++k) acc[r][k] = V::load(o + r * o_stride + i + k * V::kWidth);
-    for (Index c = 0; c < cols; ++c) {
-      typename V::reg vv[K];
-      for (int k = 0; k < K; ++k) vv[k] = V::load(v[c] + i + k * V::kWidth);
-      for (int r = 0; r < R; ++r) {
-        const typename V::reg a = V::set1(p[r * p_stride + c]);
-        for (int k = 0; k < K; ++k) acc[r][k] = V::fmadd(a, vv[k], acc[r][k]);
-      }
+/// o[r * o_stride + i + e] += sum_{c < cols} p[r * p_stride + c] * row(c)[i + e], r < R,
+/// e < K vectors: one register block, fused multiply-adds in key order.
+template <class V, int R, int K, class Rows>
+inline void axpy_block(const float* p, Index p_stride, const Rows& row, Index cols, Index i,
+                       float* o, Index o_stride) {
+  typename V::reg acc[R][K];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < K; ++k) acc[r][k] = V::load(o + r * o_stride + i + k * V::kWidth);
+  for (Index c = 0; c < cols; ++c) {
+    typename V::reg vv[K];
+    const auto* vc = row(c) + i;
+    for (int k = 0; k < K; ++k) vv[k] = V::load(vc + k * V::kWidth);
+    for (int r = 0; r < R; ++r) {
+      const typename V::reg a = V::set1(p[r * p_stride + c]);
+      for (int k = 0; k < K; ++k) acc[r][k] = V::fmadd(a, vv[k], acc[r][k]);
     }
-    for (int r = 0; r < R; ++r)
-      for (int k = 0; k < K; ++k) V::store(o + r * o_stride + i + k * V::kWidth, acc[r][k]);
-  };
+  }
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < K; ++k) V::store(o + r * o_stride + i + k * V::kWidth, acc[r][k]);
+}
+
+/// o + r * o_stride += sum_{c < cols} p[r * p_stride + c] * row(c), r < R, over n elements, key
+/// after key (fused multiply-adds in key order for every element), with a block of each output
+/// row held in registers across all the keys. `row(c)` gives value row c (const T*, any spacing).
+template <class V, int R, class Rows>
+inline void axpy_rows_each(const float* p, Index p_stride, const Rows& row, Index cols, Index n,
+                           float* o, Index o_stride) {
+  constexpr int kChunks = V::kWidth == 16 ? (R <= 6 ? 4 : 2) : (R <= 6 ? 2 : 1);
+  Index i = 0;
   for (; i + kChunks * V::kWidth <= n; i += kChunks * V::kWidth)
-    block(std::integral_constant<int, kChunks>{});
-  for (; i + V::kWidth <= n; i += V::kWidth) block(std::integral_constant<int, 1>{});
+    axpy_block<V, R, kChunks>(p, p_stride, row, cols, i, o, o_stride);
+  for (; i + V::kWidth <= n; i += V::kWidth)
+    axpy_block<V, R, 1>(p, p_stride, row, cols, i, o, o_stride);
   for (; i < n; ++i)  // the tail: fused multiply-adds, as the vector lanes
     for (int r = 0; r < R; ++r) {
       float acc = o[r * o_stride + i];
       for (Index c = 0; c < cols; ++c)
-        acc = std::fma(p[r * p_stride + c], static_cast<float>(v[c][i]), acc);
+        acc = std::fma(p[r * p_stride + c], static_cast<float>(row(c)[i]), acc);
       o[r * o_stride + i] = acc;
     }
+}
+
+/// axpy_rows_each over the value rows v[0..cols) (decode: rows anywhere in a paged cache).
+template <class V, int R, class T>
+inline void axpy_rows_all(const float* p, Index p_stride, const T* const* v, Index cols, Index n,
+                          float* o, Index o_stride) {
+  axpy_rows_each<V, R>(
+      p, p_stride, [v](Index c) { return v[c]; }, cols, n, o, o_stride);
 }
 
 /// Calls f(V{}) with the vector traits of the level in use; returns false (and does nothing)

@@ -12,8 +12,38 @@
 
 #include "attnref/detail/engine/products.hpp"
 #include "attnref/detail/engine/state.hpp"
+#include "attnref/detail/simd_exp.hpp"
 
 namespace attnref::detail {
+
+/// The largest of x[0..n) (n >= 1): the level's vector kernel for float, Eigen otherwise.
+template <class Acc>
+Acc max_of(simd::Level level, const Acc* x, Index n) {
+  Acc m{};
+  if constexpr (std::is_same_v<Acc, float>)
+    if (simd::with_vector(level, [&](auto vec) { m = simd::row_max<decltype(vec)>(x, n); }))
+      return m;
+  return ArrayMap<Acc>(const_cast<Acc*>(x), n).maxCoeff();
+}
+
+/// x[i] <- exp(x[i] - m), i < n (m >= every x[i], finite), exactly 0 where masked[i] != 0
+/// (masked: null when nothing is); returns the sum. The level's vector kernel for float (whose
+/// exp of a masked -inf is 0 already), Eigen otherwise (whose exp of -inf is a tiny positive
+/// number: the masked entries are cleared after it).
+template <class Acc>
+Acc exp_shift_sum(simd::Level level, Acc* x, Index n, Acc m, const std::uint8_t* masked) {
+  Acc sum{};
+  if constexpr (std::is_same_v<Acc, float>)
+    if (simd::with_vector(level,
+                          [&](auto vec) { sum = simd::exp_shift_sum<decltype(vec)>(x, n, m); }))
+      return sum;
+  ArrayMap<Acc> row(x, n);
+  row = (row - m).exp();
+  if (masked != nullptr)
+    for (Index c = 0; c < n; ++c)
+      if (masked[c]) x[c] = Acc(0);
+  return row.sum();
+}
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const SeqInfo& si, Index q0,
@@ -121,7 +151,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::softmax_update(const Head& hd, const
     Acc* srow = hd.s + r * ld();
     ArrayMap<Acc> row(srow, cols);
     SoftmaxState<Acc>& st = hd.st[r];
-    const Acc mx = row.maxCoeff();
+    const Acc mx = max_of(level, srow, cols);
     const Acc m_new = std::max(st.m, mx);
     if (m_new == kNegInf) {  // nothing visible to this row yet, or only overflowed scores
       st.visible = st.visible || tile_has_visible(hd, r, cols, partial);
@@ -131,18 +161,14 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::softmax_update(const Head& hd, const
     }
     st.visible = true;  // a finite maximum is a visible score (masked ones are -inf)
     const Acc alpha = exp_diff(st.m, m_new);
-    row = (row - m_new).exp();
-    if (partial) {
-      const std::uint8_t* frow = hd.f + r * ld();
-      for (Index c = 0; c < cols; ++c)
-        if (frow[c]) srow[c] = Acc(0);
-    }
-    Acc tile_sum;
+    // (masked entries are -inf: their exp is exactly 0, in the sum too). Quantized-P variants
+    // keep Eigen's exp at every level: P is rounded and quantized next, and their output bits
+    // do not depend on the level.
+    Acc tile_sum = exp_shift_sum(kQuantP ? simd::Level::Portable : level, srow, cols, m_new,
+                                 partial ? hd.f + r * ld() : nullptr);
     if constexpr (kQuantP) {
       const Coord c0{si.batch, q0 + r % nq, j0, hd.kv_head * g.group + r / nq, hd.kv_head};
       hd.fac[r] = var.template quantize_p<Acc>(c0, srow, cols, hd.aux[r], tile_sum);
-    } else {
-      tile_sum = row.sum();
     }
     st.l = st.l * alpha + tile_sum;
     st.m = m_new;

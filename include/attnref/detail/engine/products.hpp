@@ -1,8 +1,9 @@
 #pragma once
-/// The engine's two products per kv tile, S = Q·Kᵀ and O += P·V, each in three modes chosen
+/// The engine's two products per kv tile, S = Q·Kᵀ and O += P·V, each in four modes chosen
 /// once per call: the small-row SIMD kernels (decode: K / V rows streamed token by token across
-/// the heads), the int8 kernels (int8 q / k / v with quantized P, exact in int32), and one Eigen
-/// GEMM per head.
+/// the heads), the int8 kernels (int8 q / k / v with quantized P, exact in int32), the panel
+/// SIMD kernels (larger row blocks: keys packed once per tile and head), and one Eigen GEMM per
+/// head (the portable level, double compute, quantized P).
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -102,6 +103,37 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_small(Workspace& ws, const WorkIt
 }
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::scores_panel(Workspace& ws, const Head& hd, Index rows,
+                                                         Index cols) const {
+  if constexpr (std::is_same_v<Acc, float>) {
+    const Index n = g.head_size, h = hd.kv_head;
+    simd::with_vector(level, [&](auto vec) {
+      using V = decltype(vec);
+      if (dequant()) {  // the head's keys dequantized into ws.k, then packed
+        kv_tile(in.k, ws.krow, h, cols, n, ws.k, ws.kdq.data());
+        simd::pack_keys<V>([&](Index c) { return ws.k.data() + c * n; }, cols, n, ws.kpanel.data());
+      } else {  // packed straight from the cache rows, converted on the way
+        const Index hs = h * in.k.stride(2);
+        simd::pack_keys<V>([&](Index c) { return ws.krow[static_cast<size_t>(c)] + hs; }, cols, n,
+                           ws.kpanel.data());
+      }
+      simd::panel_scores<V>(hd.q, n, rows, ws.kpanel.data(), cols, n, hd.s, ld());
+    });
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_panel(const Head& hd, const ConstRowMap<Acc>& v,
+                                                     Index rows, Index cols) const {
+  if constexpr (std::is_same_v<Acc, float>) {
+    simd::with_vector(level, [&](auto vec) {
+      simd::panel_pv<decltype(vec)>(hd.s, ld(), rows, v.data(), v.outerStride(), cols,
+                                    g.v_head_size, hd.o, g.v_head_size);
+    });
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const WorkItem& it, Index h0,
                                                        Index h1, Index rows, Index cols) const {
   if (small(rows)) {
@@ -133,6 +165,10 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
       }
       return;
     }
+  }
+  if (panel(rows)) {
+    for (Index h = h0; h < h1; ++h) scores_panel(ws, head(ws, it, h), rows, cols);
+    return;
   }
   for (Index h = h0; h < h1; ++h) {
     const Head hd = head(ws, it, h);
@@ -192,12 +228,15 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
     // Quantized P: the tile's product alone (exact), then scaled by each row's factor.
     RowMap<Acc> T(kQuantP ? ws.pv.data() : hd.o, rows, dv, Eigen::OuterStride<>(dv));
-    auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr);
+    const bool pan = panel(rows);
+    auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr, pan);
     if (partial && !V.allFinite()) {
       if (kQuantP) T.setZero();
       for (Index r = 0; r < rows; ++r)
         for (Index c = 0; c < cols; ++c)
           if (hd.f[r * ld() + c] == 0) T.row(r) += P(r, c) * V.row(c);
+    } else if (pan) {
+      pv_panel(hd, V, rows, cols);
     } else if (kQuantP) {
       T.noalias() = P * V;
     } else {

@@ -20,6 +20,7 @@
 #include "attnref/detail/engine/work.hpp"
 #include "attnref/detail/gemm_i8.hpp"
 #include "attnref/detail/simd.hpp"
+#include "attnref/detail/simd_panel.hpp"
 
 namespace attnref::detail {
 
@@ -86,6 +87,13 @@ struct Engine {
     return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
            rows <= kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1;
   }
+  /// Larger row blocks (prefill) on a hand-vectorised level use the register-blocked panel
+  /// kernels (simd_panel.hpp) instead of Eigen's GEMM: the keys of a tile packed once per head
+  /// and reused by every row block, no per-product packing of the other operand.
+  bool panel(Index rows) const {
+    return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
+           rows > kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1 && !i8();
+  }
   /// Per-worker scratch, sized once per call (O(tile), independent of sequence lengths).
   /// Aligned to Eigen's packet size: Eigen's vectorised reductions and exp peel unaligned heads
   /// in scalar code, so an address-dependent alignment would make the bits depend on which
@@ -98,6 +106,7 @@ struct Engine {
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
     std::vector<KvAffine> kdq, vdq;      // kv_dequant: the current tile's per-token maps
     AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
+    AlignedVector<Acc> kpanel;           // panel kernels: the tile's keys of one head, packed
     // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
     std::vector<std::uint8_t> q8, p8;
     std::vector<std::int8_t> kp, vp;
@@ -141,6 +150,9 @@ struct Engine {
     if (dequant()) {
       ws.kdq.resize(static_cast<size_t>(g.kv_tile));
       ws.vdq.resize(static_cast<size_t>(g.kv_tile));
+    }
+    if (panel(rows)) {
+      ws.kpanel.resize(static_cast<size_t>((g.kv_tile + 15) / 16 * 16 * g.head_size));
     }
     if (kQuantP) {
       ws.aux.resize(static_cast<size_t>(rows));
@@ -197,6 +209,25 @@ struct Engine {
     }
   }
 
+  /// Asks for the rows of kv head h, keys [j0, j1) of sequence `seq` in x (K or V, whose page
+  /// starts are `page`), to be brought into the second-level cache ahead of their use: the
+  /// panel kernels read each tile from memory once, and the products before it hide the wait.
+  void prefetch_rows(const StridedView<const TKV, 4>& x, const std::vector<const TKV*>& page,
+                     Index seq, Index h, Index j0, Index j1, Index width) const {
+#if defined(__GNUC__)
+    const Index first = pages.first[static_cast<size_t>(seq)];
+    const Index bytes = width * x.stride(3) * static_cast<Index>(sizeof(TKV));
+    for (Index j = j0; j < j1; ++j) {
+      const char* row =
+          reinterpret_cast<const char*>(page[static_cast<size_t>(first + j / pages.page_size)] +
+                                        (j % pages.page_size) * x.stride(1) + h * x.stride(2));
+      for (Index b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
+    }
+#else
+    (void)x, (void)page, (void)seq, (void)h, (void)j0, (void)j1, (void)width;
+#endif
+  }
+
   /// Calls f(j0, cols, tm) for every kv tile [j0, j0 + cols) of an item that is not fully
   /// masked (tm: TileMask None or Partial), after resolving its K / V rows (tile_rows).
   template <class F>
@@ -214,12 +245,14 @@ struct Engine {
   /// the storage is Acc with a contiguous head dimension and the rows are evenly spaced (one
   /// page, or adjacent pages), else converted once into `buf`. `dq` (kv_dequant: the tile's
   /// per-token maps, else null) converts element x of row c to (x + dq[c].offset) · dq[c].scale.
+  /// With `dense`, rows are mapped only when they are adjacent (row stride == width): the panel
+  /// kernels read a tile many times, and rows a large power of two apart share cache sets.
   ConstRowMap<Acc> kv_tile(const StridedView<const TKV, 4>& x, const std::vector<const TKV*>& row,
                            Index h, Index cols, Index width, AlignedVector<Acc>& buf,
-                           const KvAffine* dq = nullptr) const {
+                           const KvAffine* dq = nullptr, bool dense = false) const {
     const Index hs = h * x.stride(2);
     if constexpr (kMapK) {
-      bool even = x.stride(3) == 1 && dq == nullptr;
+      bool even = x.stride(3) == 1 && dq == nullptr && (!dense || x.stride(1) == width);
       for (Index c = 1; even && c < cols; ++c)
         even = row[static_cast<size_t>(c)] == row[0] + c * x.stride(1);
       if (even)
@@ -276,6 +309,10 @@ struct Engine {
   template <class RowOf>
   void scores_small(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
                     const RowOf& row_of) const;
+  /// The panel kernels: scores of head h against its keys packed into ws.kpanel; O += P·V of
+  /// one head over the tile's value rows `v` (mapped or converted by kv_tile).
+  void scores_panel(Workspace& ws, const Head& hd, Index rows, Index cols) const;
+  void pv_panel(const Head& hd, const ConstRowMap<Acc>& v, Index rows, Index cols) const;
   template <class RowOf>
   void pv_small(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
                 bool partial, const RowOf& row_of) const;
