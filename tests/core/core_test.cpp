@@ -247,6 +247,11 @@ TEST(Simd, SoftmaxExpMatchesDoubleAndTheScalarForm) {
       ASSERT_LE(std::abs(e[i] - want), 2 * std::numeric_limits<float>::epsilon() * want) << x[i];
     }
     EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum);
+    // NaN (an overflowed row's scores) stays NaN, in a vector lane and in the tail alike.
+    std::vector<float> n(19, -1.0f);
+    n[2] = n[17] = std::numeric_limits<float>::quiet_NaN();
+    attnref::detail::exp_shift_sum(simd::level(), n.data(), 19, 0.0f, nullptr);
+    EXPECT_TRUE(std::isnan(n[2]) && std::isnan(n[17]) && n[3] == n[18]);
   });
 }
 

@@ -29,6 +29,7 @@ inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073
 inline float exp_nonpositive(float x) {
   using namespace expf_consts;
   if (x < kLow) return 0.0f;
+  if (std::isnan(x)) return x;  // (the vector forms' lanes give NaN too)
   const float n = std::nearbyint(x * kLog2e);
   float r = std::fma(-n, kLn2Hi, x);
   r = std::fma(-n, kLn2Lo, r);

@@ -54,12 +54,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
     const bool partial = tm == TileMask::Partial;
     for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
       const Index h1 = h0 + step;
-      if (panel(rows))  // this tile's values, read after the scores and the softmax
-        prefetch_rows(in.v, pages.v, it.seq, h0, j0, j0 + cols, g.v_head_size);
       raw_scores(ws, it, h0, h1, rows, cols);
-      if (panel(rows))  // the next tile's keys, read after this tile's P·V
-        prefetch_rows(in.k, pages.k, it.seq, h0, j0 + cols,
-                      std::min(it.kv_end, j0 + cols + g.kv_tile), g.head_size);
       for (Index h = h0; h < h1; ++h) {
         const Head hd = head(ws, it, h);
         apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);

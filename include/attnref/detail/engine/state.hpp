@@ -209,25 +209,6 @@ struct Engine {
     }
   }
 
-  /// Asks for the rows of kv head h, keys [j0, j1) of sequence `seq` in x (K or V, whose page
-  /// starts are `page`), to be brought into the second-level cache ahead of their use: the
-  /// panel kernels read each tile from memory once, and the products before it hide the wait.
-  void prefetch_rows(const StridedView<const TKV, 4>& x, const std::vector<const TKV*>& page,
-                     Index seq, Index h, Index j0, Index j1, Index width) const {
-#if defined(__GNUC__)
-    const Index first = pages.first[static_cast<size_t>(seq)];
-    const Index bytes = width * x.stride(3) * static_cast<Index>(sizeof(TKV));
-    for (Index j = j0; j < j1; ++j) {
-      const char* row =
-          reinterpret_cast<const char*>(page[static_cast<size_t>(first + j / pages.page_size)] +
-                                        (j % pages.page_size) * x.stride(1) + h * x.stride(2));
-      for (Index b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
-    }
-#else
-    (void)x, (void)page, (void)seq, (void)h, (void)j0, (void)j1, (void)width;
-#endif
-  }
-
   /// Calls f(j0, cols, tm) for every kv tile [j0, j0 + cols) of an item that is not fully
   /// masked (tm: TileMask None or Partial), after resolving its K / V rows (tile_rows).
   template <class F>
