@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attnref/detail/engine/kernels.hpp"
 #include "attnref/detail/engine/state.hpp"
 #include "attnref/detail/gemm_i8.hpp"
 #include "attnref/detail/simd.hpp"
@@ -17,119 +18,17 @@
 namespace attnref::detail {
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
-template <class RowOf>
-void Engine<Acc, TQ, TKV, TO, TS, Variant>::scores_small(Workspace& ws, const WorkItem& it,
-                                                         Index h0, Index h1, Index rows, Index cols,
-                                                         const RowOf& row_of) const {
-  using X = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(Index{}, Index{}))>>;
-  simd::with_vector(level, [&](auto vec) {
-    using V = decltype(vec);
-    simd::with_rows(rows, [&](auto R) {
-      // Tokens per step: R * kTokens accumulators, at most half the vector registers.
-      constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
-      constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
-      Index c = 0;
-      for (; c + kTokens <= cols; c += kTokens)
-        for (Index h = h0; h < h1; ++h) {
-          const Head hd = head(ws, it, h);
-          const X* k[kTokens];
-          for (int t = 0; t < kTokens; ++t) k[t] = row_of(h, c + t);
-          simd::dot_rows<V, R(), kTokens>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
-        }
-      for (; c < cols; ++c)
-        for (Index h = h0; h < h1; ++h) {
-          const Head hd = head(ws, it, h);
-          const X* k[1] = {row_of(h, c)};
-          simd::dot_rows<V, R(), 1>(hd.q, g.head_size, k, g.head_size, hd.s + c, ld());
-        }
-    });
-  });
-}
-
-template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
-template <class RowOf>
-void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_small(Workspace& ws, const WorkItem& it, Index h0,
-                                                     Index h1, Index rows, Index cols, bool partial,
-                                                     const RowOf& row_of) const {
-  using X = std::remove_cv_t<std::remove_pointer_t<decltype(row_of(Index{}, Index{}))>>;
-  const Index dv = g.v_head_size;
-  auto seen_by = [&](const Head& hd, Index c) {
-    Index n = 0;
-    for (Index r = 0; r < rows; ++r) n += hd.f[r * ld() + c] == 0 ? 1 : 0;
-    return n;
-  };
-  simd::with_vector(level, [&](auto vec) {
-    using V = decltype(vec);
-    simd::with_rows(rows, [&](auto R) {
-      if (!partial) {  // every row sees every key: blocks of keys, the output in registers
-        constexpr Index kKeys = 16;  // the rows of a token-major page stay hot across the heads
-        const X* vk[kKeys];
-        for (Index c = 0; c < cols; c += kKeys) {
-          const Index n = std::min(kKeys, cols - c);
-          for (Index h = h0; h < h1; ++h) {
-            const Head hd = head(ws, it, h);
-            for (Index k = 0; k < n; ++k) vk[k] = row_of(h, c + k);
-            simd::axpy_rows_all<V, R()>(hd.s + c, ld(), vk, n, dv, hd.o, dv);
-          }
-        }
-        return;
-      }
-      for (Index c = 0; c < cols; c += 4) {
-        const Index n = std::min<Index>(4, cols - c);
-        for (Index h = h0; h < h1; ++h) {
-          const Head hd = head(ws, it, h);
-          bool all = n == 4;
-          for (Index k = 0; all && partial && k < 4; ++k) all = seen_by(hd, c + k) == rows;
-          if (all) {
-            const X* v4[4] = {row_of(h, c), row_of(h, c + 1), row_of(h, c + 2), row_of(h, c + 3)};
-            simd::axpy_rows_all<V, R()>(hd.s + c, ld(), v4, 4, dv, hd.o, dv);
-            continue;
-          }
-          for (Index k = c; k < c + n; ++k) {
-            const Index seen = partial ? seen_by(hd, k) : rows;
-            const X* v1[1] = {row_of(h, k)};
-            if (seen == rows) {
-              simd::axpy_rows_all<V, R()>(hd.s + k, ld(), v1, 1, dv, hd.o, dv);
-            } else if (seen > 0) {
-              for (Index r = 0; r < rows; ++r)
-                if (hd.f[r * ld() + k] == 0)
-                  simd::axpy_rows_all<V, 1>(hd.s + r * ld() + k, 0, v1, 1, dv, hd.o + r * dv, 0);
-            }
-          }
-        }
-      }
-    });
-  });
-}
-
-template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::scores_panel(Workspace& ws, const Head& hd, Index rows,
                                                          Index cols) const {
   if constexpr (std::is_same_v<Acc, float>) {
     const Index n = g.head_size, h = hd.kv_head;
-    simd::with_vector(level, [&](auto vec) {
-      using V = decltype(vec);
-      if (dequant()) {  // the head's keys dequantized into ws.k, then packed
-        kv_tile(in.k, ws.krow, h, cols, n, ws.k, ws.kdq.data());
-        simd::pack_keys<V>([&](Index c) { return ws.k.data() + c * n; }, cols, n, ws.kpanel.data());
-      } else {  // packed straight from the cache rows, converted on the way
-        const Index hs = h * in.k.stride(2);
-        simd::pack_keys<V>([&](Index c) { return ws.krow[static_cast<size_t>(c)] + hs; }, cols, n,
-                           ws.kpanel.data());
-      }
-      simd::panel_scores<V>(hd.q, n, rows, ws.kpanel.data(), cols, n, hd.s, ld());
-    });
-  }
-}
-
-template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
-void Engine<Acc, TQ, TKV, TO, TS, Variant>::pv_panel(const Head& hd, const ConstRowMap<Acc>& v,
-                                                     Index rows, Index cols) const {
-  if constexpr (std::is_same_v<Acc, float>) {
-    simd::with_vector(level, [&](auto vec) {
-      simd::panel_pv<decltype(vec)>(hd.s, ld(), rows, v.data(), v.outerStride(), cols,
-                                    g.v_head_size, hd.o, g.v_head_size);
-    });
+    if (dequant()) {  // the head's keys dequantized into ws.k, then packed
+      kv_tile(in.k, ws.krow, h, cols, n, ws.k, ws.kdq.data());
+      kernels::pack_key_panel(level, dense_rows(ws.k, n), h, cols, n, ws.kpanel.data());
+    } else {  // packed straight from the cache rows, converted on the way
+      kernels::pack_key_panel(level, cache_rows(ws.krow, in.k), h, cols, n, ws.kpanel.data());
+    }
+    kernels::panel_scores(level, hd.q, n, rows, ws.kpanel.data(), cols, n, hd.s, ld());
   }
 }
 
@@ -141,13 +40,11 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
       if (dequant()) {  // each head's keys dequantized into ws.k, then streamed
         for (Index h = h0; h < h1; ++h) {
           kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, ws.kdq.data());
-          scores_small(ws, it, h, h + 1, rows, cols,
-                       [&](Index, Index c) -> const Acc* { return ws.k.data() + c * g.head_size; });
+          kernels::small_scores(level, block(ws, it, h, h + 1, rows, cols),
+                                dense_rows(ws.k, g.head_size));
         }
       } else {
-        scores_small(ws, it, h0, h1, rows, cols, [&](Index h, Index c) {
-          return ws.krow[static_cast<size_t>(c)] + h * in.k.stride(2);
-        });
+        kernels::small_scores(level, block(ws, it, h0, h1, rows, cols), cache_rows(ws.krow, in.k));
       }
     }
     return;
@@ -190,13 +87,12 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
       if (dequant()) {  // each head's values dequantized into ws.v, then streamed
         for (Index h = h0; h < h1; ++h) {
           kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, ws.vdq.data());
-          pv_small(ws, it, h, h + 1, rows, cols, partial,
-                   [&](Index, Index c) -> const Acc* { return ws.v.data() + c * dv; });
+          kernels::small_pv(level, block(ws, it, h, h + 1, rows, cols), partial,
+                            dense_rows(ws.v, dv));
         }
       } else {
-        pv_small(ws, it, h0, h1, rows, cols, partial, [&](Index h, Index c) {
-          return ws.vrow[static_cast<size_t>(c)] + h * in.v.stride(2);
-        });
+        kernels::small_pv(level, block(ws, it, h0, h1, rows, cols), partial,
+                          cache_rows(ws.vrow, in.v));
       }
     }
     return;
@@ -236,7 +132,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
         for (Index c = 0; c < cols; ++c)
           if (hd.f[r * ld() + c] == 0) T.row(r) += P(r, c) * V.row(c);
     } else if (pan) {
-      pv_panel(hd, V, rows, cols);
+      if constexpr (std::is_same_v<Acc, float>)
+        kernels::panel_pv(level, hd.s, ld(), rows, V.data(), V.outerStride(), cols, dv, hd.o, dv);
     } else if (kQuantP) {
       T.noalias() = P * V;
     } else {

@@ -16,6 +16,7 @@
 #include "attnref/core/softmax.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/detail/engine/kernels.hpp"
 #include "attnref/detail/engine/rows.hpp"
 #include "attnref/detail/engine/work.hpp"
 #include "attnref/detail/gemm_i8.hpp"
@@ -285,18 +286,24 @@ struct Engine {
   void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
                      bool partial) const;
 
-  /// The small-row kernels: scores / P·V of heads [h0, h1) streaming the K / V rows
-  /// row_of(h, c) (the input's, or the tile dequantized into the workspace).
-  template <class RowOf>
-  void scores_small(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
-                    const RowOf& row_of) const;
-  /// The panel kernels: scores of head h against its keys packed into ws.kpanel; O += P·V of
-  /// one head over the tile's value rows `v` (mapped or converted by kv_tile).
+  /// The panel kernels: scores of head h against its keys packed into ws.kpanel (the P·V
+  /// product calls kernels::panel_pv on the tile's value rows from kv_tile).
   void scores_panel(Workspace& ws, const Head& hd, Index rows, Index cols) const;
-  void pv_panel(const Head& hd, const ConstRowMap<Acc>& v, Index rows, Index cols) const;
-  template <class RowOf>
-  void pv_small(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
-                bool partial, const RowOf& row_of) const;
+  /// The heads [h0, h1) of an item as the small-row kernels see them (Acc float only).
+  kernels::HeadBlock block(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
+                           Index cols) const {
+    const Head hd = head(ws, it, h0);
+    return {h0, h1, rows, cols, hd.q, g.head_size, hd.s, hd.f, ld(), hd.o, g.v_head_size};
+  }
+  /// The current tile's K or V rows in the cache (ws.krow / ws.vrow of `x`), or dense in a
+  /// workspace buffer of row stride `width` (the tile dequantized by kv_tile).
+  static kernels::TileRows<TKV> cache_rows(const std::vector<const TKV*>& row,
+                                           const StridedView<const TKV, 4>& x) {
+    return {row.data(), x.stride(2), nullptr, 0};
+  }
+  static kernels::TileRows<Acc> dense_rows(const AlignedVector<Acc>& buf, Index width) {
+    return {nullptr, 0, buf.data(), width};
+  }
 
   // The P stage: mask / transform hooks, online softmax, the rounded-P second pass
   // (engine/p_stage.hpp).

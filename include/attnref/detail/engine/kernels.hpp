@@ -1,0 +1,168 @@
+#pragma once
+/// The engine's hand-vectorised float products as free functions of the element type alone:
+/// the small-row kernels (decode: K / V rows streamed token by token across the heads) and the
+/// key packing of the panel kernels. They depend on no operator's variant or output type, so a
+/// program compiles each once per stored element type (float, fp16, bf16, int8), not once per
+/// engine instantiation; they are kept out of line for the same reason.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attnref/core/types.hpp"
+#include "attnref/detail/simd.hpp"
+#include "attnref/detail/simd_panel.hpp"
+
+#if defined(__GNUC__)
+#define ATTNREF_NOINLINE __attribute__((noinline))
+#else
+#define ATTNREF_NOINLINE
+#endif
+
+namespace attnref::detail::kernels {
+
+/// The K or V rows of one kv tile: the cache's own (row[c]: key c's row of kv head 0, head h
+/// at + h·head_stride, any paging and layout), or one head's rows dense in a buffer (base +
+/// c·ld: the tile dequantized into the workspace; the head argument is then ignored).
+template <class X>
+struct TileRows {
+  const X* const* row = nullptr;
+  Index head_stride = 0;
+  const X* base = nullptr;
+  Index ld = 0;
+  const X* operator()(Index h, Index c) const {
+    return row != nullptr ? row[c] + h * head_stride : base + c * ld;
+  }
+};
+
+/// Consecutive kv heads [h0, h1) of a work item in the workspace, `rows` rows each: head h's
+/// q rows (n elements, stride n) at q + (h - h0)·rows·n, its scores and mask flags (row stride
+/// ld) at s / f + (h - h0)·rows·ld, its output rows (dv elements, stride dv) at o + (h - h0)·
+/// rows·dv.
+struct HeadBlock {
+  Index h0, h1, rows, cols;
+  const float* q;
+  Index n;
+  float* s;
+  const std::uint8_t* f;
+  Index ld;
+  float* o;
+  Index dv;
+  const float* q_of(Index h) const { return q + (h - h0) * rows * n; }
+  float* s_of(Index h) const { return s + (h - h0) * rows * ld; }
+  const std::uint8_t* f_of(Index h) const { return f + (h - h0) * rows * ld; }
+  float* o_of(Index h) const { return o + (h - h0) * rows * dv; }
+};
+
+/// Raw scores q·k of every head of the block against keys [0, cols): kTokens keys per step,
+/// every head of the step before the next (the heads of a token-major page stay hot).
+template <class X>
+ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const TileRows<X>& k) {
+  simd::with_vector(level, [&](auto vec) {
+    using V = decltype(vec);
+    simd::with_rows(b.rows, [&](auto R) {
+      // Tokens per step: R * kTokens accumulators, at most half the vector registers.
+      constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
+      constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
+      Index c = 0;
+      for (; c + kTokens <= b.cols; c += kTokens)
+        for (Index h = b.h0; h < b.h1; ++h) {
+          const X* kt[kTokens];
+          for (int t = 0; t < kTokens; ++t) kt[t] = k(h, c + t);
+          simd::dot_rows<V, R(), kTokens>(b.q_of(h), b.n, kt, b.n, b.s_of(h) + c, b.ld);
+        }
+      for (; c < b.cols; ++c)
+        for (Index h = b.h0; h < b.h1; ++h) {
+          const X* kt[1] = {k(h, c)};
+          simd::dot_rows<V, R(), 1>(b.q_of(h), b.n, kt, b.n, b.s_of(h) + c, b.ld);
+        }
+    });
+  });
+}
+
+/// O += P·V for every head of the block over value rows [0, cols). A key masked for a row
+/// (flag set, `partial` tiles only) is never read for that row.
+template <class X>
+ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool partial,
+                               const TileRows<X>& v) {
+  const Index rows = b.rows, ld = b.ld, dv = b.dv;
+  auto seen_by = [&](const std::uint8_t* f, Index c) {
+    Index n = 0;
+    for (Index r = 0; r < rows; ++r) n += f[r * ld + c] == 0 ? 1 : 0;
+    return n;
+  };
+  simd::with_vector(level, [&](auto vec) {
+    using V = decltype(vec);
+    simd::with_rows(rows, [&](auto R) {
+      if (!partial) {  // every row sees every key: blocks of keys, the output in registers
+        constexpr Index kKeys = 16;  // the rows of a token-major page stay hot across the heads
+        const X* vk[kKeys];
+        for (Index c = 0; c < b.cols; c += kKeys) {
+          const Index n = std::min(kKeys, b.cols - c);
+          for (Index h = b.h0; h < b.h1; ++h) {
+            for (Index k = 0; k < n; ++k) vk[k] = v(h, c + k);
+            simd::axpy_rows_all<V, R()>(b.s_of(h) + c, ld, vk, n, dv, b.o_of(h), dv);
+          }
+        }
+        return;
+      }
+      for (Index c = 0; c < b.cols; c += 4) {
+        const Index n = std::min<Index>(4, b.cols - c);
+        for (Index h = b.h0; h < b.h1; ++h) {
+          const float* s = b.s_of(h);
+          const std::uint8_t* f = b.f_of(h);
+          float* o = b.o_of(h);
+          bool all = n == 4;
+          for (Index k = 0; all && k < 4; ++k) all = seen_by(f, c + k) == rows;
+          if (all) {
+            const X* v4[4] = {v(h, c), v(h, c + 1), v(h, c + 2), v(h, c + 3)};
+            simd::axpy_rows_all<V, R()>(s + c, ld, v4, 4, dv, o, dv);
+            continue;
+          }
+          for (Index k = c; k < c + n; ++k) {
+            const Index seen = seen_by(f, k);
+            const X* v1[1] = {v(h, k)};
+            if (seen == rows) {
+              simd::axpy_rows_all<V, R()>(s + k, ld, v1, 1, dv, o, dv);
+            } else if (seen > 0) {
+              for (Index r = 0; r < rows; ++r)
+                if (f[r * ld + k] == 0)
+                  simd::axpy_rows_all<V, 1>(s + r * ld + k, 0, v1, 1, dv, o + r * dv, 0);
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+/// Packs the keys [0, cols) of kv head h (n elements each) into `panel` for the panel score
+/// kernel (simd::pack_keys: transposed in blocks of one vector of keys, converted to float).
+template <class X>
+ATTNREF_NOINLINE void pack_key_panel(simd::Level level, const TileRows<X>& k, Index h, Index cols,
+                                     Index n, float* panel) {
+  simd::with_vector(level, [&](auto vec) {
+    simd::pack_keys<decltype(vec)>([&](Index c) { return k(h, c); }, cols, n, panel);
+  });
+}
+
+/// S = Q·Kᵀ of `rows` rows of q (stride ldq, n elements) against a packed key panel of `cols`
+/// keys (simd::panel_scores), scores at s with row stride lds.
+ATTNREF_NOINLINE inline void panel_scores(simd::Level level, const float* q, Index ldq, Index rows,
+                                          const float* panel, Index cols, Index n, float* s,
+                                          Index lds) {
+  simd::with_vector(level, [&](auto vec) {
+    simd::panel_scores<decltype(vec)>(q, ldq, rows, panel, cols, n, s, lds);
+  });
+}
+
+/// o += P·V of `rows` rows of p (stride ldp) and `cols` float value rows (row c at v + c·ldv,
+/// n elements), output stride ldo (simd::panel_pv).
+ATTNREF_NOINLINE inline void panel_pv(simd::Level level, const float* p, Index ldp, Index rows,
+                                      const float* v, Index ldv, Index cols, Index n, float* o,
+                                      Index ldo) {
+  simd::with_vector(level, [&](auto vec) {
+    simd::panel_pv<decltype(vec)>(p, ldp, rows, v, ldv, cols, n, o, ldo);
+  });
+}
+
+}  // namespace attnref::detail::kernels
