@@ -31,27 +31,6 @@ using Seqs = std::vector<std::vector<double>>;  // one dense array per batch
 
 constexpr double kNotCandidate = -std::numeric_limits<double>::infinity();
 
-// Softmax over the candidate scores (kNotCandidate: not one) times V; adds into o[0..dv).
-// value_row(j) points at key j's value row. Returns false when there is no candidate. A NaN
-// score (NaN read from an input) propagates to the output.
-template <class ValueRow>
-bool softmax_pv(const std::vector<double>& s, int dv, ValueRow&& value_row, double* o) {
-  double mx = kNotCandidate;
-  for (double x : s)
-    if (x != kNotCandidate) mx = std::isnan(x) || std::isnan(mx) ? std::nan("") : std::max(mx, x);
-  if (mx == kNotCandidate) return false;
-  double sum = 0.0;
-  for (double x : s)
-    if (x != kNotCandidate) sum += std::exp(x - mx);
-  for (size_t j = 0; j < s.size(); ++j) {
-    if (s[j] == kNotCandidate) continue;
-    const double p = std::exp(s[j] - mx) / sum;
-    const double* v = value_row(static_cast<int>(j));
-    for (int e = 0; e < dv; ++e) o[e] += p * v[e];
-  }
-  return true;
-}
-
 struct Pfa {
   int num_heads = 1, num_kv_heads = 1, head_size = 1, v_head_size = 1;
   std::vector<int> q_len, kv_len;  // S1_b, S2_b
@@ -82,39 +61,7 @@ struct Pfa {
 };
 
 // q[b]: [S1_b][N][D], k[b]: [S2_b][KV_N][D], v[b]: [S2_b][KV_N][Dv]. Returns [S1_b][N][Dv].
-inline Seqs pfa(const Pfa& pr, const Seqs& q, const Seqs& k, const Seqs& v) {
-  const int N = pr.num_heads, G = N / pr.num_kv_heads, D = pr.head_size, Dv = pr.v_head_size;
-  const int KVN = pr.num_kv_heads;
-  Seqs o(q.size());
-  for (size_t bi = 0; bi < q.size(); ++bi) {
-    const int b = static_cast<int>(bi), S1 = pr.q_len[bi], S2 = pr.kv_len[bi];
-    o[bi].assign(static_cast<size_t>(S1) * N * Dv, 0.0);
-    const bool user = pr.mask && (pr.sparse_mode == 0 || pr.sparse_mode == 1);
-    for (int h = 0; h < N; ++h) {
-      const int hk = h / G;
-      for (int i = 0; i < S1; ++i) {
-        std::vector<double> s(static_cast<size_t>(S2), kNotCandidate);
-        for (int j = 0; j < S2; ++j) {
-          if (pr.excluded(b, i, j)) continue;
-          const bool masked = user && pr.mask(b, i, j);
-          if (masked && (pr.inner_precise & 2)) continue;
-          double dot = 0.0;
-          for (int d = 0; d < D; ++d)
-            dot += q[bi][(static_cast<size_t>(i) * N + h) * D + d] *
-                   k[bi][(static_cast<size_t>(j) * KVN + hk) * D + d];
-          const double p = pr.pse ? pr.pse(b, h, i, j) : 0.0;
-          double x = pr.add_then_scale ? (dot + p) * pr.scale : dot * pr.scale + p;
-          if (masked) x = -static_cast<double>(FLT_MAX);
-          s[static_cast<size_t>(j)] = x;
-        }
-        softmax_pv(
-            s, Dv, [&](int j) { return &v[bi][(static_cast<size_t>(j) * KVN + hk) * Dv]; },
-            &o[bi][(static_cast<size_t>(i) * N + h) * Dv]);
-      }
-    }
-  }
-  return o;
-}
+Seqs pfa(const Pfa& pr, const Seqs& q, const Seqs& k, const Seqs& v);
 
 struct Ifa {
   int num_heads = 1, num_kv_heads = 1, head_size = 1;
@@ -126,32 +73,7 @@ struct Ifa {
 };
 
 // q[b]: [N][D], k[b], v[b]: [L_b][KV_N][D] (dequantized). Returns [B][N][D].
-inline Seqs ifa(const Ifa& pr, const Seqs& q, const Seqs& k, const Seqs& v) {
-  const int N = pr.num_heads, KVN = pr.num_kv_heads, G = N / KVN, D = pr.head_size;
-  Seqs o(q.size());
-  for (size_t bi = 0; bi < q.size(); ++bi) {
-    const int b = static_cast<int>(bi), L = pr.kv_len[bi];
-    o[bi].assign(static_cast<size_t>(N) * D, 0.0);
-    for (int h = 0; h < N; ++h) {
-      const int hk = h / G;
-      std::vector<double> s(static_cast<size_t>(L));
-      for (int j = 0; j < L; ++j) {
-        double dot = 0.0;
-        for (int d = 0; d < D; ++d)
-          dot += q[bi][static_cast<size_t>(h) * D + d] *
-                 k[bi][(static_cast<size_t>(j) * KVN + hk) * D + d];
-        const double p = pr.pse ? pr.pse(b, h, j) : 0.0;
-        double x = pr.add_then_scale ? (dot + p) * pr.scale : dot * pr.scale + p;
-        if (pr.mask && pr.mask(b, j)) x = -1e12;
-        s[static_cast<size_t>(j)] = x;
-      }
-      softmax_pv(
-          s, D, [&](int j) { return &v[bi][(static_cast<size_t>(j) * KVN + hk) * D]; },
-          &o[bi][static_cast<size_t>(h) * D]);
-    }
-  }
-  return o;
-}
+Seqs ifa(const Ifa& pr, const Seqs& q, const Seqs& k, const Seqs& v);
 
 // IFA antiquant: x = (x8 + offset[c]) · scale[c], c a channel kvHead · D + d (per tensor: one
 // value); `offset` empty: 0. Exact in double.

@@ -41,88 +41,26 @@ struct Batch {
 
 /// Softmax attention of query (token i, head h) over the positions flagged in `visible`
 /// (ascending), out[0, Dv) accumulated in double; all zero when nothing is visible.
-inline void attend(const Problem& pr, const Batch& b, int i, int h,
-                   const std::vector<char>& visible, double* out) {
-  const int G = pr.N / pr.KVN, g = h / G;
-  const double* qv = b.q.data() + (static_cast<size_t>(i) * pr.N + h) * pr.Dqk;
-  std::vector<long> pos;
-  std::vector<double> s;
-  for (long t = 0; t < b.sel; ++t) {
-    if (!visible[static_cast<size_t>(t)]) continue;
-    const double* kv = b.k.data() + (static_cast<size_t>(t) * pr.KVN + g) * pr.Dqk;
-    double dot = 0.0;
-    for (int x = 0; x < pr.Dqk; ++x) dot += qv[x] * kv[x];
-    pos.push_back(t);
-    s.push_back(dot * pr.scale);
-  }
-  for (int x = 0; x < pr.Dv; ++x) out[x] = 0.0;
-  if (pos.empty()) return;
-  const double mx = *std::max_element(s.begin(), s.end());
-  double sum = 0.0;
-  for (double& e : s) sum += (e = std::exp(e - mx));
-  for (size_t j = 0; j < pos.size(); ++j) {
-    const double p = s[j] / sum;
-    const double* vv = b.v.data() + (static_cast<size_t>(pos[j]) * pr.KVN + g) * pr.Dv;
-    for (int x = 0; x < pr.Dv; ++x) out[x] += p * vv[x];
-  }
-}
+void attend(const Problem& pr, const Batch& b, int i, int h, const std::vector<char>& visible,
+            double* out);
 
 /// L_i: the raw positions [0, L_i) token i may see (can be <= 0 when sel < q_len).
 inline long visible_length(const Batch& b, int i) { return b.sel - (b.q_len - 1 - i); }
 
 /// The raw positions of keys(i, g) as flags over [0, sel).
-inline std::vector<char> selected_keys(const Problem& pr, const Batch& b, int i, int g) {
-  std::vector<char> vis(static_cast<size_t>(std::max(0L, b.sel)), 0);
-  const long L = visible_length(b, i);
-  for (long e = 0; e < pr.k; ++e) {
-    const std::int32_t j = b.topk[(static_cast<size_t>(i) * pr.KVN + g) * pr.k + e];
-    if (j == -1) continue;
-    const long begin = j * pr.ls, end = std::min((j + 1) * pr.ls, L);
-    for (long t = begin; t < end; ++t) vis[static_cast<size_t>(t)] = 1;
-  }
-  return vis;
-}
+std::vector<char> selected_keys(const Problem& pr, const Batch& b, int i, int g);
 
 /// The selected branch: [q_len][N][Dv] (not rounded).
-inline std::vector<double> selected(const Problem& pr, const Batch& b) {
-  const int G = pr.N / pr.KVN;
-  std::vector<double> out(static_cast<size_t>(b.q_len) * pr.N * pr.Dv, 0.0);
-  for (int i = 0; i < b.q_len; ++i)
-    for (int h = 0; h < pr.N; ++h)
-      attend(pr, b, i, h, selected_keys(pr, b, i, h / G),
-             out.data() + (static_cast<size_t>(i) * pr.N + h) * pr.Dv);
-  return out;
-}
+std::vector<double> selected(const Problem& pr, const Batch& b);
 
 /// The raw positions token i sees through a window of w: (t - w, t] within [0, sel).
-inline std::vector<char> window_keys(const Batch& b, int i, long w) {
-  std::vector<char> vis(static_cast<size_t>(std::max(0L, b.sel)), 0);
-  const long t = b.sel - b.q_len + i;
-  for (long x = std::max(0L, t - w + 1); x <= t && x < b.sel; ++x) vis[static_cast<size_t>(x)] = 1;
-  return vis;
-}
+std::vector<char> window_keys(const Batch& b, int i, long w);
 
 /// The window branch: [q_len][N][Dv] (not rounded). w >= sel is plain causal attention.
-inline std::vector<double> window(const Problem& pr, const Batch& b, long w) {
-  std::vector<double> out(static_cast<size_t>(b.q_len) * pr.N * pr.Dv, 0.0);
-  for (int i = 0; i < b.q_len; ++i) {
-    const std::vector<char> vis = window_keys(b, i, w);
-    for (int h = 0; h < pr.N; ++h)
-      attend(pr, b, i, h, vis, out.data() + (static_cast<size_t>(i) * pr.N + h) * pr.Dv);
-  }
-  return out;
-}
+std::vector<double> window(const Problem& pr, const Batch& b, long w);
 
 /// out[r][h][x] = g0 * a + g1 * b + g2 * c, gates [rows][N][3], branches [rows][N][Dv].
-inline std::vector<double> gated_sum(const std::vector<double>& gates, const std::vector<double>& a,
-                                     const std::vector<double>& b, const std::vector<double>& c,
-                                     long Dv) {
-  std::vector<double> out(a.size(), 0.0);
-  for (size_t e = 0; e < a.size(); ++e) {
-    const double* g = gates.data() + (e / static_cast<size_t>(Dv)) * 3;
-    out[e] = g[0] * a[e] + g[1] * b[e] + g[2] * c[e];
-  }
-  return out;
-}
+std::vector<double> gated_sum(const std::vector<double>& gates, const std::vector<double>& a,
+                              const std::vector<double>& b, const std::vector<double>& c, long Dv);
 
 }  // namespace ref::nsa_select
