@@ -25,6 +25,14 @@
 #include <immintrin.h>
 #endif
 
+/// The vector traits' one-instruction members are always inlined, also at -O0 (the sanitizer
+/// build), where each would otherwise be a call around a single instruction.
+#if defined(__GNUC__)
+#define ATTNREF_SIMD_OP __attribute__((always_inline))
+#else
+#define ATTNREF_SIMD_OP
+#endif
+
 namespace attnref::detail::simd {
 
 enum class Level { Portable = 0, Avx2 = 1, Avx512 = 2 };
@@ -76,37 +84,37 @@ inline bool enabled() { return level() != Level::Portable; }
 struct V8 {
   using reg = __m256;
   static constexpr int kWidth = 8;
-  static reg zero() { return _mm256_setzero_ps(); }
-  static reg set1(float x) { return _mm256_set1_ps(x); }
-  static reg load(const float* p) { return _mm256_loadu_ps(p); }
-  static reg load(const half* p) {
+  ATTNREF_SIMD_OP static reg zero() { return _mm256_setzero_ps(); }
+  ATTNREF_SIMD_OP static reg set1(float x) { return _mm256_set1_ps(x); }
+  ATTNREF_SIMD_OP static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  ATTNREF_SIMD_OP static reg load(const half* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static reg load(const bfloat16* p) {
+  ATTNREF_SIMD_OP static reg load(const bfloat16* p) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
   }
-  static reg load(const std::int8_t* p) {
+  ATTNREF_SIMD_OP static reg load(const std::int8_t* p) {
     return _mm256_cvtepi32_ps(
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
-  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
-  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
-  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
-  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
-  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
-  static reg fnmadd(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }
-  static reg round(reg a) {  // to the nearest integer, ties to even
+  ATTNREF_SIMD_OP static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  ATTNREF_SIMD_OP static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  ATTNREF_SIMD_OP static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  ATTNREF_SIMD_OP static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  ATTNREF_SIMD_OP static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  ATTNREF_SIMD_OP static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  ATTNREF_SIMD_OP static reg fnmadd(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }
+  ATTNREF_SIMD_OP static reg round(reg a) {  // to the nearest integer, ties to even
     return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
-  static float sum(reg v) {
+  ATTNREF_SIMD_OP static float sum(reg v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
   }
   /// The four sums of a, b, c, d, stored to out[0..3] (three horizontal adds for the four).
-  static void sum4(reg a, reg b, reg c, reg d, float* out) {
+  ATTNREF_SIMD_OP static void sum4(reg a, reg b, reg c, reg d, float* out) {
     const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
   }
@@ -117,37 +125,37 @@ struct V8 {
 struct V16 {
   using reg = __m512;
   static constexpr int kWidth = 16;
-  static reg zero() { return _mm512_setzero_ps(); }
-  static reg set1(float x) { return _mm512_set1_ps(x); }
-  static reg load(const float* p) { return _mm512_loadu_ps(p); }
-  static reg load(const half* p) {
+  ATTNREF_SIMD_OP static reg zero() { return _mm512_setzero_ps(); }
+  ATTNREF_SIMD_OP static reg set1(float x) { return _mm512_set1_ps(x); }
+  ATTNREF_SIMD_OP static reg load(const float* p) { return _mm512_loadu_ps(p); }
+  ATTNREF_SIMD_OP static reg load(const half* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static reg load(const bfloat16* p) {
+  ATTNREF_SIMD_OP static reg load(const bfloat16* p) {
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
   }
-  static reg load(const std::int8_t* p) {
+  ATTNREF_SIMD_OP static reg load(const std::int8_t* p) {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
-  static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
-  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
-  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
-  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
-  static reg fnmadd(reg a, reg b, reg c) { return _mm512_fnmadd_ps(a, b, c); }
-  static reg round(reg a) {
+  ATTNREF_SIMD_OP static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  ATTNREF_SIMD_OP static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
+  ATTNREF_SIMD_OP static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  ATTNREF_SIMD_OP static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
+  ATTNREF_SIMD_OP static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
+  ATTNREF_SIMD_OP static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
+  ATTNREF_SIMD_OP static reg fnmadd(reg a, reg b, reg c) { return _mm512_fnmadd_ps(a, b, c); }
+  ATTNREF_SIMD_OP static reg round(reg a) {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
-  static float sum(reg v) {
+  ATTNREF_SIMD_OP static float sum(reg v) {
     const __m256 lo = _mm512_castps512_ps256(v);
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return V8::sum(_mm256_add_ps(lo, hi));
   }
   /// The four sums of a, b, c, d, stored to out[0..3]: the halves added first, then V8's.
-  static void sum4(reg a, reg b, reg c, reg d, float* out) {
+  ATTNREF_SIMD_OP static void sum4(reg a, reg b, reg c, reg d, float* out) {
     const auto half_sum = [](reg v) {
       return _mm256_add_ps(_mm512_castps512_ps256(v),
                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
