@@ -278,7 +278,7 @@ struct Engine {
   // The score and P·V products (engine/products.hpp).
   /// Raw scores q·k of one tile for heads [h0, h1) of an item. Small row blocks stream the keys
   /// token by token across the heads (contiguous memory in token-major caches) through the
-  /// hand-vectorised kernels; larger ones use one Eigen GEMM per head.
+  /// hand-vectorised kernels; larger ones the int8, panel or (portable level) Eigen GEMM modes.
   void raw_scores(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
                   Index cols) const;
   /// O += P·V for heads [h0, h1) and one tile. A position masked for a row is never read for
