@@ -20,12 +20,14 @@ std::vector<std::vector<double>> atb_self_attention(const AtbSelfAttention& pr,
     for (int h = 0; h < N; ++h) {
       const int hk = h / G;
       for (int i = 0; i < L; ++i) {
+        std::vector<double> qi(D);  // q * qScale, rounded to the data type
+        for (int d = 0; d < D; ++d)
+          qi[d] = pr.to_dtype(q[b][(static_cast<size_t>(i) * N + h) * D + d] * pr.q_scale);
         std::vector<double> s(KL);
         for (int j = 0; j < KL; ++j) {
           double dot = 0.0;
           for (int d = 0; d < D; ++d)
-            dot += pr.to_dtype(q[b][(static_cast<size_t>(i) * N + h) * D + d] * pr.q_scale) *
-                   k[b][(static_cast<size_t>(j) * Nk + hk) * D + d];
+            dot += qi[d] * k[b][(static_cast<size_t>(j) * Nk + hk) * D + d];
           double x = dot;
           const double log_n =
               pr.log_n.empty()
