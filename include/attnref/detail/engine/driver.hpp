@@ -52,12 +52,16 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
   }
   for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
     const bool partial = tm == TileMask::Partial;
+    if (!kTwoPass && panel(rows)) {  // both products and the P stage, row block by row block
+      for (Index h = it.head_begin; h < it.head_end; ++h) panel_tile(ws, it, si, h, j0, cols, tm);
+      return;
+    }
     for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
       const Index h1 = h0 + step;
       raw_scores(ws, it, h0, h1, rows, cols);
       for (Index h = h0; h < h1; ++h) {
         const Head hd = head(ws, it, h);
-        apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
+        apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, 0, rows);
         if constexpr (kTwoPass)
           for (Index r = 0; r < rows; ++r) {
             const size_t at =
@@ -68,7 +72,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
               std::copy_n(hd.f + r * ld(), cols,
                           ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at));
           }
-        softmax_update(hd, si, rows, cols, partial, it.q_begin, nq, j0);
+        softmax_update(hd, si, 0, rows, cols, partial, it.q_begin, nq, j0);
       }
       if constexpr (!kTwoPass) accumulate_pv(ws, it, h0, h1, rows, cols, partial);
     }
@@ -126,7 +130,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::write_probs(Workspace& ws, const Wor
     }
     for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
       raw_scores(ws, it, hkv, hkv + 1, rows, cols);
-      apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm);
+      apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, 0, rows);
       for (Index r = 0; r < rows; ++r) {
         const SoftmaxState<Acc>& st = hd.st[r];
         if (st.l == Acc(0) && !st.undefined()) continue;

@@ -47,17 +47,16 @@ Acc exp_shift_sum(simd::Level level, Acc* x, Index n, Acc m, const std::uint8_t*
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const SeqInfo& si, Index q0,
-                                                        Index nq, Index j0, Index cols,
-                                                        TileMask tm) const {
-  const Index rows = g.group * nq;
+                                                        Index nq, Index j0, Index cols, TileMask tm,
+                                                        Index r0, Index r1) const {
   const bool partial = tm == TileMask::Partial;
   // (a q_transform row constant is added to the visible scores just before transform())
   const bool transform = var.has_transform() || hd.qb != nullptr;
   if (!partial && !transform) {  // every position visible, raw scores used as they are
-    for (Index r = 0; r < rows; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
+    for (Index r = r0; r < r1; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
     return;
   }
-  for (Index r = 0; r < rows; ++r) {
+  for (Index r = r0; r < r1; ++r) {
     const Index gi = r / nq;
     const Index i = q0 + r % nq;
     Acc* srow = hd.s + r * ld();
@@ -144,10 +143,11 @@ bool Engine<Acc, TQ, TKV, TO, TS, Variant>::tile_has_visible(const Head& hd, Ind
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::softmax_update(const Head& hd, const SeqInfo& si,
-                                                           Index rows, Index cols, bool partial,
-                                                           Index q0, Index nq, Index j0) const {
+                                                           Index r0, Index r1, Index cols,
+                                                           bool partial, Index q0, Index nq,
+                                                           Index j0) const {
   const Index dv = g.v_head_size;
-  for (Index r = 0; r < rows; ++r) {
+  for (Index r = r0; r < r1; ++r) {
     Acc* srow = hd.s + r * ld();
     ArrayMap<Acc> row(srow, cols);
     SoftmaxState<Acc>& st = hd.st[r];

@@ -18,8 +18,8 @@
 namespace attnref::detail {
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
-void Engine<Acc, TQ, TKV, TO, TS, Variant>::scores_panel(Workspace& ws, const Head& hd, Index rows,
-                                                         Index cols) const {
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::pack_panel(Workspace& ws, const Head& hd,
+                                                       Index cols) const {
   if constexpr (std::is_same_v<Acc, float>) {
     const Index n = g.head_size, h = hd.kv_head;
     if (dequant()) {  // the head's keys dequantized into ws.k, then packed
@@ -28,7 +28,42 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::scores_panel(Workspace& ws, const He
     } else {  // packed straight from the cache rows, converted on the way
       kernels::pack_key_panel(level, cache_rows(ws.krow, in.k), h, cols, n, ws.kpanel.data());
     }
-    kernels::panel_scores(level, hd.q, n, rows, ws.kpanel.data(), cols, n, hd.s, ld());
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const WorkItem& it,
+                                                       const SeqInfo& si, Index h, Index j0,
+                                                       Index cols, TileMask tm) const {
+  if constexpr (std::is_same_v<Acc, float>) {
+    const Head hd = head(ws, it, h);
+    const Index n = g.head_size, dv = g.v_head_size, nq = it.q_end - it.q_begin;
+    const Index rows = g.group * nq;
+    const bool partial = tm == TileMask::Partial;
+    pack_panel(ws, hd, cols);
+    // Value rows adjacent in memory (mapped, or converted / dequantized into ws.v).
+    const auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr,
+                           /*dense=*/true);
+    // A masked position is never read for its row: with a non-finite value in the tile, a
+    // partial tile takes the row-by-row product, which skips masked keys (0 · NaN is NaN).
+    const bool guarded = partial && !V.allFinite();
+    for (Index r0 = 0; r0 < rows; r0 += kPanelRows) {
+      const Index r1 = std::min(rows, r0 + kPanelRows);
+      kernels::panel_scores(level, hd.q + r0 * n, n, r1 - r0, ws.kpanel.data(), cols, n,
+                            hd.s + r0 * ld(), ld());
+      apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, r0, r1);
+      softmax_update(hd, si, r0, r1, cols, partial, it.q_begin, nq, j0);
+      if (!guarded) {
+        kernels::panel_pv(level, hd.s + r0 * ld(), ld(), r1 - r0, V.data(), V.outerStride(), cols,
+                          dv, hd.o + r0 * dv, dv);
+        continue;
+      }
+      ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
+      RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
+      for (Index r = r0; r < r1; ++r)
+        for (Index c = 0; c < cols; ++c)
+          if (hd.f[r * ld() + c] == 0) O.row(r) += P(r, c) * V.row(c);
+    }
   }
 }
 
@@ -63,8 +98,14 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
       return;
     }
   }
-  if (panel(rows)) {
-    for (Index h = h0; h < h1; ++h) scores_panel(ws, head(ws, it, h), rows, cols);
+  if (panel(rows)) {  // (the round_p variants: panel_tile runs the others)
+    if constexpr (std::is_same_v<Acc, float>)
+      for (Index h = h0; h < h1; ++h) {
+        const Head hd = head(ws, it, h);
+        pack_panel(ws, hd, cols);
+        kernels::panel_scores(level, hd.q, g.head_size, rows, ws.kpanel.data(), cols, g.head_size,
+                              hd.s, ld());
+      }
     return;
   }
   for (Index h = h0; h < h1; ++h) {

@@ -286,9 +286,15 @@ struct Engine {
   void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
                      bool partial) const;
 
-  /// The panel kernels: scores of head h against its keys packed into ws.kpanel (the P·V
-  /// product calls kernels::panel_pv on the tile's value rows from kv_tile).
-  void scores_panel(Workspace& ws, const Head& hd, Index rows, Index cols) const;
+  /// The panel kernels: packs head hd's keys of the current tile into ws.kpanel.
+  void pack_panel(Workspace& ws, const Head& hd, Index cols) const;
+  /// Rows per step of panel_tile: a block of scores (rows x ld() floats) that stays in the
+  /// first-level cache between the score product, the P stage and P·V.
+  static constexpr Index kPanelRows = 24;
+  /// One tile of kv head h in the panel mode: keys packed and values resolved once, then for
+  /// each block of kPanelRows rows the scores, the hooks, the softmax update and O += P·V.
+  void panel_tile(Workspace& ws, const WorkItem& it, const SeqInfo& si, Index h, Index j0,
+                  Index cols, TileMask tm) const;
   /// The heads [h0, h1) of an item as the small-row kernels see them (Acc float only).
   kernels::HeadBlock block(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows,
                            Index cols) const {
@@ -307,10 +313,10 @@ struct Engine {
 
   // The P stage: mask / transform hooks, online softmax, the rounded-P second pass
   // (engine/p_stage.hpp).
-  /// Mask and transform hooks on one head's raw scores: masked entries become -inf and are
-  /// flagged, visible ones go through the transform hook.
+  /// Mask and transform hooks on rows [r0, r1) of one head's raw scores: masked entries become
+  /// -inf and are flagged, visible ones go through the transform hook.
   void apply_hooks(const Head& hd, const SeqInfo& si, Index q0, Index nq, Index j0, Index cols,
-                   TileMask tm) const;
+                   TileMask tm, Index r0, Index r1) const;
   /// Marks row r when one of its n visible raw scores is not finite: scale·q·k overflowed the
   /// compute type (or an unmasked input holds inf / NaN), so the row's softmax is undefined and
   /// its result NaN (SoftmaxState::overflow) — whatever the other scores of the row.
@@ -323,10 +329,11 @@ struct Engine {
   /// visible keys but ends with l = 0, every visible score -inf after the hooks, is NaN, never
   /// the zero row of a masked one).
   bool tile_has_visible(const Head& hd, Index r, Index cols, bool partial) const;
-  /// Online-softmax update of one head with the scores of one tile; leaves P in hd.s (with the
-  /// quantize_p hook: the quantized P, and the tile's factor per row in hd.fac).
-  void softmax_update(const Head& hd, const SeqInfo& si, Index rows, Index cols, bool partial,
-                      Index q0, Index nq, Index j0) const;
+  /// Online-softmax update of rows [r0, r1) of one head with the scores of one tile; leaves P
+  /// in hd.s (with the quantize_p hook: the quantized P, and the tile's factor per row in
+  /// hd.fac).
+  void softmax_update(const Head& hd, const SeqInfo& si, Index r0, Index r1, Index cols,
+                      bool partial, Index q0, Index nq, Index j0) const;
   /// The second pass of round_p variants, on the scores kept from the first: P = exp(s - m) / l
   /// per tile, written to the probs output when asked, rounded by the hook, then O += P·V (O
   /// ends normalised).
