@@ -79,6 +79,23 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const 
   });
 }
 
+/// Asks for the cache lines of one row of n elements ahead of its use. The small-row P·V
+/// kernel reads a block of 16 value rows one vector of elements at a time, row after row; on a
+/// head-major cache in memory each such pass waited for a line per row, and the head-major
+/// layout ran ~30 % behind the token-major one (whose other heads' rows arrive with those lines).
+/// Fetching the next block's rows ahead: decode_bnsd/f32/B:8/KV:4096 36–38 → 31–32 ms, AMD Zen 3.
+template <class X>
+inline void prefetch_row(const X* row, Index n) {
+#if defined(__GNUC__)
+  const char* c = reinterpret_cast<const char*>(row);
+  const Index bytes = n * static_cast<Index>(sizeof(X));
+  for (Index off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
+#else
+  (void)row;
+  (void)n;
+#endif
+}
+
 /// O += P·V for every head of the block over value rows [0, cols). A key masked for a row
 /// (flag set, `partial` tiles only) is never read for that row.
 template <class X>
@@ -96,8 +113,14 @@ ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool parti
       if (!partial) {  // every row sees every key: blocks of keys, the output in registers
         constexpr Index kKeys = 16;  // the rows of a token-major page stay hot across the heads
         const X* vk[kKeys];
+        // Value rows adjacent in memory (a head-major cache): the next block's rows are fetched
+        // ahead (prefetch_row; token-major rows measured ~10 % slower with it).
+        const bool adjacent = b.cols > 1 && v(b.h0, 1) == v(b.h0, 0) + dv;
         for (Index c = 0; c < b.cols; c += kKeys) {
           const Index n = std::min(kKeys, b.cols - c);
+          if (adjacent)
+            for (Index k = c + n; k < std::min(b.cols, c + n + kKeys); ++k)
+              prefetch_row(v(b.h0, k), dv);
           for (Index h = b.h0; h < b.h1; ++h) {
             for (Index k = 0; k < n; ++k) vk[k] = v(h, c + k);
             simd::axpy_rows_all<V, R()>(b.s_of(h) + c, ld, vk, n, dv, b.o_of(h), dv);
