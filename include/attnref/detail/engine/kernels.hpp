@@ -83,7 +83,7 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const 
 /// kernel reads a block of 16 value rows one vector of elements at a time, row after row; on a
 /// head-major cache in memory each such pass waited for a line per row, and the head-major
 /// layout ran ~30 % behind the token-major one (whose other heads' rows arrive with those lines).
-/// Fetching the next block's rows ahead: decode_bnsd/f32/B:8/KV:4096 36–38 → 31–32 ms, AMD Zen 3.
+/// Fetching the next block's rows ahead: decode_bnsd/f32/B:8/KV:4096 32–38 → 30–31 ms, AMD Zen 3.
 template <class X>
 inline void prefetch_row(const X* row, Index n) {
 #if defined(__GNUC__)

@@ -32,6 +32,18 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::pack_panel(Workspace& ws, const Head
 }
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::masked_pv(const Head& hd, const ConstRowMap<Acc>& V,
+                                                      Acc* t, Index r0, Index r1,
+                                                      Index cols) const {
+  const Index dv = g.v_head_size;
+  ConstRowMap<Acc> P(hd.s, r1, cols, Eigen::OuterStride<>(ld()));
+  RowMap<Acc> T(t, r1, dv, Eigen::OuterStride<>(dv));
+  for (Index r = r0; r < r1; ++r)
+    for (Index c = 0; c < cols; ++c)
+      if (hd.f[r * ld() + c] == 0) T.row(r) += P(r, c) * V.row(c);
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const WorkItem& it,
                                                        const SeqInfo& si, Index h, Index j0,
                                                        Index cols, TileMask tm) const {
@@ -58,11 +70,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const Work
                           dv, hd.o + r0 * dv, dv);
         continue;
       }
-      ConstRowMap<Acc> P(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
-      RowMap<Acc> O(hd.o, rows, dv, Eigen::OuterStride<>(dv));
-      for (Index r = r0; r < r1; ++r)
-        for (Index c = 0; c < cols; ++c)
-          if (hd.f[r * ld() + c] == 0) O.row(r) += P(r, c) * V.row(c);
+      masked_pv(hd, V, hd.o, r0, r1, cols);
     }
   }
 }
@@ -169,9 +177,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr, pan);
     if (partial && !V.allFinite()) {
       if (kQuantP) T.setZero();
-      for (Index r = 0; r < rows; ++r)
-        for (Index c = 0; c < cols; ++c)
-          if (hd.f[r * ld() + c] == 0) T.row(r) += P(r, c) * V.row(c);
+      masked_pv(hd, V, T.data(), 0, rows, cols);
     } else if (pan) {
       if constexpr (std::is_same_v<Acc, float>)
         kernels::panel_pv(level, hd.s, ld(), rows, V.data(), V.outerStride(), cols, dv, hd.o, dv);

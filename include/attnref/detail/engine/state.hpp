@@ -286,6 +286,10 @@ struct Engine {
   void accumulate_pv(Workspace& ws, const WorkItem& it, Index h0, Index h1, Index rows, Index cols,
                      bool partial) const;
 
+  /// t (rows of dv, stride dv) += P·V on rows [r0, r1) of head hd, skipping each row's masked
+  /// keys (flag set): a tile whose values hold inf / NaN, where a masked 0 · NaN would leak.
+  void masked_pv(const Head& hd, const ConstRowMap<Acc>& V, Acc* t, Index r0, Index r1,
+                 Index cols) const;
   /// The panel kernels: packs head hd's keys of the current tile into ws.kpanel.
   void pack_panel(Workspace& ws, const Head& hd, Index cols) const;
   /// Rows per step of panel_tile: a block of scores (rows x ld() floats) that stays in the
