@@ -35,6 +35,7 @@
 #include "attnref/mla/rope.hpp"
 #include "attnref/nsa/compress.hpp"
 #include "attnref/nsa/compress_attention.hpp"
+#include "attnref/nsa/compress_with_cache.hpp"
 #include "attnref/nsa/decode_step.hpp"
 #include "attnref/nsa/importance.hpp"
 #include "attnref/nsa/select_attention.hpp"
