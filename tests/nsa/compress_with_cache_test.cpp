@@ -246,6 +246,31 @@ TEST(NsaCompressWithCache, BitsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(std::memcmp(one.cache.data(), two.cache.data(), one.cache.size() * sizeof(half)), 0);
 }
 
+// Padded views (every row of the input, the weight and the output cache padded) give the dense
+// call's bits, and the padding and the unwritten rows stay as they were.
+TEST(NsaCompressWithCache, PaddedViewsGiveTheDenseBits) {
+  Wc<half> c(32, 16, 64, {48, 80, 70, 32}, 21);
+  Wc<half> dense = c;
+  dense.run();
+  const Index pad = 5, N = c.N, D = c.D, nb = c.pool.blocks;
+  std::vector<half> x(z(nb * 64 * N * (D + pad)), half(NAN)), w(z(c.l * (N + 2)), half(NAN)),
+      o(z(c.rows * N * (D + pad)), half(kSentinel));
+  for (Index r = 0; r < nb * 64 * N; ++r)
+    std::copy_n(&c.pool.k[z(r * D)], D, &x[z(r * (D + pad))]);
+  for (Index j = 0; j < c.l; ++j) std::copy_n(&c.w[z(j * N)], N, &w[z(j * (N + 2))]);
+  auto in = c.inputs();
+  in.input = StridedView<const half>(x.data(), {nb, 64, N, D},
+                                     {64 * N * (D + pad), N * (D + pad), D + pad, 1});
+  in.weight = StridedView<const half>(w.data(), {c.l, N}, {N + 2, 1});
+  attnref::nsa_compress_with_cache(
+      c.p, in, {StridedView<half>(o.data(), {c.rows, N, D}, {N * (D + pad), D + pad, 1})});
+  for (Index r = 0; r < c.rows * N; ++r) {
+    EXPECT_EQ(std::memcmp(&o[z(r * (D + pad))], &dense.cache[z(r * D)], z(D) * sizeof(half)), 0)
+        << "row " << r / N << " head " << r % N;
+    for (Index e = D; e < D + pad; ++e) EXPECT_EQ(dbl(o[z(r * (D + pad) + e)]), kSentinel);
+  }
+}
+
 TEST(NsaCompressWithCache, RejectsBadInputBeforeWriting) {
   using Wh = Wc<half>;
   using P = attnref::NsaCompressWithCacheParams;
