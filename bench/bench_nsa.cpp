@@ -9,14 +9,23 @@
 //   nsa/decode_step/B:<B>/selKV:<len>/threads:<T>          nsa_decode_step: the compressed
 //     branch (cmpKV = (len - 32) / 16 + 1), the selected branch on its top-k, a 512-token
 //     window and the gated sum
+//   nsa/decode_loop/B:<B>/selKV:<len>/threads:<T>          one step of the decode loop: one raw
+//     K / V row appended per batch, nsa_update_compressed_cache, nsa_decode_step. Each batch's
+//     raw length cycles through len - 15 .. len (staggered by batch), so a batch completes a
+//     compress block every 16 steps; cmp_tokens: compressed K and V tokens written per step
+//   nsa/compress_update/B:<B>/threads:<T>                  nsa_update_compressed_cache alone
+//     for a step in which every batch completes a block (raw length 65552): B compressed K and
+//     V tokens; GBps: raw K and V bytes read per second (B · 32 · KV_N · (Dqk + Dv) · 2 bytes)
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <attnref/nsa/compress_attention.hpp>
+#include <attnref/nsa/compress_with_cache.hpp>
 #include <attnref/nsa/decode_step.hpp>
 #include <attnref/nsa/select_attention.hpp>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,6 +186,130 @@ void decode_step(benchmark::State& state, Index batch, Index len, int threads) {
   }
 }
 
+/// RawCache as a decode loop keeps it, with the paged compressed caches of nsa_decode_step
+/// (shuffled pages of 128, random as if compressed from a prompt, room for the compressed tokens
+/// of `len` raw tokens), the compression weights and one raw K / V row to append.
+struct LoopCache {
+  static constexpr Index N = RawCache::N, KVN = RawCache::KVN, Dqk = RawCache::Dqk,
+                         Dv = RawCache::Dv, pbs = RawCache::pbs, cpbs = 128;
+  RawCache raw;
+  Index cper = 0, cnb = 0;
+  std::vector<half> ck, cv, wk, wv, k_row, v_row;
+  std::vector<std::int32_t> ctable;
+  attnref::NsaDecodeParams p;
+  LoopCache(Index batch, Index len, std::mt19937& rng) : raw(batch, len, rng) {
+    std::normal_distribution<float> nd;
+    cper = (attnref::nsa_compressed_count(len, 32, 16) + cpbs - 1) / cpbs;
+    cnb = batch * cper;
+    ck.resize(static_cast<size_t>(cnb * cpbs * KVN * Dqk));
+    cv.resize(static_cast<size_t>(cnb * cpbs * KVN * Dv));
+    k_row.resize(static_cast<size_t>(KVN * Dqk));
+    v_row.resize(static_cast<size_t>(KVN * Dv));
+    for (auto* x : {&ck, &cv, &k_row, &v_row})
+      for (half& e : *x) e = half(nd(rng));
+    std::uniform_real_distribution<float> u(0.5f / 32, 1.5f / 32);
+    wk.resize(static_cast<size_t>(32 * KVN));
+    wv.resize(wk.size());
+    for (half& e : wk) e = half(u(rng));
+    for (half& e : wv) e = half(u(rng));
+    ctable.resize(static_cast<size_t>(cnb));
+    for (Index i = 0; i < cnb; ++i) ctable[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+    std::shuffle(ctable.begin(), ctable.end(), rng);
+    p.num_heads = N;
+    p.num_key_value_heads = KVN;
+    p.select_block_count = 16;
+    p.window_size = 512;
+    p.scale_value = 0.072;
+  }
+  Index batch() const { return static_cast<Index>(ctable.size()) / cper; }
+  /// Writes the new row as raw token t of batch b.
+  void append(Index b, Index t) {
+    const Index page = raw.table[static_cast<size_t>(b * raw.per + t / pbs)];
+    const size_t row = static_cast<size_t>(page * pbs + t % pbs);
+    std::memcpy(raw.k.data() + row * KVN * Dqk, k_row.data(), k_row.size() * sizeof(half));
+    std::memcpy(raw.v.data() + row * KVN * Dv, v_row.data(), v_row.size() * sizeof(half));
+  }
+  /// The update's inputs after one new token per batch, raw lengths `sel`.
+  attnref::NsaCacheUpdateInputs<half> update_inputs(const std::vector<std::int64_t>& sel) const {
+    attnref::NsaCacheUpdateInputs<half> in;
+    in.key = StridedView<const half>(raw.k.data(), {RawCache::pages, pbs, KVN * Dqk});
+    in.value = StridedView<const half>(raw.v.data(), {RawCache::pages, pbs, KVN * Dv});
+    in.block_table = StridedView<const std::int32_t>(raw.table.data(), {batch(), raw.per});
+    in.key_weight = StridedView<const half>(wk.data(), {32, KVN});
+    in.value_weight = StridedView<const half>(wv.data(), {32, KVN});
+    in.cmp_block_table = StridedView<const std::int32_t>(ctable.data(), {batch(), cper});
+    in.actual_sel_kv_seq_len = sel;
+    return in;
+  }
+  attnref::NsaCacheUpdateOutputs<half> cmp_outputs() {
+    return {StridedView<half>(ck.data(), {cnb, cpbs, KVN * Dqk}),
+            StridedView<half>(cv.data(), {cnb, cpbs, KVN * Dv})};
+  }
+};
+
+void decode_loop(benchmark::State& state, Index batch, Index len, int threads) {
+  constexpr Index N = LoopCache::N, KVN = LoopCache::KVN, Dqk = LoopCache::Dqk;
+  constexpr Index Dv = LoopCache::Dv, cpbs = LoopCache::cpbs;
+  std::mt19937 rng(4);
+  LoopCache c(batch, len, rng);
+  std::normal_distribution<float> nd;
+  std::vector<half> q(static_cast<size_t>(batch * N * Dqk)), o(static_cast<size_t>(batch * N * Dv));
+  for (half& x : q) x = half(nd(rng));
+  std::vector<float> gates(static_cast<size_t>(batch * N * 3));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (float& g : gates) g = u(rng);
+  const attnref::NsaCacheUpdateOutputs<half> cmp_out = c.cmp_outputs();
+  attnref::NsaDecodeInputs<half> in;
+  in.query = StridedView<const half>(q.data(), {batch, N, Dqk});
+  in.key = StridedView<const half>(c.raw.k.data(), {RawCache::pages, RawCache::pbs, KVN * Dqk});
+  in.value = StridedView<const half>(c.raw.v.data(), {RawCache::pages, RawCache::pbs, KVN * Dv});
+  in.block_table = StridedView<const std::int32_t>(c.raw.table.data(), {batch, c.raw.per});
+  in.cmp_key = StridedView<const half>(c.ck.data(), {c.cnb, cpbs, KVN * Dqk});
+  in.cmp_value = StridedView<const half>(c.cv.data(), {c.cnb, cpbs, KVN * Dv});
+  in.cmp_block_table = StridedView<const std::int32_t>(c.ctable.data(), {batch, c.cper});
+  in.gates = StridedView<const float>(gates.data(), {batch, N, 3});
+  attnref::NsaDecodeOutputs<half> out;
+  out.output = StridedView<half>(o.data(), {batch, N, Dv});
+  std::vector<std::int64_t> sel(static_cast<size_t>(batch));
+  Index step = 0, written = 0;
+  for (auto _ : state) {
+    for (Index b = 0; b < batch; ++b) {  // raw length len - 15 + (step + b) % 16, newest row
+      const Index s = len - 15 + (step + b) % 16;
+      sel[static_cast<size_t>(b)] = s;
+      c.append(b, s - 1);
+      written += s >= 32 && (s - 32) % 16 == 0;
+    }
+    ++step;
+    attnref::nsa_update_compressed_cache(c.p, c.update_inputs(sel), cmp_out, {threads});
+    in.actual_sel_kv_seq_len = sel;
+    attnref::nsa_decode_step(c.p, in, out, {threads});
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["cmp_tokens"] = benchmark::Counter(static_cast<double>(written) /
+                                                    static_cast<double>(std::max<Index>(1, step)));
+}
+
+void compress_update(benchmark::State& state, Index batch, Index len, int threads) {
+  constexpr Index KVN = LoopCache::KVN, Dqk = LoopCache::Dqk, Dv = LoopCache::Dv, l = 32;
+  std::mt19937 rng(5);
+  LoopCache c(batch, len, rng);
+  for (Index b = 0; b < batch; ++b) c.append(b, len - 1);
+  const std::vector<std::int64_t> sel(static_cast<size_t>(batch), len);
+  const bool ends_block = len >= l && (len - l) % 16 == 0;  // 65552 = 32 + 16 * 4095
+  const attnref::NsaCacheUpdateInputs<half> in = c.update_inputs(sel);
+  const attnref::NsaCacheUpdateOutputs<half> out = c.cmp_outputs();
+  for (auto _ : state) {
+    attnref::nsa_update_compressed_cache(c.p, in, out, {threads});
+    benchmark::DoNotOptimize(c.ck.data());
+    benchmark::ClobberMemory();
+  }
+  const double writes = ends_block ? static_cast<double>(batch) : 0.0;
+  state.counters["cmp_tokens"] = benchmark::Counter(writes);
+  state.counters["GBps"] = benchmark::Counter(writes * l * KVN * (Dqk + Dv) * sizeof(half) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 const bool registered = [] {
   for (int t : {1, 2})
     for (Index b : {1, 20}) {
@@ -200,6 +333,17 @@ const bool registered = [] {
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
+  for (int t : {1, 2}) {
+    const std::string threads = "/threads:" + std::to_string(t);
+    benchmark::RegisterBenchmark(("nsa/decode_loop/B:20/selKV:65552" + threads).c_str(),
+                                 [=](benchmark::State& st) { decode_loop(st, 20, 65552, t); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("nsa/compress_update/B:20" + threads).c_str(),
+                                 [=](benchmark::State& st) { compress_update(st, 20, 65552, t); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
   return true;
 }();
 

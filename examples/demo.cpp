@@ -13,9 +13,12 @@
 //      boundary) and run ATB's PagedAttention; its reference gathers K/V from the token arrays,
 //      not from the cache, so the check covers the slot mapping and the block table too;
 //   5. a DeepSeek-V3 MLA step (MlaPreprocess into a latent paged cache, absorbed decode);
-//   6. a Native Sparse Attention decode step: raw K/V in a paged cache, NsaCompress into a
-//      paged compressed cache, then nsa_decode_step (compressed branch with top-k block
-//      selection, selected branch, sliding window, gated sum), printing the chosen blocks;
+//   6. a Native Sparse Attention decode loop: two prompts written into a paged raw K/V cache
+//      and compressed by nsa_update_compressed_cache straight into paged compressed caches,
+//      then 2 * d + 1 steps, each appending one raw token per sequence, updating the compressed
+//      caches and running nsa_decode_step (compressed branch with top-k block selection,
+//      selected branch, sliding window, gated sum), printing the blocks chosen at the first
+//      and the last step;
 // every output is checked against the independent naive reference (double loops) and the
 // throughput of the engine is printed.
 
@@ -29,6 +32,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "reference/mla_attention.hpp"
@@ -515,216 +520,333 @@ bool mla_run(std::mt19937& rng) {
   return pre_err < 2e-3 && dec_err < 2e-3;  // false for NaN
 }
 
-/// One Native Sparse Attention decode step over two sequences (fp16, 16 q heads / 2 kv heads,
-/// Dqk 192, Dv 128, compress 32 / stride 16, select blocks of 64, top 6, window 128): raw K/V
-/// in a shuffled paged cache, nsa_compress into a paged compressed cache, nsa_decode_step; the
-/// compression, top-k, every branch and the gated output are checked against the references.
-bool nsa_run(std::mt19937& rng) {
-  using attnref::StridedView;
-  constexpr Index N = 16, KVN = 2, Dqk = 192, Dv = 128, l = 32, d = 16, ls = 64, k = 6, w = 128;
-  constexpr Index pbs = 64, cpbs = 64;
-  const std::vector<Index> len = {700, 1043};
-  const Index B = static_cast<Index>(len.size());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(Dqk));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto rnd = [&](Index n, float sd) {
-    std::vector<half> x(static_cast<size_t>(n));
-    for (half& e : x) e = half(sd * nd(rng));
-    return x;
-  };
-  // Raw K/V of both sequences, packed (TND), then written into the paged cache.
-  std::vector<std::int64_t> cu;
-  Index total = 0;
-  for (Index n : len) cu.push_back(total += n);
-  const auto raw_k = rnd(total * KVN * Dqk, 1.0f), raw_v = rnd(total * KVN * Dv, 1.0f);
-  const Index per = (len[1] + pbs - 1) / pbs, nb = B * per;
-  std::vector<std::int32_t> table(static_cast<size_t>(nb));
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
-  std::vector<half> kc(static_cast<size_t>(nb * pbs * KVN * Dqk), half(NAN)),
-      vc(static_cast<size_t>(nb * pbs * KVN * Dv), half(NAN));
-  for (Index b = 0, t0 = 0; b < B; t0 += len[static_cast<size_t>(b)], ++b)
-    for (Index t = 0; t < len[static_cast<size_t>(b)]; ++t) {
-      const Index slot = table[static_cast<size_t>(b * per + t / pbs)] * pbs + t % pbs;
-      std::copy_n(raw_k.begin() + (t0 + t) * KVN * Dqk, KVN * Dqk, kc.begin() + slot * KVN * Dqk);
-      std::copy_n(raw_v.begin() + (t0 + t) * KVN * Dv, KVN * Dv, vc.begin() + slot * KVN * Dv);
-    }
-  // NsaCompress with learned-looking weights (positive, summing to about 1 per head).
-  std::uniform_real_distribution<float> u(0.5f, 1.5f);
-  std::vector<half> wk(static_cast<size_t>(l * KVN)), wv(wk.size());
-  for (half& e : wk) e = half(u(rng) / l);
-  for (half& e : wv) e = half(u(rng) / l);
-  Index cmp_total = 0;
-  std::vector<Index> cmp;
-  for (Index n : len) cmp_total += cmp.emplace_back(attnref::nsa_compressed_count(n, l, d));
-  std::vector<half> ck_tnd(static_cast<size_t>(cmp_total * KVN * Dqk)),
-      cv_tnd(static_cast<size_t>(cmp_total * KVN * Dv));
-  attnref::NsaCompressParams cpar;
-  cpar.compress_block_size = l;
-  cpar.compress_stride = d;
-  auto t_start = Clock::now();
-  attnref::nsa_compress<half>(cpar, {raw_k.data(), {total, KVN, Dqk}}, {wk.data(), {l, KVN}}, cu,
-                              {ck_tnd.data(), {cmp_total, KVN, Dqk}});
-  attnref::nsa_compress<half>(cpar, {raw_v.data(), {total, KVN, Dv}}, {wv.data(), {l, KVN}}, cu,
-                              {cv_tnd.data(), {cmp_total, KVN, Dv}});
-  const double t_compress = seconds_since(t_start);
-  const Index cper = (cmp[1] + cpbs - 1) / cpbs, cnb = B * cper;
-  std::vector<std::int32_t> ctable(static_cast<size_t>(cnb));
-  std::iota(ctable.begin(), ctable.end(), 0);
-  std::shuffle(ctable.begin(), ctable.end(), rng);
-  std::vector<half> ckc(static_cast<size_t>(cnb * cpbs * KVN * Dqk), half(NAN)),
-      cvc(static_cast<size_t>(cnb * cpbs * KVN * Dv), half(NAN));
-  for (Index b = 0, t0 = 0; b < B; t0 += cmp[static_cast<size_t>(b)], ++b)
-    for (Index t = 0; t < cmp[static_cast<size_t>(b)]; ++t) {
-      const Index slot = ctable[static_cast<size_t>(b * cper + t / cpbs)] * cpbs + t % cpbs;
-      std::copy_n(ck_tnd.begin() + (t0 + t) * KVN * Dqk, KVN * Dqk, ckc.begin() + slot * KVN * Dqk);
-      std::copy_n(cv_tnd.begin() + (t0 + t) * KVN * Dv, KVN * Dv, cvc.begin() + slot * KVN * Dv);
-    }
-  // The step: one query token per sequence, gates from a sigmoid.
-  const auto q = rnd(B * N * Dqk, 1.0f);
-  std::vector<float> gates(static_cast<size_t>(B * N * 3));
-  for (float& g : gates) g = 1.0f / (1.0f + std::exp(-nd(rng)));
+/// The NSA decode loop's state (fp16, 16 q heads / 2 kv heads, Dqk 192, Dv 128, compress 32 /
+/// stride 16, select blocks of 64, top 6, window 128, pages of 64): the raw paged K/V cache and
+/// the paged compressed K/V caches, both allocated for the final length and NaN until written
+/// (pages handed out shuffled), the compression weights, and every sequence's raw tokens as the
+/// references read them (never from the caches).
+struct NsaLoop {
+  static constexpr Index N = 16, KVN = 2, Dqk = 192, Dv = 128, l = 32, d = 16, ls = 64, k = 6;
+  static constexpr Index w = 128, pbs = 64, cpbs = 64;
   attnref::NsaDecodeParams p;
-  p.num_heads = N;
-  p.num_key_value_heads = KVN;
-  p.compress_block_size = l;
-  p.compress_block_stride = d;
-  p.select_block_size = ls;
-  p.select_block_count = k;
-  p.window_size = w;
-  p.page_block_size = pbs;
-  p.cmp_page_block_size = cpbs;
-  p.scale_value = scale;
-  attnref::NsaDecodeInputs<half> in;
-  in.query = {q.data(), {B, N, Dqk}};
-  in.key = {kc.data(), {nb, pbs, KVN * Dqk}};
-  in.value = {vc.data(), {nb, pbs, KVN * Dv}};
-  in.block_table = {table.data(), {B, per}};
-  in.cmp_key = {ckc.data(), {cnb, cpbs, KVN * Dqk}};
-  in.cmp_value = {cvc.data(), {cnb, cpbs, KVN * Dv}};
-  in.cmp_block_table = {ctable.data(), {B, cper}};
-  in.gates = {gates.data(), {B, N, 3}};
-  in.actual_sel_kv_seq_len.assign(len.begin(), len.end());
-  std::vector<half> o(static_cast<size_t>(B * N * Dv)), oc(o.size()), os(o.size()), ow(o.size());
-  std::vector<std::int32_t> topk(static_cast<size_t>(B * KVN * k));
-  attnref::NsaDecodeOutputs<half> out;
-  out.output = {o.data(), {B, N, Dv}};
-  out.topk = {topk.data(), {B, KVN, k}};
-  out.cmp_out = {oc.data(), {B, N, Dv}};
-  out.sel_out = {os.data(), {B, N, Dv}};
-  out.win_out = {ow.data(), {B, N, Dv}};
-  t_start = Clock::now();
-  attnref::nsa_decode_step(p, in, out);
-  const double t_step = seconds_since(t_start);
+  std::vector<Index> len;                   // raw tokens of each sequence so far
+  Index per = 0, cper = 0;                  // raw / compressed pages per sequence
+  std::vector<std::int32_t> table, ctable;  // [B, per], [B, cper]
+  std::vector<half> kc, vc, ckc, cvc;       // [pages, page size, KV_N * D]
+  std::vector<half> wk, wv;                 // [l, KV_N]
+  std::vector<std::vector<double>> rk, rv;  // sequence b's raw tokens [len][KV_N][D]
 
-  // References: compression, the compressed branch with its top-k, the selected blocks and the
-  // window through the naive attention, the gated sum.
-  auto dbl = [](const std::vector<half>& x) {
-    std::vector<double> r(x.size());
-    for (size_t i = 0; i < x.size(); ++i) r[i] = static_cast<float>(x[i]);
-    return r;
-  };
-  std::vector<double> wkd = dbl(wk), wvd = dbl(wv);
-  const auto rk = dbl(raw_k), rv = dbl(raw_v);
-  auto want_ck = ref::nsa::compress(rk, KVN, Dqk, wkd, l, d, cu);
-  auto want_cv = ref::nsa::compress(rv, KVN, Dv, wvd, l, d, cu);
-  double cmp_err = 0.0;
-  for (size_t i = 0; i < want_ck.size(); ++i)
-    cmp_err = worse_of(cmp_err, std::fabs(want_ck[i] - static_cast<float>(ck_tnd[i])) /
-                                    (1.0 + std::fabs(want_ck[i])));
-  for (size_t i = 0; i < want_cv.size(); ++i)
-    cmp_err = worse_of(cmp_err, std::fabs(want_cv[i] - static_cast<float>(cv_tnd[i])) /
-                                    (1.0 + std::fabs(want_cv[i])));
-  for (double& x : want_ck) x = ref::nsa::round_to(ref::nsa::Dt::F16, x);
-  for (double& x : want_cv) x = ref::nsa::round_to(ref::nsa::Dt::F16, x);
-  ref::nsa::Problem np;
-  np.N = N;
-  np.KVN = KVN;
-  np.Dqk = Dqk;
-  np.Dv = Dv;
-  np.scale = scale;
-  np.g = {l, d, ls};
-  np.k = k;
-  const auto qd = dbl(q);
-  double err = 0.0;
-  bool topk_ok = true;
-  std::printf(
-      "NSA decode step (fp16, %ld q heads / %ld kv heads, Dqk %ld, Dv %ld, compress %ld/%ld, "
-      "select %ld x %ld, window %ld):\n",
-      static_cast<long>(N), static_cast<long>(KVN), static_cast<long>(Dqk), static_cast<long>(Dv),
-      static_cast<long>(l), static_cast<long>(d), static_cast<long>(k), static_cast<long>(ls),
-      static_cast<long>(w));
-  for (Index b = 0, t0 = 0, c0 = 0; b < B; ++b) {
-    const Index n = len[static_cast<size_t>(b)], c = cmp[static_cast<size_t>(b)];
-    ref::nsa::Batch nb_;
-    nb_.cmp = c;
-    nb_.sel = n;
-    nb_.q.assign(qd.begin() + b * N * Dqk, qd.begin() + (b + 1) * N * Dqk);
-    nb_.k.assign(want_ck.begin() + c0 * KVN * Dqk, want_ck.begin() + (c0 + c) * KVN * Dqk);
-    nb_.v.assign(want_cv.begin() + c0 * KVN * Dv, want_cv.begin() + (c0 + c) * KVN * Dv);
-    const ref::nsa::Result cr = ref::nsa::run(np, nb_);
-    // Selected and window branches: the naive attention over the tokens each kv head sees.
-    auto branch = [&](Index kh, const std::vector<Index>& toks) {
-      ref::Problem pr;
-      pr.num_heads = static_cast<int>(N / KVN);
-      pr.num_kv_heads = 1;
-      pr.head_size = static_cast<int>(Dqk);
-      pr.v_head_size = static_cast<int>(Dv);
-      pr.scale = scale;
-      pr.q_len = {1};
-      pr.kv_len = {static_cast<int>(toks.size())};
-      ref::Seqs qs(1), ks(1), vs(1);
-      qs[0].assign(qd.begin() + (b * N + kh * (N / KVN)) * Dqk,
-                   qd.begin() + (b * N + (kh + 1) * (N / KVN)) * Dqk);
-      for (Index t : toks) {
-        ks[0].insert(ks[0].end(), rk.begin() + ((t0 + t) * KVN + kh) * Dqk,
-                     rk.begin() + ((t0 + t) * KVN + kh + 1) * Dqk);
-        vs[0].insert(vs[0].end(), rv.begin() + ((t0 + t) * KVN + kh) * Dv,
-                     rv.begin() + ((t0 + t) * KVN + kh + 1) * Dv);
+  Index B() const { return static_cast<Index>(len.size()); }
+  /// Appends one random raw K/V token to sequence b: its row of the raw paged cache and the
+  /// reference's copy.
+  void append(Index b, std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const size_t sb = static_cast<size_t>(b);
+    const Index t = len[sb]++;
+    const Index slot = table[static_cast<size_t>(b * per + t / pbs)] * pbs + t % pbs;
+    for (Index e = 0; e < KVN * Dqk; ++e) {
+      const half x(nd(rng));
+      kc[static_cast<size_t>(slot * KVN * Dqk + e)] = x;
+      rk[sb].push_back(static_cast<float>(x));
+    }
+    for (Index e = 0; e < KVN * Dv; ++e) {
+      const half x(nd(rng));
+      vc[static_cast<size_t>(slot * KVN * Dv + e)] = x;
+      rv[sb].push_back(static_cast<float>(x));
+    }
+  }
+  attnref::NsaCacheUpdateInputs<half> update_inputs(std::vector<std::int64_t> added) const {
+    attnref::NsaCacheUpdateInputs<half> in;
+    const Index nb = B() * per;
+    in.key = {kc.data(), {nb, pbs, KVN * Dqk}};
+    in.value = {vc.data(), {nb, pbs, KVN * Dv}};
+    in.block_table = {table.data(), {B(), per}};
+    in.key_weight = {wk.data(), {l, KVN}};
+    in.value_weight = {wv.data(), {l, KVN}};
+    in.cmp_block_table = {ctable.data(), {B(), cper}};
+    in.actual_sel_kv_seq_len.assign(len.begin(), len.end());
+    in.actual_new_kv_len = std::move(added);
+    return in;
+  }
+  attnref::NsaCacheUpdateOutputs<half> cmp_outputs() {
+    const Index cnb = B() * cper;
+    return {{ckc.data(), {cnb, cpbs, KVN * Dqk}}, {cvc.data(), {cnb, cpbs, KVN * Dv}}};
+  }
+  /// Row of compressed token i of sequence b in the compressed caches.
+  Index cmp_row(Index b, Index i) const {
+    return ctable[static_cast<size_t>(b * cper + i / cpbs)] * cpbs + i % cpbs;
+  }
+  /// Rows of the compressed caches written so far (K and V both no longer NaN).
+  Index written_rows() const {
+    Index n = 0;
+    for (Index r = 0; r < B() * cper * cpbs; ++r)
+      n += !std::isnan(static_cast<float>(ckc[static_cast<size_t>(r * KVN * Dqk)])) &&
+           !std::isnan(static_cast<float>(cvc[static_cast<size_t>(r * KVN * Dv)]));
+    return n;
+  }
+};
+
+/// The loop's caches, sized for prompt + steps tokens per sequence, with the prompts written
+/// into the raw cache (the compressed caches still NaN).
+NsaLoop nsa_setup(const std::vector<Index>& prompt, Index steps, std::mt19937& rng) {
+  using L = NsaLoop;
+  NsaLoop s;
+  attnref::NsaDecodeParams& p = s.p;
+  p.num_heads = L::N;
+  p.num_key_value_heads = L::KVN;
+  p.compress_block_size = L::l;
+  p.compress_block_stride = L::d;
+  p.select_block_size = L::ls;
+  p.select_block_count = L::k;
+  p.window_size = L::w;
+  p.page_block_size = L::pbs;
+  p.cmp_page_block_size = L::cpbs;
+  p.scale_value = 1.0 / std::sqrt(static_cast<double>(L::Dqk));
+  const Index B = static_cast<Index>(prompt.size());
+  const Index last = *std::max_element(prompt.begin(), prompt.end()) + steps;
+  s.per = (last + L::pbs - 1) / L::pbs;
+  s.cper = (attnref::nsa_compressed_count(last, L::l, L::d) + L::cpbs - 1) / L::cpbs;
+  for (auto [t, n] : {std::pair{&s.table, B * s.per}, std::pair{&s.ctable, B * s.cper}}) {
+    t->resize(static_cast<size_t>(n));
+    std::iota(t->begin(), t->end(), 0);
+    std::shuffle(t->begin(), t->end(), rng);
+  }
+  const half nan(std::numeric_limits<float>::quiet_NaN());
+  s.kc.assign(static_cast<size_t>(B * s.per * L::pbs * L::KVN * L::Dqk), nan);
+  s.vc.assign(static_cast<size_t>(B * s.per * L::pbs * L::KVN * L::Dv), nan);
+  s.ckc.assign(static_cast<size_t>(B * s.cper * L::cpbs * L::KVN * L::Dqk), nan);
+  s.cvc.assign(static_cast<size_t>(B * s.cper * L::cpbs * L::KVN * L::Dv), nan);
+  // Learned-looking compression weights (positive, summing to about 1 per head).
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  for (auto* wt : {&s.wk, &s.wv}) {
+    wt->resize(static_cast<size_t>(L::l * L::KVN));
+    for (half& e : *wt) e = half(u(rng) / L::l);
+  }
+  s.len.assign(prompt.size(), 0);
+  s.rk.resize(prompt.size());
+  s.rv.resize(prompt.size());
+  for (Index b = 0; b < B; ++b)
+    for (Index t = 0; t < prompt[static_cast<size_t>(b)]; ++t) s.append(b, rng);
+  return s;
+}
+
+/// One decode step's query and gates (fresh, random; gates from a sigmoid) and its outputs.
+struct NsaStep {
+  std::vector<half> q, o, oc, os, ow;  // query, gated output, compressed / selected / window
+  std::vector<float> gates;
+  std::vector<std::int32_t> topk;
+};
+
+/// nsa_decode_step over the loop's current caches; returns its time in seconds.
+double nsa_decode(const NsaLoop& s, NsaStep& st, std::mt19937& rng) {
+  using L = NsaLoop;
+  const Index B = s.B();
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  st.q.resize(static_cast<size_t>(B * L::N * L::Dqk));
+  for (half& x : st.q) x = half(nd(rng));
+  st.gates.resize(static_cast<size_t>(B * L::N * 3));
+  for (float& g : st.gates) g = 1.0f / (1.0f + std::exp(-nd(rng)));
+  const auto u = s.update_inputs({});
+  attnref::NsaDecodeInputs<half> in;
+  in.query = {st.q.data(), {B, L::N, L::Dqk}};
+  in.key = u.key;
+  in.value = u.value;
+  in.block_table = u.block_table;
+  in.cmp_key = {s.ckc.data(), {B * s.cper, L::cpbs, L::KVN * L::Dqk}};
+  in.cmp_value = {s.cvc.data(), {B * s.cper, L::cpbs, L::KVN * L::Dv}};
+  in.cmp_block_table = u.cmp_block_table;
+  in.gates = {st.gates.data(), {B, L::N, 3}};
+  in.actual_sel_kv_seq_len = u.actual_sel_kv_seq_len;
+  for (auto* o : {&st.o, &st.oc, &st.os, &st.ow})
+    o->assign(static_cast<size_t>(B * L::N * L::Dv), half(0.0f));
+  st.topk.assign(static_cast<size_t>(B * L::KVN * L::k), -2);
+  attnref::NsaDecodeOutputs<half> out;
+  out.output = {st.o.data(), {B, L::N, L::Dv}};
+  out.topk = {st.topk.data(), {B, L::KVN, L::k}};
+  out.cmp_out = {st.oc.data(), {B, L::N, L::Dv}};
+  out.sel_out = {st.os.data(), {B, L::N, L::Dv}};
+  out.win_out = {st.ow.data(), {B, L::N, L::Dv}};
+  const auto t0 = Clock::now();
+  attnref::nsa_decode_step(s.p, in, out);
+  return seconds_since(t0);
+}
+
+/// The largest errors over the loop: compressed tokens, branches and gated output (relative),
+/// and whether every top-k equalled the reference's.
+struct NsaErrors {
+  double cmp = 0.0, out = 0.0;
+  bool topk = true;
+};
+
+/// Sequence b's compressed K and V in the paged caches against ref::nsa::compress of its raw
+/// tokens (worse_of into e.cmp); returns the reference [cmp][KV_N][D], rounded to fp16.
+std::pair<std::vector<double>, std::vector<double>> nsa_check_compressed(const NsaLoop& s, Index b,
+                                                                         NsaErrors& e) {
+  using L = NsaLoop;
+  auto weights = [](const std::vector<half>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const std::vector<std::int64_t> cu = {s.len[static_cast<size_t>(b)]};
+  auto want_k = ref::nsa::compress(s.rk[static_cast<size_t>(b)], L::KVN, L::Dqk, weights(s.wk),
+                                   L::l, L::d, cu);
+  auto want_v = ref::nsa::compress(s.rv[static_cast<size_t>(b)], L::KVN, L::Dv, weights(s.wv), L::l,
+                                   L::d, cu);
+  for (auto [want, cache, D] :
+       {std::tuple{&want_k, &s.ckc, L::Dqk}, std::tuple{&want_v, &s.cvc, L::Dv}}) {
+    const Index c = static_cast<Index>(want->size()) / (L::KVN * D);
+    for (Index i = 0; i < c; ++i)
+      for (Index x = 0; x < L::KVN * D; ++x) {
+        const double a = (*want)[static_cast<size_t>(i * L::KVN * D + x)];
+        const float got =
+            static_cast<float>((*cache)[static_cast<size_t>(s.cmp_row(b, i) * L::KVN * D + x)]);
+        e.cmp = worse_of(e.cmp, std::fabs(a - got) / (1.0 + std::fabs(a)));
       }
-      return ref::attention(pr, qs, ks, vs).o[0];  // [G][Dv]
-    };
-    for (Index kh = 0; kh < KVN; ++kh) {
-      const std::int32_t* got = topk.data() + (b * KVN + kh) * k;
-      topk_ok = topk_ok && std::equal(got, got + k, cr.topk.begin() + kh * k);
-      std::printf(
-          "  sequence %ld (%ld raw tokens, %ld compressed, %ld select blocks), kv head %ld:"
-          " blocks",
-          static_cast<long>(b), static_cast<long>(n), static_cast<long>(c),
-          static_cast<long>(cr.n_sel), static_cast<long>(kh));
-      std::vector<Index> sel_toks, win_toks;
+    for (double& x : *want) x = ref::nsa::round_to(ref::nsa::Dt::F16, x);
+  }
+  return {std::move(want_k), std::move(want_v)};
+}
+
+/// The naive attention of sequence b's query heads of kv head kh over the raw tokens `toks`
+/// (the selected and window branches): [G][Dv].
+std::vector<double> nsa_branch_ref(const NsaLoop& s, const std::vector<double>& q, Index b,
+                                   Index kh, const std::vector<Index>& toks) {
+  using L = NsaLoop;
+  constexpr Index G = L::N / L::KVN;
+  ref::Problem pr;
+  pr.num_heads = static_cast<int>(G);
+  pr.num_kv_heads = 1;
+  pr.head_size = static_cast<int>(L::Dqk);
+  pr.v_head_size = static_cast<int>(L::Dv);
+  pr.scale = s.p.scale_value;
+  pr.q_len = {1};
+  pr.kv_len = {static_cast<int>(toks.size())};
+  ref::Seqs qs(1), ks(1), vs(1);
+  qs[0].assign(q.begin() + (b * L::N + kh * G) * L::Dqk,
+               q.begin() + (b * L::N + (kh + 1) * G) * L::Dqk);
+  const auto& rk = s.rk[static_cast<size_t>(b)];
+  const auto& rv = s.rv[static_cast<size_t>(b)];
+  for (Index t : toks) {
+    ks[0].insert(ks[0].end(), rk.begin() + (t * L::KVN + kh) * L::Dqk,
+                 rk.begin() + (t * L::KVN + kh + 1) * L::Dqk);
+    vs[0].insert(vs[0].end(), rv.begin() + (t * L::KVN + kh) * L::Dv,
+                 rv.begin() + (t * L::KVN + kh + 1) * L::Dv);
+  }
+  return ref::attention(pr, qs, ks, vs).o[0];
+}
+
+/// One step against the independent references: the compressed tokens (ref::nsa::compress), the
+/// compressed branch and its top-k (ref::nsa::run), the selected blocks and the window (the naive
+/// attention), the gated sum. With `show`, prints the chosen blocks, one line per sequence and
+/// kv head.
+void nsa_check_step(const NsaLoop& s, const NsaStep& st, bool show, NsaErrors& e) {
+  using L = NsaLoop;
+  constexpr Index G = L::N / L::KVN, k = L::k;
+  ref::nsa::Problem np;
+  np.N = L::N;
+  np.KVN = L::KVN;
+  np.Dqk = L::Dqk;
+  np.Dv = L::Dv;
+  np.scale = s.p.scale_value;
+  np.g = {L::l, L::d, L::ls};
+  np.k = k;
+  const std::vector<double> qd(st.q.begin(), st.q.end());
+  for (Index b = 0; b < s.B(); ++b) {
+    const Index n = s.len[static_cast<size_t>(b)];
+    ref::nsa::Batch nb;
+    std::tie(nb.k, nb.v) = nsa_check_compressed(s, b, e);
+    nb.cmp = attnref::nsa_compressed_count(n, L::l, L::d);
+    nb.sel = n;
+    nb.q.assign(qd.begin() + b * L::N * L::Dqk, qd.begin() + (b + 1) * L::N * L::Dqk);
+    const ref::nsa::Result cr = ref::nsa::run(np, nb);
+    for (Index kh = 0; kh < L::KVN; ++kh) {
+      const std::int32_t* got = st.topk.data() + (b * L::KVN + kh) * k;
+      e.topk = e.topk && std::equal(got, got + k, cr.topk.begin() + kh * k);
       std::vector<std::int32_t> sorted(cr.topk.begin() + kh * k, cr.topk.begin() + (kh + 1) * k);
-      for (std::int32_t j : sorted) std::printf(" %d", j);
+      std::vector<Index> sel_toks, win_toks;
+      if (show) {
+        std::printf(
+            "    sequence %ld (%ld raw tokens, %ld compressed, %ld select blocks), kv head %ld: "
+            "blocks",
+            static_cast<long>(b), static_cast<long>(n), static_cast<long>(nb.cmp),
+            static_cast<long>(cr.n_sel), static_cast<long>(kh));
+        for (std::int32_t j : sorted) std::printf(" %d", j);
+      }
       std::sort(sorted.begin(), sorted.end());
       for (std::int32_t j : sorted)
-        for (Index t = j * ls; j >= 0 && t < std::min<Index>((j + 1) * ls, n); ++t)
+        for (Index t = j * L::ls; j >= 0 && t < std::min<Index>((j + 1) * L::ls, n); ++t)
           sel_toks.push_back(t);
-      for (Index t = std::max<Index>(0, n - w); t < n; ++t) win_toks.push_back(t);
-      std::printf(" (%zu tokens)\n", sel_toks.size());
-      const auto want_sel = branch(kh, sel_toks), want_win = branch(kh, win_toks);
-      for (Index g = 0; g < N / KVN; ++g) {
-        const Index h = kh * (N / KVN) + g;
-        const float* gt = gates.data() + (b * N + h) * 3;
-        for (Index x = 0; x < Dv; ++x) {
-          const size_t at = static_cast<size_t>((b * N + h) * Dv + x);
-          const double wc = cr.out[static_cast<size_t>(h * Dv + x)],
-                       ws = want_sel[static_cast<size_t>(g * Dv + x)],
-                       ww = want_win[static_cast<size_t>(g * Dv + x)];
+      for (Index t = std::max<Index>(0, n - L::w); t < n; ++t) win_toks.push_back(t);
+      if (show) std::printf(" (%zu tokens)\n", sel_toks.size());
+      const auto want_sel = nsa_branch_ref(s, qd, b, kh, sel_toks);
+      const auto want_win = nsa_branch_ref(s, qd, b, kh, win_toks);
+      for (Index g = 0; g < G; ++g) {
+        const Index h = kh * G + g;
+        const float* gt = st.gates.data() + (b * L::N + h) * 3;
+        for (Index x = 0; x < L::Dv; ++x) {
+          const size_t at = static_cast<size_t>((b * L::N + h) * L::Dv + x);
+          const double wc = cr.out[static_cast<size_t>(h * L::Dv + x)],
+                       ws = want_sel[static_cast<size_t>(g * L::Dv + x)],
+                       ww = want_win[static_cast<size_t>(g * L::Dv + x)];
           const double want = gt[0] * wc + gt[1] * ws + gt[2] * ww;
-          for (const auto& [a, bb] : {std::pair{wc, oc[at]}, std::pair{ws, os[at]},
-                                      std::pair{ww, ow[at]}, std::pair{want, o[at]}})
-            err = worse_of(err, std::fabs(a - static_cast<float>(bb)) / (1.0 + std::fabs(a)));
+          for (const auto& [a, got] : {std::pair{wc, st.oc[at]}, std::pair{ws, st.os[at]},
+                                       std::pair{ww, st.ow[at]}, std::pair{want, st.o[at]}})
+            e.out = worse_of(e.out, std::fabs(a - static_cast<float>(got)) / (1.0 + std::fabs(a)));
         }
       }
     }
-    t0 += n;
-    c0 += c;
   }
+}
+
+/// A Native Sparse Attention decode loop over two sequences (NsaLoop's shapes): the prompts
+/// written into the raw paged cache and compressed by nsa_update_compressed_cache straight into
+/// the paged compressed caches, then 2 * d + 1 steps, each appending one raw token per sequence,
+/// updating the compressed caches and running nsa_decode_step; every step's compressed tokens,
+/// top-k, branches and gated output are checked against the references.
+bool nsa_run(std::mt19937& rng) {
+  using L = NsaLoop;
+  const std::vector<Index> prompt = {700, 1043};
+  const Index steps = 2 * L::d + 1;
+  NsaLoop s = nsa_setup(prompt, steps, rng);
+  auto t0 = Clock::now();
+  attnref::nsa_update_compressed_cache(s.p, s.update_inputs({prompt.begin(), prompt.end()}),
+                                       s.cmp_outputs());
+  const double t_prompt = seconds_since(t0);
+  const Index prompt_rows = s.written_rows();
+  Index prompt_cmp = 0;  // the prompts' compressed tokens, each written once
+  for (Index n : prompt) prompt_cmp += attnref::nsa_compressed_count(n, L::l, L::d);
   std::printf(
-      "  nsa_compress %.2f ms (max rel err %.2e), nsa_decode_step %.2f ms; top-k %s the "
-      "reference, branches and gated output max rel err %.2e\n",
-      t_compress * 1e3, cmp_err, t_step * 1e3, topk_ok ? "equals" : "DIFFERS FROM", err);
-  return topk_ok && cmp_err < 2e-3 && err < 2e-3;  // false for NaN
+      "NSA decode loop (fp16, %ld q heads / %ld kv heads, Dqk %ld, Dv %ld, compress %ld/%ld, "
+      "select %ld x %ld, window %ld): prompts of %ld and %ld raw tokens, %ld steps\n",
+      static_cast<long>(L::N), static_cast<long>(L::KVN), static_cast<long>(L::Dqk),
+      static_cast<long>(L::Dv), static_cast<long>(L::l), static_cast<long>(L::d),
+      static_cast<long>(L::k), static_cast<long>(L::ls), static_cast<long>(L::w),
+      static_cast<long>(prompt[0]), static_cast<long>(prompt[1]), static_cast<long>(steps));
+  NsaErrors e;
+  NsaStep st;
+  double t_update = 0.0, t_step = 0.0;
+  for (Index step = 0; step < steps; ++step) {
+    for (Index b = 0; b < s.B(); ++b) s.append(b, rng);
+    t0 = Clock::now();
+    attnref::nsa_update_compressed_cache(s.p, s.update_inputs({}), s.cmp_outputs());
+    t_update += seconds_since(t0);
+    t_step += nsa_decode(s, st, rng);
+    const bool show = step == 0 || step == steps - 1;
+    if (show) std::printf("  step %ld, chosen blocks:\n", static_cast<long>(step + 1));
+    nsa_check_step(s, st, show, e);
+  }
+  Index expected = 0;  // compressed tokens completed by the loop's tokens
+  for (Index b = 0; b < s.B(); ++b)
+    expected += attnref::nsa_compressed_count(s.len[static_cast<size_t>(b)], L::l, L::d) -
+                attnref::nsa_compressed_count(prompt[static_cast<size_t>(b)], L::l, L::d);
+  const Index written = s.written_rows() - prompt_rows;
+  std::printf(
+      "  prompt compression (%ld K and V tokens) %.2f ms; per step: update %.3f ms, "
+      "nsa_decode_step %.2f ms; %ld K and V tokens written during the loop (%ld expected)\n"
+      "  compression max rel err %.2e, top-k %s the reference at every step, branches and gated "
+      "output max rel err %.2e\n",
+      static_cast<long>(prompt_rows), t_prompt * 1e3, t_update / steps * 1e3, t_step / steps * 1e3,
+      static_cast<long>(written), static_cast<long>(expected), e.cmp,
+      e.topk ? "equals" : "DIFFERS FROM", e.out);
+  return e.topk && prompt_rows == prompt_cmp && written == expected && e.cmp < 2e-3 &&
+         e.out < 2e-3;  // false for NaN
 }
 
 }  // namespace
