@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attnref/core/dense.hpp"
@@ -318,6 +319,8 @@ std::vector<NsaCompressWrite> nsa_update_plan(const NsaDecodeParams& p,
                                               const NsaCacheUpdateInputs<T>& in,
                                               const NsaCacheUpdateOutputs<T>& out, Index& Dqk,
                                               Index& Dv) {
+  static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>,
+                "nsa_update_compressed_cache: half or bfloat16 (float: attnref extension)");
   constexpr const char* fn = "nsa_update_compressed_cache";
   const Index l = p.compress_block_size, d = p.compress_block_stride, KVN = p.num_key_value_heads;
   const Index page = p.page_block_size, cpage = p.cmp_page_block_size;
@@ -384,10 +387,12 @@ std::vector<NsaCompressWrite> nsa_update_plan(const NsaDecodeParams& p,
     ATTNREF_CHECK(s >= 0 && s <= cap, std::invalid_argument, fn, "actual_sel_kv_seq_len" + at,
                   "out of range", "[0, maxBlocks * page_block_size = " + std::to_string(cap) + "]",
                   s);
-    ATTNREF_CHECK(n >= 0 && n <= s, std::invalid_argument, fn,
-                  nw.empty() ? "actual_sel_kv_seq_len" + at : "actual_new_kv_len" + at,
-                  nw.empty() ? "below the one new token" : "out of range",
-                  "[0, actual_sel_kv_seq_len = " + std::to_string(s) + "]", n);
+    if (nw.empty())
+      ATTNREF_CHECK(s >= 1, std::invalid_argument, fn, "actual_sel_kv_seq_len" + at,
+                    "holds no token, but actual_new_kv_len is empty (one new token each)",
+                    ">= 1, or actual_new_kv_len with 0 for this sequence", s);
+    ATTNREF_CHECK(n >= 0 && n <= s, std::invalid_argument, fn, "actual_new_kv_len" + at,
+                  "out of range", "[0, actual_sel_kv_seq_len = " + std::to_string(s) + "]", n);
     const Index c1 = nsa_compressed_count(s, l, d);
     ATTNREF_CHECK(c1 <= ccap, std::invalid_argument, fn, "actual_sel_kv_seq_len" + at,
                   "needs more compressed tokens than cmp_block_table holds",
