@@ -53,37 +53,11 @@ struct HeadBlock {
   float* o_of(Index h) const { return o + (h - h0) * rows * dv; }
 };
 
-/// Raw scores q·k of every head of the block against keys [0, cols): kTokens keys per step,
-/// every head of the step before the next (the heads of a token-major page stay hot).
-template <class X>
-ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const TileRows<X>& k) {
-  simd::with_vector(level, [&](auto vec) {
-    using V = decltype(vec);
-    simd::with_rows(b.rows, [&](auto R) {
-      // Tokens per step: R * kTokens accumulators, at most half the vector registers.
-      constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
-      constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
-      Index c = 0;
-      for (; c + kTokens <= b.cols; c += kTokens)
-        for (Index h = b.h0; h < b.h1; ++h) {
-          const X* kt[kTokens];
-          for (int t = 0; t < kTokens; ++t) kt[t] = k(h, c + t);
-          simd::dot_rows<V, R(), kTokens>(b.q_of(h), b.n, kt, b.n, b.s_of(h) + c, b.ld);
-        }
-      for (; c < b.cols; ++c)
-        for (Index h = b.h0; h < b.h1; ++h) {
-          const X* kt[1] = {k(h, c)};
-          simd::dot_rows<V, R(), 1>(b.q_of(h), b.n, kt, b.n, b.s_of(h) + c, b.ld);
-        }
-    });
-  });
-}
-
-/// Asks for the cache lines of one row of n elements ahead of its use. The small-row P·V
-/// kernel reads a block of 16 value rows one vector of elements at a time, row after row; on a
-/// head-major cache in memory each such pass waited for a line per row, and the head-major
-/// layout ran ~30 % behind the token-major one (whose other heads' rows arrive with those lines).
-/// Fetching the next block's rows ahead: decode_bnsd/f32/B:8/KV:4096 32–38 → 30–31 ms, AMD Zen 3.
+/// Asks for the cache lines of one row of n elements ahead of its use. Decode streams K and V
+/// from memory once, doing little arithmetic per byte; left to the hardware prefetcher, the
+/// small-row kernels waited for their rows (head-major V rows first: decode_bnsd/f32/B:8/KV:4096
+/// 32–38 → 30–31 ms, AMD Zen 3). Where it pays (measured on AMD Zen 5, below), the kernels fetch
+/// the rows a few tokens ahead of the ones they compute on.
 template <class X>
 inline void prefetch_row(const X* row, Index n) {
 #if defined(__GNUC__)
@@ -94,6 +68,50 @@ inline void prefetch_row(const X* row, Index n) {
   (void)row;
   (void)n;
 #endif
+}
+
+/// Whether the small-row kernels fetch a tile's rows ahead. Always for fp16 / bf16 / int8 rows,
+/// whose conversion leaves the load ports idle; for float rows only when one head's rows are
+/// adjacent (a head-major cache): float rows of a token-major cache ran 3–10 % slower with the
+/// prefetches, which then compete with the kernel's own loads. Measured on 2 vCPUs of an AMD
+/// EPYC Zen 5, min of 3 interleaved runs, B:8 / KV:4096, one and two threads: decode/f16
+/// 14.1 → 10.2 and 7.4 → 5.4 ms, decode_bnsd/f16 13.8 → 9.7 and 7.5 → 5.4 ms, decode_bnsd/f32
+/// 22.6 → 20.7 and 12.1 → 11.3 ms.
+template <class X>
+constexpr bool kPrefetchRows = sizeof(X) < sizeof(float);
+
+/// Tokens ahead at which the scores kernel fetches K rows (8 to 32 measured alike).
+inline constexpr Index kPrefetchTokens = 16;
+
+/// Raw scores q·k of every head of the block against keys [0, cols): kTokens keys per step,
+/// every head of the step before the next (the heads of a token-major page stay hot).
+template <class X>
+ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const TileRows<X>& k) {
+  simd::with_vector(level, [&](auto vec) {
+    using V = decltype(vec);
+    simd::with_rows(b.rows, [&](auto R) {
+      // Tokens per step: R * kTokens accumulators, at most half the vector registers.
+      constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
+      constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
+      // Rows fetched ahead: see kPrefetchRows (a dequantized tile in the workspace is not).
+      const bool ahead = k.row != nullptr && b.cols > kPrefetchTokens + kTokens &&
+                         (kPrefetchRows<X> || k(b.h0, 1) == k(b.h0, 0) + b.n);
+      Index c = 0;
+      for (; c + kTokens <= b.cols; c += kTokens)
+        for (Index h = b.h0; h < b.h1; ++h) {
+          const X* kt[kTokens];
+          for (int t = 0; t < kTokens; ++t) kt[t] = k(h, c + t);
+          if (ahead && c + kPrefetchTokens + kTokens <= b.cols)
+            for (int t = 0; t < kTokens; ++t) prefetch_row(k(h, c + kPrefetchTokens + t), b.n);
+          simd::dot_rows<V, R(), kTokens>(b.q_of(h), b.n, kt, b.n, b.s_of(h) + c, b.ld);
+        }
+      for (; c < b.cols; ++c)
+        for (Index h = b.h0; h < b.h1; ++h) {
+          const X* kt[1] = {k(h, c)};
+          simd::dot_rows<V, R(), 1>(b.q_of(h), b.n, kt, b.n, b.s_of(h) + c, b.ld);
+        }
+    });
+  });
 }
 
 /// O += P·V for every head of the block over value rows [0, cols). A key masked for a row
@@ -113,14 +131,17 @@ ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool parti
       if (!partial) {  // every row sees every key: blocks of keys, the output in registers
         constexpr Index kKeys = 16;  // the rows of a token-major page stay hot across the heads
         const X* vk[kKeys];
-        // Value rows adjacent in memory (a head-major cache): the next block's rows are fetched
-        // ahead (prefetch_row; token-major rows measured ~10 % slower with it).
-        const bool adjacent = b.cols > 1 && v(b.h0, 1) == v(b.h0, 0) + dv;
+        // The next block's value rows are fetched ahead (see kPrefetchRows): one head's rows
+        // when they are adjacent (a head-major cache), else every head's row of each token when
+        // the heads are adjacent and the rows are narrower than float.
+        const bool adjacent = v.row != nullptr && b.cols > 1 && v(b.h0, 1) == v(b.h0, 0) + dv;
+        const bool heads = v.row != nullptr && kPrefetchRows<X> && !adjacent &&
+                           b.h1 - b.h0 > 1 && v(b.h0 + 1, 0) == v(b.h0, 0) + dv;
         for (Index c = 0; c < b.cols; c += kKeys) {
           const Index n = std::min(kKeys, b.cols - c);
-          if (adjacent)
+          if (adjacent || heads)
             for (Index k = c + n; k < std::min(b.cols, c + n + kKeys); ++k)
-              prefetch_row(v(b.h0, k), dv);
+              prefetch_row(v(b.h0, k), heads ? dv * (b.h1 - b.h0) : dv);
           for (Index h = b.h0; h < b.h1; ++h) {
             for (Index k = 0; k < n; ++k) vk[k] = v(h, c + k);
             simd::axpy_rows_all<V, R()>(b.s_of(h) + c, ld, vk, n, dv, b.o_of(h), dv);
