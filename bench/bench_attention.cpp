@@ -52,24 +52,26 @@ void bandwidth_counters(benchmark::State& state, double bytes, int threads) {
       benchmark::Counter(bytes * 1e-9 / limit, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-template <class T>
+// q and o in T, K and V in TKV (the f32-query / fp16-cache case of a CPU server: TKV = half).
+template <class T, class TKV = T>
 void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal, int threads,
          Index window = 0, bool head_major = false) {
   const auto q = random_vector<T>(static_cast<size_t>(batch * sq * kHeads * kHeadSize), 1);
-  const auto k = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 2);
-  const auto v = random_vector<T>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 3);
+  const auto k = random_vector<TKV>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 2);
+  const auto v = random_vector<TKV>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 3);
   std::vector<T> o(q.size());
-  const auto kv_view = [&](const T* x) {
+  const auto kv_view = [&](const TKV* x) {
     return head_major ? attnref::bnsd_view(x, batch, kKvHeads, skv, kHeadSize)
                       : attnref::bsnd_view(x, batch, skv, kKvHeads, kHeadSize);
   };
-  attnref::AttentionInputs<T> in{attnref::bsnd_view(q.data(), batch, sq, kHeads, kHeadSize),
-                                 kv_view(k.data()), kv_view(v.data())};
+  attnref::AttentionInputs<T, TKV> in{attnref::bsnd_view(q.data(), batch, sq, kHeads, kHeadSize),
+                                      kv_view(k.data()), kv_view(v.data())};
   // The limits are measured once, before the first timed run that needs them.
   const double peak = bench_limits::fma_peak_gflops(threads);
   if (sq == 1)
     bench_limits::read_gbps(
-        static_cast<std::size_t>(2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T)), threads);
+        static_cast<std::size_t>(2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(TKV)),
+        threads);
   attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, sq, kHeads, kHeadSize)};
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
@@ -95,7 +97,7 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   state.counters["of_peak"] =
       benchmark::Counter(flops * 1e-9 / peak, benchmark::Counter::kIsIterationInvariantRate);
   if (sq == 1)
-    bandwidth_counters(state, 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(T), threads);
+    bandwidth_counters(state, 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(TKV), threads);
 }
 
 // Decode over a paged cache: K/V in a pool of blocks of 128 tokens, each sequence's blocks
@@ -197,8 +199,31 @@ void register_dtype() {
     }
 }
 
+// f32 queries and outputs over an fp16 cache (what a CPU server keeps): prefill S 2048 and
+// decode B 1 / 8, as `prefill|decode/f32q_f16kv/...`.
+void register_mixed() {
+  using attnref::half;
+  for (int t : {1, 2}) {
+    const std::string ts = "/threads:" + std::to_string(t);
+    for (bool causal : {false, true})
+      benchmark::RegisterBenchmark(
+          (std::string("prefill/f32q_f16kv/") + (causal ? "causal" : "dense") + "/S:2048" + ts)
+              .c_str(),
+          [=](benchmark::State& st) { run<float, half>(st, 1, 2048, 2048, causal, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    for (Index b : {1, 8})
+      benchmark::RegisterBenchmark(
+          ("decode/f32q_f16kv/B:" + std::to_string(b) + "/KV:4096" + ts).c_str(),
+          [=](benchmark::State& st) { run<float, half>(st, b, 1, 4096, false, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+  }
+}
+
 const bool registered = [] {
   register_dtype<float>();
+  register_mixed();
   register_dtype<attnref::half>();
   register_dtype<attnref::bfloat16>();
   for (bool causal : {false, true})
