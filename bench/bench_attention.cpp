@@ -70,8 +70,7 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   const double peak = bench_limits::fma_peak_gflops(threads);
   if (sq == 1)
     bench_limits::read_gbps(
-        static_cast<std::size_t>(2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(TKV)),
-        threads);
+        static_cast<std::size_t>(2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(TKV)), threads);
   attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, sq, kHeads, kHeadSize)};
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));

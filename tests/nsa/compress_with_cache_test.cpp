@@ -18,12 +18,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "nsa/compress_with_cache_support.hpp"
 #include "reference/nsa_compress.hpp"
 #include "support/cast.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 #include "support/nsa_paged.hpp"
-#include "nsa/compress_with_cache_support.hpp"
 
 namespace compress_with_cache_test {
 
@@ -31,10 +31,10 @@ using attnref::bfloat16;
 using attnref::half;
 using attnref::Index;
 using attnref::StridedView;
-using support::dbl;
-using support::z;
 using compress_with_cache_support::tokens;
 using compress_with_cache_support::vendor_token;
+using support::dbl;
+using support::z;
 using i32 = std::int32_t;
 constexpr float kSentinel = 7.0f;
 
@@ -105,8 +105,8 @@ struct Wc {
 template <class T>
 void check_case(Index l, Index d, Index page, bool strict, unsigned seed) {
   SCOPED_TRACE(::testing::Message() << "l " << l << " d " << d << " page " << page);
-  const std::vector<long> lens = {l - 1, l, l + d, l + d + 1, l + 5 * d, 0, l + 3 * d - 1,
-                                  l + 2 * d, 3 * page + l};
+  const std::vector<long> lens = {l - 1,         l,         l + d,       l + d + 1, l + 5 * d, 0,
+                                  l + 3 * d - 1, l + 2 * d, 3 * page + l};
   Wc<T> c(l, d, page, lens, seed);
   c.p.strict = strict;
   c.run();
@@ -122,9 +122,9 @@ void check_case(Index l, Index d, Index page, bool strict, unsigned seed) {
     const Index s = c.lens[z(b)];
     const std::vector<double> blk(c.x[z(b)].begin() + (s - l) * c.N * c.D,
                                   c.x[z(b)].begin() + s * c.N * c.D);
-    std::vector<double> exact = ref::nsa::compress(blk, static_cast<int>(c.N),
-                                                   static_cast<int>(c.D), c.wd,
-                                                   static_cast<int>(l), static_cast<int>(d), {l});
+    std::vector<double> exact =
+        ref::nsa::compress(blk, static_cast<int>(c.N), static_cast<int>(c.D), c.wd,
+                           static_cast<int>(l), static_cast<int>(d), {l});
     std::vector<double> got;
     for (Index i = 0; i < c.N * c.D; ++i) got.push_back(dbl(c.cache[z(row * c.N * c.D + i)]));
     for (double& e : exact) e = support::rnd<T>(e);
@@ -218,8 +218,7 @@ void step_by_step(Index l, Index d, Index page, bool exact, unsigned seed) {
     } else {
       std::vector<double> a(live), b(live);
       for (size_t i = 0; i < live; ++i) a[i] = dbl(want[i]), b[i] = dbl(cache[i]);
-      ASSERT_TRUE(support::all_close(a, b, support::tolerance(support::kind_of<T>())))
-          << "s " << s;
+      ASSERT_TRUE(support::all_close(a, b, support::tolerance(support::kind_of<T>()))) << "s " << s;
     }
     for (size_t i = live; i < cache.size(); ++i)
       ASSERT_EQ(dbl(cache[i]), kSentinel) << "s " << s << ": a block written early";
@@ -255,8 +254,7 @@ TEST(NsaCompressWithCache, PaddedViewsGiveTheDenseBits) {
   const Index pad = 5, N = c.N, D = c.D, nb = c.pool.blocks;
   std::vector<half> x(z(nb * 64 * N * (D + pad)), half(NAN)), w(z(c.l * (N + 2)), half(NAN)),
       o(z(c.rows * N * (D + pad)), half(kSentinel));
-  for (Index r = 0; r < nb * 64 * N; ++r)
-    std::copy_n(&c.pool.k[z(r * D)], D, &x[z(r * (D + pad))]);
+  for (Index r = 0; r < nb * 64 * N; ++r) std::copy_n(&c.pool.k[z(r * D)], D, &x[z(r * (D + pad))]);
   for (Index j = 0; j < c.l; ++j) std::copy_n(&c.w[z(j * N)], N, &w[z(j * (N + 2))]);
   auto in = c.inputs();
   in.input = StridedView<const half>(x.data(), {nb, 64, N, D},
@@ -301,7 +299,9 @@ TEST(NsaCompressWithCache, RejectsBadInputBeforeWriting) {
       {[](Wh&, P& p, auto&, auto&) { p.page_block_size = 128; }, "input.shape[1]", false},
       {[](Wh&, P& p, auto&, auto&) { p.compress_stride = 33; }, "compress_stride", false},
       {[](Wh&, P& p, auto&, auto&) { p.compress_stride = 8; }, "vendor rule", false},
-      {[](Wh& c, P&, auto& in, auto&) { in.weight = StridedView<const half>(c.w.data(), {31, 3}); },
+      {[](Wh& c, P&, auto& in, auto&) {
+         in.weight = StridedView<const half>(c.w.data(), {31, 3});
+       },
        "weight.shape", false},
       {[](Wh& c, P&, auto&, auto& out) {
          out.output_cache = StridedView<half>(c.cache.data(), {c.rows, c.N, c.D - 1});
@@ -315,7 +315,9 @@ TEST(NsaCompressWithCache, RejectsBadInputBeforeWriting) {
          in.block_table = StridedView<const i32>(c.pool.table.data(), {3, c.pool.max_blocks});
        },
        "block_table.shape", false},
-      {[](Wh& c, P&, auto& in, auto&) { in.input = StridedView<const half>(nullptr, {c.pool.blocks, 64, 3, 32}); },
+      {[](Wh& c, P&, auto& in, auto&) {
+         in.input = StridedView<const half>(nullptr, {c.pool.blocks, 64, 3, 32});
+       },
        "input", false},
   };
   for (const Edit& e : edits) {

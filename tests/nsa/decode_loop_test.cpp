@@ -129,7 +129,8 @@ struct Loop {
   }
   bool untouched() const {
     auto sentinel = [](T x) { return dbl(x) == kSentinel; };
-    return std::all_of(ck.begin(), ck.end(), sentinel) && std::all_of(cv.begin(), cv.end(), sentinel);
+    return std::all_of(ck.begin(), ck.end(), sentinel) &&
+           std::all_of(cv.begin(), cv.end(), sentinel);
   }
 };
 
@@ -243,7 +244,8 @@ TEST(NsaUpdateCompressedCache, DecodeLoopEqualsIndependentStepsOnFreshCaches) {
     ASSERT_EQ(t_loop, t_fresh) << "step " << step;
     ASSERT_EQ(std::memcmp(o_loop.data(), o_fresh.data(), o_loop.size() * sizeof(half)), 0)
         << "step " << step;
-    ASSERT_TRUE(std::all_of(o_loop.begin(), o_loop.end(), [](half x) { return std::isfinite(dbl(x)); }));
+    ASSERT_TRUE(
+        std::all_of(o_loop.begin(), o_loop.end(), [](half x) { return std::isfinite(dbl(x)); }));
   }
   expect_current(s);
 }
@@ -259,14 +261,16 @@ TEST(NsaUpdateCompressedCache, RejectsBadInputWithTheCachesUntouched) {
     bool oor;
   };
   const std::vector<Edit> edits = {
-      {[](L& s, auto&, In&, Out&) { s.ctable[0] = static_cast<i32>(s.cnb); }, "cmp_block_table[0][0]",
-       true},
+      {[](L& s, auto&, In&, Out&) { s.ctable[0] = static_cast<i32>(s.cnb); },
+       "cmp_block_table[0][0]", true},
       {[](L& s, auto&, In&, Out&) { s.ctable[z(s.cmb)] = -1; }, "cmp_block_table[1][0]", true},
       {[](L& s, auto&, In&, Out&) { s.full.table[0] = -3; }, "block_table[0][0]", true},
       {[](L& s, auto&, In&, Out&) { s.ctable[z(s.cmb)] = s.ctable[0]; }, "cmp_block_table maps two",
        false},
-      {[](L&, auto&, In& in, Out&) { in.actual_new_kv_len = {101, 1}; }, "actual_new_kv_len[0]",
-       false},
+      {[](L&, auto&, In& in, Out&) {
+         in.actual_new_kv_len = {101, 1};
+       },
+       "actual_new_kv_len[0]", false},
       {[](L&, auto&, In& in, Out&) { in.actual_new_kv_len = {1}; }, "actual_new_kv_len", false},
       {[](L&, auto&, In& in, Out&) { in.actual_sel_kv_seq_len[1] = 10000; },
        "actual_sel_kv_seq_len[1] out of range", false},
@@ -303,8 +307,7 @@ TEST(NsaUpdateCompressedCache, RejectsBadInputWithTheCachesUntouched) {
     SCOPED_TRACE(e.what);
     support::expect_validate_agrees([&] { attnref::validate(p, in, out); },
                                     [&] { attnref::nsa_update_compressed_cache(p, in, out); });
-    support::expect_throw([&] { attnref::nsa_update_compressed_cache(p, in, out); }, e.what,
-                          e.oor);
+    support::expect_throw([&] { attnref::nsa_update_compressed_cache(p, in, out); }, e.what, e.oor);
     EXPECT_TRUE(s.untouched());
   }
   L s = base;

@@ -148,13 +148,14 @@ void nsa_compress_block(const T* const* rows, const float* w, Index l, Index D, 
 /// [B, maxBlocks], out [rows, N, D]. Each write is one work item; the bits do not depend on
 /// the thread count.
 template <class T>
-void nsa_compress_writes(const std::vector<NsaCompressWrite>& writes, const StridedView<const T>& in,
-                         const StridedView<const T>& weight,
+void nsa_compress_writes(const std::vector<NsaCompressWrite>& writes,
+                         const StridedView<const T>& in, const StridedView<const T>& weight,
                          const StridedView<const std::int32_t>& table, Index l,
                          const StridedView<T>& out, const ExecConfig& exec) {
   const Index page = in.size(1), N = in.size(2), D = in.size(3), mb = table.size(1);
   std::vector<float> w(static_cast<size_t>(l * N));
-  for (Index i = 0; i < l * N; ++i) w[static_cast<size_t>(i)] = static_cast<float>(weight.data()[i]);
+  for (Index i = 0; i < l * N; ++i)
+    w[static_cast<size_t>(i)] = static_cast<float>(weight.data()[i]);
   struct Scratch {
     std::vector<float> sums, w;
     std::vector<const T*> rows;
@@ -191,10 +192,10 @@ inline void nsa_check_writes(const char* fn, const std::vector<NsaCompressWrite>
   for (const NsaCompressWrite& w : writes)
     for (Index pg = (w.end - l) / page; pg <= (w.end - 1) / page; ++pg) {
       const std::int32_t e = table.data()[w.batch * mb + pg];
-      ATTNREF_CHECK(e >= 0 && e < blocks, std::out_of_range, fn,
-                    std::string(table_name) + "[" + std::to_string(w.batch) + "][" +
-                        std::to_string(pg) + "]",
-                    "out of range", "[0, " + std::to_string(blocks) + ")", e);
+      ATTNREF_CHECK(
+          e >= 0 && e < blocks, std::out_of_range, fn,
+          std::string(table_name) + "[" + std::to_string(w.batch) + "][" + std::to_string(pg) + "]",
+          "out of range", "[0, " + std::to_string(blocks) + ")", e);
     }
   std::vector<NsaCompressWrite> by_row = writes;
   std::sort(by_row.begin(), by_row.end(),
@@ -287,8 +288,7 @@ std::vector<NsaCompressWrite> nsa_compress_with_cache_plan(
   const auto& o = out.output_cache;
   ATTNREF_CHECK(!o.absent() && o.rank() == 3 && o.size(1) == N && o.size(2) == D,
                 std::invalid_argument, fn, "output_cache.shape", "mismatch",
-                "[result_len, " + std::to_string(N) + ", " + std::to_string(D) + "]",
-                shape_str(o));
+                "[result_len, " + std::to_string(N) + ", " + std::to_string(D) + "]", shape_str(o));
   const Index cap = checked_mul(fn, "block_table.shape[1] * page_block_size", bt.size(1), page);
   for (Index b = 0; b < B; ++b) {
     const std::int64_t s = in.act_seq_len[static_cast<size_t>(b)];
@@ -334,13 +334,13 @@ std::vector<NsaCompressWrite> nsa_update_plan(const NsaDecodeParams& p,
                 "params.page_block_size / cmp_page_block_size", "not positive", ">= 1",
                 std::to_string(page) + " / " + std::to_string(cpage));
   const Index B = static_cast<Index>(in.actual_sel_kv_seq_len.size());
-  ATTNREF_CHECK(B > 0, std::invalid_argument, fn, "actual_sel_kv_seq_len", "required",
-                "B lengths", "none");
+  ATTNREF_CHECK(B > 0, std::invalid_argument, fn, "actual_sel_kv_seq_len", "required", "B lengths",
+                "none");
   const auto& k = in.key;
-  ATTNREF_CHECK(!k.absent() && k.rank() == 3 && k.size(1) == page && k.size(2) > 0 &&
-                    k.size(2) % KVN == 0,
-                std::invalid_argument, fn, "key.shape", "mismatch",
-                "[numBlocks, " + std::to_string(page) + ", KV_N * Dqk]", shape_str(k));
+  ATTNREF_CHECK(
+      !k.absent() && k.rank() == 3 && k.size(1) == page && k.size(2) > 0 && k.size(2) % KVN == 0,
+      std::invalid_argument, fn, "key.shape", "mismatch",
+      "[numBlocks, " + std::to_string(page) + ", KV_N * Dqk]", shape_str(k));
   const Index nb = k.size(0);
   Dqk = k.size(2) / KVN;
   const auto& v = in.value;
@@ -401,8 +401,8 @@ std::vector<NsaCompressWrite> nsa_update_plan(const NsaDecodeParams& p,
     for (Index i = nsa_compressed_count(s - n, l, d); i < c1; ++i) {
       const std::int32_t e = cbt.data()[b * cbt.size(1) + i / cpage];
       ATTNREF_CHECK(e >= 0 && e < cnb, std::out_of_range, fn,
-                    "cmp_block_table" + at + "[" + std::to_string(i / cpage) + "]",
-                    "out of range", "[0, " + std::to_string(cnb) + ")", e);
+                    "cmp_block_table" + at + "[" + std::to_string(i / cpage) + "]", "out of range",
+                    "[0, " + std::to_string(cnb) + ")", e);
       writes.push_back({b, i * d + l, e * cpage + i % cpage});
     }
   }
@@ -431,7 +431,8 @@ void validate(const NsaCompressWithCacheParams& p, const NsaCompressWithCacheInp
 template <class T>
 void nsa_compress_with_cache(const NsaCompressWithCacheParams& p,
                              const NsaCompressWithCacheInputs<T>& in,
-                             const NsaCompressWithCacheOutputs<T>& out, const ExecConfig& exec = {}) {
+                             const NsaCompressWithCacheOutputs<T>& out,
+                             const ExecConfig& exec = {}) {
   constexpr const char* fn = "nsa_compress_with_cache";
   detail::check_exec(fn, exec);
   detail::dense_call(fn, in, out, true, [&](const auto& din, const auto& dout) {
@@ -468,12 +469,12 @@ void nsa_update_compressed_cache(const NsaDecodeParams& p, const NsaCacheUpdateI
     const Index KVN = p.num_key_value_heads, nb = din.key.size(0), pbs = p.page_block_size;
     const Index rows = dout.cmp_key.size(0) * dout.cmp_key.size(1);
     const Index l = p.compress_block_size;
-    detail::nsa_compress_writes<T>(writes, StridedView<const T>(din.key.data(), {nb, pbs, KVN, Dqk}),
-                                   din.key_weight, din.block_table, l,
-                                   StridedView<T>(dout.cmp_key.data(), {rows, KVN, Dqk}), exec);
-    detail::nsa_compress_writes<T>(writes, StridedView<const T>(din.value.data(), {nb, pbs, KVN, Dv}),
-                                   din.value_weight, din.block_table, l,
-                                   StridedView<T>(dout.cmp_value.data(), {rows, KVN, Dv}), exec);
+    detail::nsa_compress_writes<T>(
+        writes, StridedView<const T>(din.key.data(), {nb, pbs, KVN, Dqk}), din.key_weight,
+        din.block_table, l, StridedView<T>(dout.cmp_key.data(), {rows, KVN, Dqk}), exec);
+    detail::nsa_compress_writes<T>(
+        writes, StridedView<const T>(din.value.data(), {nb, pbs, KVN, Dv}), din.value_weight,
+        din.block_table, l, StridedView<T>(dout.cmp_value.data(), {rows, KVN, Dv}), exec);
   });
 }
 

@@ -135,8 +135,8 @@ ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool parti
         // when they are adjacent (a head-major cache), else every head's row of each token when
         // the heads are adjacent and the rows are narrower than float.
         const bool adjacent = v.row != nullptr && b.cols > 1 && v(b.h0, 1) == v(b.h0, 0) + dv;
-        const bool heads = v.row != nullptr && kPrefetchRows<X> && !adjacent &&
-                           b.h1 - b.h0 > 1 && v(b.h0 + 1, 0) == v(b.h0, 0) + dv;
+        const bool heads = v.row != nullptr && kPrefetchRows<X> && !adjacent && b.h1 - b.h0 > 1 &&
+                           v(b.h0 + 1, 0) == v(b.h0, 0) + dv;
         for (Index c = 0; c < b.cols; c += kKeys) {
           const Index n = std::min(kKeys, b.cols - c);
           if (adjacent || heads)
