@@ -11,6 +11,7 @@
 #include "attnref/attention/paged_kv.hpp"
 #include "attnref/attention/params.hpp"
 #include "attnref/attention/variant.hpp"
+#include "attnref/cann/fused_infer_attention_score.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
 #include "attnref/core/error.hpp"

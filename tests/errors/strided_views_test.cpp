@@ -108,6 +108,41 @@ TEST(StridedViews, IncreFlashAttentionBnsdWithTwoKeyTensors) {
   });
 }
 
+// Both outputs strided: attention_out and softmax_lse (prompt branch with padded rows and an
+// empty batch, and the incremental branch over a two-tensor list).
+TEST(StridedViews, FusedInferAttentionScoreWithItsLse) {
+  const Index B = 2, S1 = 5, S2 = 7, N = 4, KVN = 2, D = 8;
+  for (const Index qs : {S1, Index{1}}) {
+    const auto q = randn<half>(B * qs * N * D, 11), k = randn<half>(B * S2 * KVN * D, 12),
+               v = randn<half>(B * S2 * KVN * D, 13);
+    attnref::FusedInferAttentionScoreParams p;
+    p.num_heads = N, p.num_key_value_heads = KVN, p.input_layout = "BSND", p.scale_value = 0.3;
+    p.softmax_lse_flag = true;
+    attnref::FusedInferAttentionScoreInputs<half> in;
+    in.query = StridedView<const half>(q.data(), {B, qs, N, D});
+    in.key = {StridedView<const half>(k.data(), {B, S2, KVN, D})};
+    in.value = {StridedView<const half>(v.data(), {B, S2, KVN, D})};
+    if (qs > 1) in.actual_seq_lengths = {3, 5};
+    in.actual_seq_lengths_kv = {0, 6};
+    std::vector<half> o(static_cast<size_t>(B * qs * N * D), half(7.0f)), dense_o(o);
+    std::vector<float> lse(static_cast<size_t>(B * N * qs), 7.0f), dense_lse(lse);
+    using Out = attnref::FusedInferAttentionScoreOutputs<half>;
+    attnref::fused_infer_attention_score(p, in,
+                                         Out{StridedView<half>(dense_o.data(), {B, qs, N, D}),
+                                             StridedView<float>(dense_lse.data(), {B, N, qs, 1})});
+    support::Restrider r;
+    auto sin = in;
+    sin.for_each_view(r);
+    Out so{StridedView<half>(o.data(), {B, qs, N, D}),
+           StridedView<float>(lse.data(), {B, N, qs, 1})};
+    so.for_each_view(r);
+    attnref::fused_infer_attention_score(p, sin, so);
+    EXPECT_TRUE(same_bits(gather(so.attention_out), dense_o));
+    EXPECT_TRUE(same_bits(gather(so.softmax_lse), dense_lse));
+    EXPECT_TRUE(r.gaps_intact());
+  }
+}
+
 TEST(StridedViews, MlaDecodePassesStridesToTheEngine) {
   const Index B = 2, H = 3, C = 16, R = 8, W = C + R, bs = 4, blocks = 5;
   attnref::MlaDecodeParams p;

@@ -61,7 +61,9 @@ struct Pfa {
 };
 
 // q[b]: [S1_b][N][D], k[b]: [S2_b][KV_N][D], v[b]: [S2_b][KV_N][Dv]. Returns [S1_b][N][Dv].
-Seqs pfa(const Pfa& pr, const Seqs& q, const Seqs& k, const Seqs& v);
+// lse (optional): [b][h·S1_b + i] = ln Σ exp(s_j) over the row's candidate scores (max + ln of
+// the shifted sum); -inf for a row without a candidate.
+Seqs pfa(const Pfa& pr, const Seqs& q, const Seqs& k, const Seqs& v, Seqs* lse = nullptr);
 
 struct Ifa {
   int num_heads = 1, num_kv_heads = 1, head_size = 1;
@@ -72,8 +74,9 @@ struct Ifa {
   std::function<double(int b, int h, int j)> pse{};
 };
 
-// q[b]: [N][D], k[b], v[b]: [L_b][KV_N][D] (dequantized). Returns [B][N][D].
-Seqs ifa(const Ifa& pr, const Seqs& q, const Seqs& k, const Seqs& v);
+// q[b]: [N][D], k[b], v[b]: [L_b][KV_N][D] (dequantized). Returns [B][N][D]. lse (optional):
+// [b][h], as pfa's (-inf when L_b = 0).
+Seqs ifa(const Ifa& pr, const Seqs& q, const Seqs& k, const Seqs& v, Seqs* lse = nullptr);
 
 // IFA antiquant: x = (x8 + offset[c]) · scale[c], c a channel kvHead · D + d (per tensor: one
 // value); `offset` empty: 0. Exact in double.

@@ -122,6 +122,8 @@ struct IfaKv {
   std::vector<TKV> packed_k, packed_v;  // BNSD tensor lists of different S, gathered
   std::vector<Index> shift;
   Index mask_cols = 0;
+  /// The caller's name of the kv-length list (FusedInferAttentionScore: actual_seq_lengths_kv).
+  std::string lens_arg = "actual_seq_lengths";
 };
 
 /// A paged cache: one tensor each, [blockNum, blockSize, KV_N·D] (or BNSD [blockNum, KV_N,
@@ -158,11 +160,11 @@ void ifa_paged_kv(const char* fn, const IncreFlashAttentionParams& params,
   ATTNREF_CHECK(!bt.absent() && bt.rank() == 2 && bt.size(0) == B, std::invalid_argument, fn,
                 "block_table.shape", "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]",
                 shape_str(bt));
-  ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, "actual_seq_lengths",
+  ATTNREF_CHECK(!in.actual_seq_lengths.empty(), std::invalid_argument, fn, kv.lens_arg,
                 "required when paged", "kv lengths", "none");
   kv.mask_cols = detail::checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
   kv.cache.context_lens =
-      detail::cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, B, kv.mask_cols);
+      detail::cann_lengths(fn, kv.lens_arg.c_str(), in.actual_seq_lengths, B, kv.mask_cols);
   if (kc.rank() == 3) {
     kv.cache.k = StridedView<const TKV, 4>(kc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
     kv.cache.v = StridedView<const TKV, 4>(vc.data(), {nb, bs, kvn, D}, {bs * width, width, D, 1});
@@ -174,7 +176,7 @@ void ifa_paged_kv(const char* fn, const IncreFlashAttentionParams& params,
   }
   kv.cache.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
   // Every used block-table entry, named (std::out_of_range), before anything is written.
-  kv.cache.validate(fn, {"key[0]", "value[0]", "block_table", "actual_seq_lengths",
+  kv.cache.validate(fn, {"key[0]", "value[0]", "block_table", kv.lens_arg.c_str(),
                          "params.block_size", "blockSize"});
 }
 
@@ -208,7 +210,7 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
   kv.cache.context_lens.resize(static_cast<size_t>(B));
   const auto& al = in.actual_seq_lengths;
   ATTNREF_CHECK(al.empty() || al.size() == 1 || static_cast<Index>(al.size()) >= B,
-                std::invalid_argument, fn, "actual_seq_lengths", "length neither 1 nor >= batch",
+                std::invalid_argument, fn, kv.lens_arg, "length neither 1 nor >= batch",
                 "1 or >= " + std::to_string(B), std::to_string(al.size()));
   for (Index b = 0; b < B; ++b) {
     const Index s_b = dims[list ? static_cast<size_t>(b) : 0][1];
@@ -216,7 +218,7 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
     if (!al.empty()) {
       const std::int64_t v = al[al.size() == 1 ? 0 : static_cast<size_t>(b)];
       ATTNREF_CHECK(v >= 0 && v <= s_b, std::invalid_argument, fn,
-                    "actual_seq_lengths[" + std::to_string(b) + "]", "out of range",
+                    kv.lens_arg + "[" + std::to_string(b) + "]", "out of range",
                     "[0, " + std::to_string(s_b) + "]", std::to_string(v));
       l = static_cast<Index>(v);
     }
@@ -229,8 +231,7 @@ void ifa_listed_kv(const char* fn, const IncreFlashAttentionInputs<T, TKV, TM>& 
     ATTNREF_CHECK(in.key.size() == 1, std::invalid_argument, fn, "kv_padding_size",
                   "needs one key / value tensor", "a list of 1", std::to_string(in.key.size()));
     ATTNREF_CHECK(!al.empty(), std::invalid_argument, fn, "kv_padding_size",
-                  "given without actual_seq_lengths (the NPU would ignore it)",
-                  "actual_seq_lengths", "none");
+                  "given without kv lengths (the NPU would ignore it)", kv.lens_arg, "none");
     const Index S = dims[0][1];
     const Index pad = std::max<Index>(0, static_cast<Index>(*kp.data()));
     kv.shift.assign(static_cast<size_t>(B), 0);
@@ -316,7 +317,8 @@ struct IfaPlan : CannFront {
 template <class T, class TKV, class TM, class TO>
 IfaPlan<TKV> ifa_plan(const char* fn, const IncreFlashAttentionParams& params,
                       const IncreFlashAttentionInputs<T, TKV, TM>& in,
-                      const IncreFlashAttentionOutputs<TO>& out) {
+                      const IncreFlashAttentionOutputs<TO>& out,
+                      const char* lens_arg = "actual_seq_lengths") {
   check_views(fn, "query", in.query, "pse_shift", in.pse_shift, "atten_mask", in.atten_mask,
               "antiquant_scale", in.antiquant_scale, "antiquant_offset", in.antiquant_offset,
               "antiquant_scale_per_token", in.antiquant_scale_per_token,
@@ -352,6 +354,7 @@ IfaPlan<TKV> ifa_plan(const char* fn, const IncreFlashAttentionParams& params,
   ATTNREF_CHECK(in.kv_padding_size.absent() || !paged, std::invalid_argument, fn, "kv_padding_size",
                 "not supported with a paged cache", "no block_table", shape_str(in.block_table));
   IfaKv<TKV>& kv = pl.kv;
+  kv.lens_arg = lens_arg;
   if (paged)
     ifa_paged_kv(fn, params, in, layout, B, kvn, D, kv);
   else
@@ -464,6 +467,8 @@ struct IfaProblem {
   AttentionParams ep;
   AttentionOutputs<TO> eo;
   ExecConfig ex;
+  const char* fn = "incre_flash_attention";     ///< the operator named in error messages
+  const char* lens_arg = "actual_seq_lengths";  ///< the caller's name of the kv lengths
 };
 
 /// The engine problem, validated against the caller's tensors, with the shared query / output
@@ -477,7 +482,7 @@ void ifa_engine_problem(const IncreFlashAttentionParams& params,
                         const IncreFlashAttentionOutputs<TO>& out, IfaProblem<T, TKV, TM, TO>& pr) {
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   constexpr bool kQuant = std::is_same_v<TKV, std::int8_t>;
-  constexpr const char* fn = "incre_flash_attention";
+  const char* fn = pr.fn;
   const IfaPlan<TKV>& pl = pr.pl;
   const Index B = pl.B, D = pl.D, n = pl.n, per = pl.per;
   auto& var = pr.var;
@@ -539,9 +544,9 @@ void ifa_prepare(const IncreFlashAttentionParams& params,
                     std::is_same_v<TM, std::uint8_t>,
                 "incre_flash_attention mask: bool, int8 or uint8");
   pr.ex = exec;
-  pr.pl = ifa_plan("incre_flash_attention", params, in, out);
-  ifa_bind_masks("incre_flash_attention", params, in, pr.pl, pr.var);
-  ifa_antiquant("incre_flash_attention", params, in, pr.pl);
+  pr.pl = ifa_plan(pr.fn, params, in, out, pr.lens_arg);
+  ifa_bind_masks(pr.fn, params, in, pr.pl, pr.var);
+  ifa_antiquant(pr.fn, params, in, pr.pl);
   ifa_engine_problem(params, in, out, pr);
 }
 

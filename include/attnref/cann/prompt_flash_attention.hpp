@@ -442,6 +442,7 @@ struct PfaProblem {
   AttentionParams ep;
   AttentionOutputs<TO> eo;
   ExecConfig ex;
+  const char* fn = "prompt_flash_attention";  ///< the operator named in error messages
 };
 
 /// The quantization scales, then the engine problem, validated against the caller's tensors,
@@ -454,7 +455,7 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
   constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   using L = Layout;
-  constexpr const char* fn = "prompt_flash_attention";
+  const char* fn = pr.fn;
   const PfaPlan& pl = pr.pl;
   const Layout layout = pl.layout;
   const Index n = pl.n, Dv = pl.Dv;
@@ -529,7 +530,7 @@ void pfa_prepare(const PromptFlashAttentionParams& params,
   static_assert(std::is_same_v<TM, bool> || std::is_same_v<TM, std::int8_t> ||
                     std::is_same_v<TM, std::uint8_t>,
                 "prompt_flash_attention mask: bool, int8 or uint8");
-  constexpr const char* fn = "prompt_flash_attention";
+  const char* fn = pr.fn;
   detail::check_views(fn, "query", in.query, "key", in.key, "value", in.value, "pse_shift",
                       in.pse_shift, "atten_mask", in.atten_mask, "deq_scale1", in.deq_scale1,
                       "quant_scale1", in.quant_scale1, "deq_scale2", in.deq_scale2, "quant_scale2",

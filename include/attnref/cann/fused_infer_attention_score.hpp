@@ -1,0 +1,339 @@
+#pragma once
+/// attnref::fused_infer_attention_score — CANN FusedInferAttentionScore
+/// (aclnnFusedInferAttentionScore V1–V4, torch_npu.npu_fused_infer_attention_score, MindSpore
+/// ops.fused_infer_attention_score) as a plan over the PromptFlashAttention and
+/// IncreFlashAttention plans (docs/fia.md, docs/semantics.md §7.1).
+///
+/// Routing (the vendor's tiling, IsUsingIFA, for the layouts attnref implements): layouts BSH,
+/// BSND and BNSD with Q_S == 1 take the incremental branch (IncreFlashAttention's semantics);
+/// every other call, TND included (even with T == 1), takes the prompt branch
+/// (PromptFlashAttention's). BNSD_BSND with Q_S == 1 is rejected, as the vendor rejects it.
+/// Parameters the documents call "invalid" (no effect) in a branch are accepted and ignored
+/// there: with Q_S == 1 actual_seq_lengths, pre_tokens, next_tokens and sparse_mode (still
+/// checked to be 0–4); with Q_S > 1 antiquant_mode.
+///
+/// softmax_lse (softmax_lse_flag): fp32 [B, N, Q_S, 1] (TND: [T, N, 1]), ln Σ_j exp(s_j) over
+/// the row's scores as the branch computes them (scaled, pse added, masked keys at their fill
+/// value; the keys a row excludes are not in the sum). A row without any key (a batch with
+/// no keys, rows the band or an excluding mask leaves empty, padded query rows) gets the
+/// branch's invalid-row value: +inf in the prompt branch, -3.40e38 in the incremental one (the
+/// values the vendor's kernels write; the documents say only "inf marks invalid rows"). With
+/// the flag off, softmax_lse is neither checked nor written (the vendor returns it as given).
+///
+/// Every check runs before anything is written; results never depend on exec.threads. The
+/// features of the V2–V4 parameter set not listed here (separate K / V antiquant, shared
+/// prefix, rope split, query quantization, learnable sink, int4, paged or left-padded KV in
+/// the prompt branch, query left padding) are not implemented yet: their inputs do not exist
+/// in these structs.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/cann/detail/common.hpp"
+#include "attnref/cann/incre_flash_attention.hpp"
+#include "attnref/cann/prompt_flash_attention.hpp"
+#include "attnref/core/dense.hpp"
+#include "attnref/core/types.hpp"
+
+namespace attnref {
+
+/// The scalar attributes (aclnn names in snake case; defaults those of the operator's IR and
+/// torch_npu except inner_precise, whose IR default 1 is kept).
+struct FusedInferAttentionScoreParams {
+  std::int64_t num_heads = 1;                   ///< numHeads
+  double scale_value = 1.0;                     ///< scaleValue
+  std::int64_t pre_tokens = 2147483647;         ///< preTokens (prompt branch)
+  std::int64_t next_tokens = 2147483647;        ///< nextTokens (prompt branch)
+  std::string input_layout = "BSH";             ///< BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND
+  std::int64_t num_key_value_heads = 0;         ///< 0: num_heads
+  std::int64_t sparse_mode = 0;                 ///< 0–4 (prompt branch)
+  std::int64_t inner_precise = 1;               ///< 0–3 (incremental branch: 0 or 1)
+  std::int64_t block_size = 0;                  ///< paged KV (incremental branch, with block_table)
+  std::int64_t antiquant_mode = 0;              ///< 0 per channel / tensor, 1 per token (Q_S == 1)
+  bool softmax_lse_flag = false;                ///< write softmax_lse
+  PseOrder pse_order = PseOrder::ScaleThenAdd;  ///< attnref extension (see PseOrder)
+  int quant_block_size = 128;  ///< attnref extension: the int8 path's P block (PFA's)
+};
+
+/// T: half or bfloat16 (float: attnref extension), or int8 (the prompt branch's int8 path).
+/// TKV: T, or int8 with a floating T (antiquant, incremental branch). TM: bool, int8 or uint8.
+/// TP: the pse type (T; half with int8 data).
+template <class T, class TKV = T, class TM = std::uint8_t,
+          class TP = typename detail::pfa_pse<T>::type>
+struct FusedInferAttentionScoreInputs {
+  StridedView<const T> query;  ///< BSH, BSND, BNSD(_BSND) or TND, as PromptFlashAttention's
+  /// One tensor (batch B), or (Q_S == 1) B tensors of batch 1; paged (block_table): the cache
+  /// [blockNum, blockSize, KV_N·D] or [blockNum, KV_N, blockSize, D] (BNSD).
+  std::vector<StridedView<const TKV>> key;
+  std::vector<StridedView<const TKV>> value;
+  StridedView<const TP> pse_shift{};                  ///< [B or 1, N, Q_S', KV_S']
+  StridedView<const TM> atten_mask{};                 ///< Q_S > 1: PFA's shapes; Q_S == 1: IFA's
+  std::vector<std::int64_t> actual_seq_lengths{};     ///< query lengths (TND: cumulative)
+  std::vector<std::int64_t> actual_seq_lengths_kv{};  ///< kv lengths (TND: cumulative)
+  /// int8 query / key / value (prompt branch): per-tensor fp32 scales, as PromptFlashAttention.
+  StridedView<const float> deq_scale1{};
+  StridedView<const float> quant_scale1{};
+  StridedView<const float> deq_scale2{};
+  /// int8 output: per tensor or per channel (N·Dv values); the offset is optional.
+  StridedView<const float> quant_scale2{};
+  StridedView<const float> quant_offset2{};
+  /// int8 key / value with Q_S == 1, as IncreFlashAttention: antiquant_mode 0 in the query's
+  /// type, (2, KV_N, 1, D), (2, 1, KV_N, D), (2, KV_N, D), (2, KV_N·D) or (2); antiquant_mode 1
+  /// fp32 (2, B, S') in the *_per_token fields. Offsets optional.
+  StridedView<const T> antiquant_scale{};
+  StridedView<const T> antiquant_offset{};
+  StridedView<const float> antiquant_scale_per_token{};
+  StridedView<const float> antiquant_offset_per_token{};
+  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq] (Q_S == 1)
+  StridedView<const std::int64_t> kv_padding_size{};  ///< one value (Q_S == 1)
+
+  template <class F>
+  void for_each_view(F&& f) {
+    f("query", query);
+    for (size_t i = 0; i < key.size(); ++i) f("key[" + std::to_string(i) + "]", key[i]);
+    for (size_t i = 0; i < value.size(); ++i) f("value[" + std::to_string(i) + "]", value[i]);
+    f("pse_shift", pse_shift), f("atten_mask", atten_mask);
+    f("deq_scale1", deq_scale1), f("quant_scale1", quant_scale1), f("deq_scale2", deq_scale2);
+    f("quant_scale2", quant_scale2), f("quant_offset2", quant_offset2);
+    f("antiquant_scale", antiquant_scale), f("antiquant_offset", antiquant_offset);
+    f("antiquant_scale_per_token", antiquant_scale_per_token);
+    f("antiquant_offset_per_token", antiquant_offset_per_token);
+    f("block_table", block_table), f("kv_padding_size", kv_padding_size);
+  }
+};
+
+template <class TO>
+struct FusedInferAttentionScoreOutputs {
+  StridedView<TO> attention_out;     ///< the query's layout (BNSD_BSND: BSND), head size Dv
+  StridedView<float> softmax_lse{};  ///< [B, N, Q_S, 1] (TND: [T, N, 1]) with the flag
+
+  template <class F>
+  void for_each_view(F&& f) {
+    f("attention_out", attention_out), f("softmax_lse", softmax_lse);
+  }
+};
+
+namespace detail {
+
+inline constexpr const char* kFia = "fused_infer_attention_score";
+
+/// The branch of a call: the layout, Q_S (TND: T) and whether it is incremental.
+struct FiaRoute {
+  Layout layout = Layout::BSH;
+  Index q_s = 0;
+  bool incre = false;
+};
+
+template <class T>
+FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<const T>& q) {
+  using L = Layout;
+  FiaRoute r;
+  r.layout = parse_layout(kFia, "params.input_layout", p.input_layout,
+                          {L::BSH, L::BSND, L::BNSD, L::BNSD_BSND, L::TND});
+  const Index rank = r.layout == L::BSH || r.layout == L::TND ? 3 : 4;
+  ATTNREF_CHECK(!q.absent() && q.rank() == rank, std::invalid_argument, kFia, "query.shape",
+                "rank mismatch for the layout", "rank " + std::to_string(rank), shape_str(q));
+  r.q_s = r.layout == L::TND
+              ? q.size(0)
+              : (r.layout == L::BNSD || r.layout == L::BNSD_BSND ? q.size(2) : q.size(1));
+  ATTNREF_CHECK(!(r.layout == L::BNSD_BSND && r.q_s == 1), std::invalid_argument, kFia,
+                "params.input_layout", "BNSD_BSND is not supported when Q_S is 1",
+                "BSH, BSND or BNSD", "BNSD_BSND");
+  r.incre = r.layout != L::TND && r.layout != L::BNSD_BSND && r.q_s == 1;
+  (void)cann_kv_heads(kFia, p.num_heads, p.num_key_value_heads);  // (before shapes use N)
+  ATTNREF_CHECK(p.sparse_mode >= 0 && p.sparse_mode <= 4, std::invalid_argument, kFia,
+                "params.sparse_mode", "out of range", "0–4", std::to_string(p.sparse_mode));
+  return r;
+}
+
+/// softmax_lse's shape when the flag is set: [B, N, Q_S, 1], or [T, N, 1] with TND.
+template <class T>
+void fia_check_lse(const FusedInferAttentionScoreParams& p, const FiaRoute& r,
+                   const StridedView<const T>& q, const StridedView<float>& lse) {
+  if (!p.softmax_lse_flag) return;
+  const Index n = static_cast<Index>(p.num_heads);
+  const std::vector<Index> want = r.layout == Layout::TND
+                                      ? std::vector<Index>{r.q_s, n, 1}
+                                      : std::vector<Index>{q.size(0), n, r.q_s, 1};
+  ATTNREF_CHECK(!lse.absent() && lse.shape() == want, std::invalid_argument, kFia,
+                "softmax_lse.shape", "mismatch (softmax_lse_flag is set)", dims_str(want),
+                shape_str(lse));
+}
+
+/// The engine's view of softmax_lse, [B, N, S] (TND: [1, N, T]), over the dense stand-in.
+inline StridedView<float, 3> fia_lse_view(float* p, const FiaRoute& r, Index B, Index n) {
+  if (r.layout == Layout::TND) return StridedView<float, 3>(p, {1, n, r.q_s}, {r.q_s * n, 1, n});
+  return StridedView<float, 3>(p, {B, n, r.q_s}, {n * r.q_s, r.q_s, 1});
+}
+
+/// Rows the engine left without a key (lse -inf) get `invalid`.
+inline void fia_invalid_rows(const StridedView<float, 3>& lse, float invalid) {
+  for (Index b = 0; b < lse.size(0); ++b)
+    for (Index h = 0; h < lse.size(1); ++h)
+      for (Index i = 0; i < lse.size(2); ++i)
+        if (lse(b, h, i) == -std::numeric_limits<float>::infinity()) lse(b, h, i) = invalid;
+}
+
+/// The incremental branch: IncreFlashAttention's plan, with the kv lengths from
+/// actual_seq_lengths_kv.
+template <class T, class TKV, class TM, class TP, class TO>
+void fia_incre(const FusedInferAttentionScoreParams& p,
+               const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
+               const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec,
+               const FiaRoute& r, bool run) {
+  constexpr bool kFloatQ = !std::is_same_v<T, std::int8_t>;
+  ATTNREF_CHECK(kFloatQ, std::invalid_argument, kFia, "query",
+                "int8 query / key / value with Q_S == 1 (the incremental branch has no int8 "
+                "query)",
+                "half or bfloat16 with Q_S == 1", "int8");
+  if constexpr (kFloatQ) {
+    ATTNREF_CHECK(in.deq_scale1.absent() && in.quant_scale1.absent() && in.deq_scale2.absent(),
+                  std::invalid_argument, kFia, "deq_scale1 / quant_scale1 / deq_scale2",
+                  "given without int8 query / key / value", "none", shape_str(in.deq_scale1));
+    IncreFlashAttentionParams ip;
+    ip.num_heads = p.num_heads;
+    ip.scale_value = p.scale_value;
+    ip.input_layout = p.input_layout;
+    ip.num_key_value_heads = p.num_key_value_heads;
+    ip.block_size = p.block_size;
+    ip.inner_precise = p.inner_precise;
+    ip.pse_order = p.pse_order;
+    ip.antiquant_mode = p.antiquant_mode;
+    IncreFlashAttentionInputs<T, TKV, TM> ii;
+    ii.query = in.query;
+    ii.key = in.key;
+    ii.value = in.value;
+    ii.pse_shift = in.pse_shift;
+    ii.atten_mask = in.atten_mask;
+    ii.actual_seq_lengths = in.actual_seq_lengths_kv;
+    ii.antiquant_scale = in.antiquant_scale;
+    ii.antiquant_offset = in.antiquant_offset;
+    ii.antiquant_scale_per_token = in.antiquant_scale_per_token;
+    ii.antiquant_offset_per_token = in.antiquant_offset_per_token;
+    ii.kv_padding_size = in.kv_padding_size;
+    ii.block_table = in.block_table;
+    ii.quant_scale2 = in.quant_scale2;
+    ii.quant_offset2 = in.quant_offset2;
+    IfaProblem<T, TKV, TM, TO> pr;
+    pr.fn = kFia;
+    pr.lens_arg = "actual_seq_lengths_kv";
+    const Index B = in.query.size(0), n = static_cast<Index>(p.num_heads);
+    if (p.softmax_lse_flag) pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, B, n);
+    ifa_prepare(ip, ii, IncreFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
+    if (!run) return;
+    ifa_run(pr);
+    if (p.softmax_lse_flag) fia_invalid_rows(pr.eo.lse, -3.40e38f);
+  }
+}
+
+/// The prompt branch: PromptFlashAttention's plan (one key / value tensor, not paged).
+template <class T, class TKV, class TM, class TP, class TO>
+void fia_prompt(const FusedInferAttentionScoreParams& p,
+                const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
+                const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec,
+                const FiaRoute& r, bool run) {
+  constexpr bool kSameKv = std::is_same_v<TKV, T>;
+  ATTNREF_CHECK(kSameKv, std::invalid_argument, kFia, "key / value",
+                "int8 key / value with a floating query and Q_S > 1 (prompt-branch antiquant) "
+                "is not implemented in attnref yet",
+                "the query's type", "int8");
+  ATTNREF_CHECK(in.key.size() == 1 && in.value.size() == 1, std::invalid_argument, kFia,
+                "key / value", "tensor lists are taken with Q_S == 1 only", "one tensor each",
+                std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
+  ATTNREF_CHECK(in.block_table.absent(), std::invalid_argument, kFia, "block_table",
+                "a paged cache with Q_S > 1 is not implemented in attnref yet", "none",
+                shape_str(in.block_table));
+  ATTNREF_CHECK(in.kv_padding_size.absent(), std::invalid_argument, kFia, "kv_padding_size",
+                "kv left padding with Q_S > 1 is not implemented in attnref yet", "none",
+                shape_str(in.kv_padding_size));
+  const bool no_antiquant = in.antiquant_scale.absent() && in.antiquant_offset.absent() &&
+                            in.antiquant_scale_per_token.absent() &&
+                            in.antiquant_offset_per_token.absent();
+  ATTNREF_CHECK(no_antiquant, std::invalid_argument, kFia, "antiquant_scale / antiquant_offset",
+                "given with floating-point key / value", "none", shape_str(in.antiquant_scale));
+  if constexpr (kSameKv) {
+    PromptFlashAttentionParams pp;
+    pp.num_heads = p.num_heads;
+    pp.scale_value = p.scale_value;
+    pp.pre_tokens = p.pre_tokens;
+    pp.next_tokens = p.next_tokens;
+    pp.input_layout = p.input_layout;
+    pp.num_key_value_heads = p.num_key_value_heads;
+    pp.sparse_mode = p.sparse_mode;
+    pp.inner_precise = p.inner_precise;
+    pp.pse_order = p.pse_order;
+    pp.quant_block_size = p.quant_block_size;
+    PromptFlashAttentionInputs<T, TM, TP> pi{in.query, in.key[0], in.value[0], in.pse_shift,
+                                             in.atten_mask};
+    pi.actual_seq_lengths = in.actual_seq_lengths;
+    pi.actual_seq_lengths_kv = in.actual_seq_lengths_kv;
+    pi.deq_scale1 = in.deq_scale1;
+    pi.quant_scale1 = in.quant_scale1;
+    pi.deq_scale2 = in.deq_scale2;
+    pi.quant_scale2 = in.quant_scale2;
+    pi.quant_offset2 = in.quant_offset2;
+    PfaProblem<T, TM, TP, TO> pr;
+    pr.fn = kFia;
+    const Index n = static_cast<Index>(p.num_heads);
+    if (p.softmax_lse_flag)
+      pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, in.query.size(0), n);
+    pfa_prepare(pp, pi, PromptFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
+    if (!run) return;
+    pfa_run(pr);
+    if (!p.softmax_lse_flag) return;
+    const float inf = std::numeric_limits<float>::infinity();
+    fia_invalid_rows(pr.eo.lse, inf);
+    if (!pr.pl.tnd)  // padded query rows
+      for (Index b = 0; b < pr.pl.lens.B; ++b)
+        for (Index h = 0; h < n; ++h)
+          for (Index i = pr.pl.lens.q_len[static_cast<size_t>(b)]; i < pr.pl.S1; ++i)
+            pr.eo.lse(b, h, i) = inf;
+  }
+}
+
+template <class T, class TKV, class TM, class TP, class TO>
+void fia_call(const FusedInferAttentionScoreParams& p,
+              const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
+              const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec, bool run) {
+  static_assert(std::is_same_v<TKV, T> ||
+                    (std::is_same_v<TKV, std::int8_t> && !std::is_same_v<T, std::int8_t>),
+                "fused_infer_attention_score key / value: the query's type, or int8 with a "
+                "half / bfloat16 / float query (antiquant)");
+  check_exec(kFia, exec);
+  dense_call(kFia, in, out, run, [&](const auto& din, const auto& dout) {
+    const FiaRoute r = fia_route(p, din.query);
+    fia_check_lse(p, r, din.query, dout.softmax_lse);
+    if (r.incre)
+      fia_incre(p, din, dout, exec, r, run);
+    else
+      fia_prompt(p, din, dout, exec, r, run);
+  });
+}
+
+}  // namespace detail
+
+/// Every check of fused_infer_attention_score() (params, tensors, execution config), without
+/// computing or writing anything.
+template <class T, class TKV, class TM, class TP, class TO>
+void validate(const FusedInferAttentionScoreParams& params,
+              const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
+              const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec = {}) {
+  detail::fia_call(params, in, out, exec, false);
+}
+
+/// CANN FusedInferAttentionScore: route -> the branch's validate -> plan -> run (every check
+/// before any output is written).
+template <class T, class TKV, class TM, class TP, class TO>
+void fused_infer_attention_score(const FusedInferAttentionScoreParams& params,
+                                 const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
+                                 const FusedInferAttentionScoreOutputs<TO>& out,
+                                 const ExecConfig& exec = {}) {
+  detail::fia_call(params, in, out, exec, true);
+}
+
+}  // namespace attnref
