@@ -68,6 +68,7 @@ struct PCase {
   bool mask = false;  // modes 0 / 1: random holes, every row i % 4 == 3 fully masked
   std::int64_t pre = kInf, next = kInf;
   bool pse = false;
+  bool sink = false;  // learnable_sink: -inf, 3, -2.5, 0.75, ... per head
   unsigned seed = 1;
   int N = 4, kvn = 2, D = 16, Dv = 16;
   double scale = 0.3;
@@ -84,10 +85,16 @@ struct PBuilt {
   Dims qd, kd, vd, od;
   Seqs q, k, v;
   std::vector<T> qb, kb, vb, pse;
+  std::vector<bfloat16> sink;
   Array<u8> mask;
   Shape mshape;
   std::vector<std::int64_t> qlist, kvlist;
 };
+
+double sink_of(int h) {
+  const double v[4] = {-HUGE_VAL, 3.0, -2.5, 0.75};
+  return v[h % 4];
+}
 
 template <class T>
 PBuilt<T> build_prompt(const PCase& c) {
@@ -134,6 +141,8 @@ PBuilt<T> build_prompt(const PCase& c) {
         for (int i = 0; i < c.S1(); ++i)
           for (int j = 0; j < c.S2(); ++j)
             r.pse.push_back(T(static_cast<float>(2 * hv(c.seed + 5, b * 64 + h, i, j) - 1)));
+  if (c.sink)
+    for (int h = 0; h < c.N; ++h) r.sink.push_back(bfloat16(static_cast<float>(sink_of(h))));
   return r;
 }
 
@@ -179,6 +188,7 @@ PCall<T> prompt_call(PBuilt<T>& r, std::vector<T>& out, std::vector<float>& lse)
   x.in.value = {StridedView<const T>(r.vb.data(), r.vd.shape())};
   if (r.mask.n) x.in.atten_mask = {r.mask.data(), r.mshape};
   if (c.pse) x.in.pse_shift = {r.pse.data(), shp(c.B(), c.N, c.S1(), c.S2())};
+  if (c.sink) x.in.learnable_sink = {r.sink.data(), shp(c.N)};
   x.in.actual_seq_lengths = r.qlist;
   x.in.actual_seq_lengths_kv = r.kvlist;
   x.o = StridedView<T>(out.data(), r.od.shape());
@@ -253,6 +263,23 @@ std::vector<double> prompt_lse(const PBuilt<T>& r) {
   return want;
 }
 
+// The reference's output in attention_out's layout (padded rows 0).
+template <class T>
+std::vector<double> prompt_expected(const PBuilt<T>& r) {
+  const PCase& c = r.c;
+  ref::cann::Pfa pr{c.N,    c.kvn, c.D,    c.Dv,    c.ql,  c.kvl,       c.scale,
+                    c.mode, c.pre, c.next, c.inner, false, r.mask.n > 0};
+  if (c.sink) pr.sink = [](int h) { return sink_of(h); };
+  const Seqs o = ref::cann::pfa(pr, r.q, r.k, r.v);
+  std::vector<double> want(r.od.size(), 0.0);
+  for (int b = 0; b < c.B(); ++b)
+    for (int i = 0; i < c.ql[z(b)]; ++i)
+      for (int h = 0; h < c.N; ++h)
+        for (int e = 0; e < c.Dv; ++e)
+          want[r.od.at(b, i, h, e)] = o[z(b)][z((i * c.N + h) * c.Dv + e)];
+  return want;
+}
+
 std::vector<PCase> prompt_grid() {
   std::vector<PCase> g;
   const std::vector<std::string> lays{"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"};
@@ -316,6 +343,39 @@ TEST(FusedInferAttentionScore, PromptBranchIsPfaBitForBitWithLseOfTheReference) 
   for (const PCase& c : prompt_grid()) {
     prompt_matches<half>(c);
     prompt_matches<bfloat16>(c);
+  }
+}
+
+TEST(FusedInferAttentionScore, LearnableSinkMatchesTheReferenceAndLeavesLseAlone) {
+  for (int mode : {0, 3, 4}) {  // (4: mode 3 over 1100 keys, which the engine splits)
+    PCase c;
+    c.layout = "TND";
+    c.mode = mode == 4 ? 3 : mode;
+    c.ql = mode == 4 ? std::vector<int>{2} : std::vector<int>{3, 7, 1};
+    c.kvl = mode == 4 ? std::vector<int>{1100} : std::vector<int>{9, 7, 0};
+    c.D = c.Dv = 64;
+    c.sink = true;
+    c.seed = 40 + static_cast<unsigned>(mode);
+    auto r = build_prompt<bfloat16>(c);
+    std::vector<bfloat16> out, plain;
+    std::vector<float> lse, plain_lse;
+    run_prompt(r, out, lse);
+    EXPECT_TRUE(matches(prompt_expected(r), out));
+    // lse leaves the sink out: the same bits as without it; head 0's sink is -inf, so its rows
+    // are those of the call without a sink, bit for bit.
+    run_prompt(r, plain, plain_lse, [](PCall<bfloat16>& x) { x.in.learnable_sink = {}; });
+    EXPECT_TRUE(same_bits(lse, plain_lse));
+    bool head0 = true, others_differ = false;
+    for (int t = 0; t < r.qd.cu.back(); ++t)
+      for (int h = 0; h < c.N; ++h)
+        for (int e = 0; e < c.Dv; ++e) {
+          const size_t at = r.od.at(0, t, h, e);
+          const bool same = std::memcmp(&out[at], &plain[at], sizeof(bfloat16)) == 0;
+          if (h == 0) head0 = head0 && same;
+          if (h != 0 && !same) others_differ = true;
+        }
+    EXPECT_TRUE(head0) << "a sink of -inf changed the output";
+    EXPECT_TRUE(others_differ) << "the sinks changed nothing";
   }
 }
 
@@ -668,6 +728,22 @@ TEST(FusedInferAttentionScore, Rejections) {
                         }),
                         "block_table");
   prompt_rejected<half>(c, E([](PCall<half>& x) { x.p.num_heads = 3; }), "params.num_heads");
+  std::vector<bfloat16> sink(4, bfloat16(0.5f));
+  prompt_rejected<half>(c, E([&](PCall<half>& x) {
+                          x.in.learnable_sink = {sink.data(), shp(4)};
+                        }),
+                        "learnable_sink given with a layout other than TND");
+  PCase t = c;
+  t.layout = "TND";
+  prompt_rejected<half>(t, E([&](PCall<half>& x) {
+                          x.in.learnable_sink = {sink.data(), shp(4)};
+                        }),
+                        "learnable_sink given with a head size other than 64 or 128");
+  t.D = t.Dv = 64;
+  prompt_rejected<half>(t, E([&](PCall<half>& x) {
+                          x.in.learnable_sink = {sink.data(), shp(3)};
+                        }),
+                        "learnable_sink.shape");
   prompt_rejected<half>(c, E([](PCall<half>& x) {
                           x.in.query = {x.in.query.data(), shp(2, 11, 64)};
                         }),

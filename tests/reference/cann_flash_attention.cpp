@@ -10,8 +10,11 @@ namespace {
 // Softmax over the candidate scores (kNotCandidate: not one) times V; adds into o[0..dv).
 // value_row(j) points at key j's value row. Returns the row's log-sum-exp, kNotCandidate (-inf)
 // when there is no candidate. A NaN score (NaN read from an input) propagates to the output.
+// `sink`: a logit that joins the denominator (as exp(sink - max)) without a value row and
+// without entering the returned log-sum-exp.
 template <class ValueRow>
-double softmax_pv(const std::vector<double>& s, int dv, ValueRow&& value_row, double* o) {
+double softmax_pv(const std::vector<double>& s, int dv, ValueRow&& value_row, double* o,
+                  double sink = kNotCandidate) {
   double mx = kNotCandidate;
   for (double x : s)
     if (x != kNotCandidate) mx = std::isnan(x) || std::isnan(mx) ? std::nan("") : std::max(mx, x);
@@ -19,9 +22,10 @@ double softmax_pv(const std::vector<double>& s, int dv, ValueRow&& value_row, do
   double sum = 0.0;
   for (double x : s)
     if (x != kNotCandidate) sum += std::exp(x - mx);
+  const double denominator = sum + std::exp(sink - mx);
   for (size_t j = 0; j < s.size(); ++j) {
     if (s[j] == kNotCandidate) continue;
-    const double p = std::exp(s[j] - mx) / sum;
+    const double p = std::exp(s[j] - mx) / denominator;
     const double* v = value_row(static_cast<int>(j));
     for (int e = 0; e < dv; ++e) o[e] += p * v[e];
   }
@@ -59,7 +63,7 @@ Seqs pfa(const Pfa& pr, const Seqs& q, const Seqs& k, const Seqs& v, Seqs* lse) 
         }
         const double l = softmax_pv(
             s, Dv, [&](int j) { return &v[bi][(static_cast<size_t>(j) * KVN + hk) * Dv]; },
-            &o[bi][(static_cast<size_t>(i) * N + h) * Dv]);
+            &o[bi][(static_cast<size_t>(i) * N + h) * Dv], pr.sink ? pr.sink(h) : kNotCandidate);
         if (lse) (*lse)[bi][static_cast<size_t>(h) * S1 + i] = l;
       }
     }

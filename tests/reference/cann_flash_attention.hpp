@@ -42,6 +42,9 @@ struct Pfa {
   bool has_mask = false;                            // a mask tensor is given (any mode)
   std::function<bool(int b, int i, int j)> mask{};  // the user mask (modes 0 and 1)
   std::function<double(int b, int h, int i, int j)> pse{};
+  // FIA's learnable sink: exp(sink(h) - max) joins the row's denominator (no value row); the
+  // lse leaves it out. Empty: none.
+  std::function<double(int h)> sink{};
 
   bool excluded(int b, int i, int j) const {
     const std::int64_t d = j - i, off = kv_len[b] - q_len[b];

@@ -62,6 +62,12 @@
 ///       // The normalised output row, in place, before it is stored (V's per-channel
 ///       // dequantization). Called for every output row the engine writes, rows without keys
 ///       // (zeros) included.
+///   bool has_sink() const;                                          // optional, with:
+///   double sink(Index q_head) const;
+///       // A learnable sink logit per q head (FusedInferAttentionScore's learnable_sink): it joins
+///       // every row's softmax denominator as exp(sink - m), m the row's max over its keys (the
+///       // sink not included), with no value row; the lse output leaves it out. A row without
+///       // keys stays 0.
 ///   template <class Acc> std::int8_t quantize_o(const SeqInfo& s, Index q_head, Index e,
 ///                                               Acc x) const;          // optional
 ///       // An int8 output (o of type int8 is allowed only with this hook): element e of the
@@ -119,6 +125,13 @@ template <class V>
 struct has_kv_dequant<V, std::void_t<decltype(std::declval<const V&>().kv_dequant(
                              std::declval<const SeqInfo&>(), Index{}, std::declval<KvAffine&>(),
                              std::declval<KvAffine&>()))>> : std::true_type {};
+
+/// True when V has the optional sink hook.
+template <class V, class = void>
+struct has_sink : std::false_type {};
+template <class V>
+struct has_sink<V, std::void_t<decltype(std::declval<const V&>().sink(Index{}))>> : std::true_type {
+};
 
 /// True when V has the optional q_transform hook for accumulator Acc.
 template <class V, class Acc, class = void>

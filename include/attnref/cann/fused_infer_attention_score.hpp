@@ -22,9 +22,12 @@
 ///
 /// Every check runs before anything is written; results never depend on exec.threads. The
 /// features of the V2–V4 parameter set not listed here (separate K / V antiquant, shared
-/// prefix, rope split, query quantization, learnable sink, int4, paged or left-padded KV in
-/// the prompt branch, query left padding) are not implemented yet: their inputs do not exist
-/// in these structs.
+/// prefix, rope split, query quantization, int4, paged or left-padded KV in the prompt branch,
+/// query left padding) are not implemented yet: their inputs do not exist in these structs.
+///
+/// learnable_sink (V4's code; TND): out = Σ_j exp(s_j - m)·v_j / (Σ_j exp(s_j - m) + exp(sink_h
+/// - m)), m the row's max over its keys; softmax_lse leaves the sink out (the kernel writes lse
+/// before it adds the sink).
 
 #include <cmath>
 #include <cstdint>
@@ -91,6 +94,10 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const float> antiquant_offset_per_token{};
   StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq] (Q_S == 1)
   StridedView<const std::int64_t> kv_padding_size{};  ///< one value (Q_S == 1)
+  /// V4's learnable sink (in the vendor's code, not its document): bf16 [N], one logit per
+  /// query head joining every row's softmax denominator as exp(sink - max) with no value row;
+  /// TND only, head sizes 64 or 128.
+  StridedView<const bfloat16> learnable_sink{};
 
   template <class F>
   void for_each_view(F&& f) {
@@ -104,6 +111,7 @@ struct FusedInferAttentionScoreInputs {
     f("antiquant_scale_per_token", antiquant_scale_per_token);
     f("antiquant_offset_per_token", antiquant_offset_per_token);
     f("block_table", block_table), f("kv_padding_size", kv_padding_size);
+    f("learnable_sink", learnable_sink);
   }
 };
 
@@ -179,6 +187,26 @@ inline void fia_invalid_rows(const StridedView<float, 3>& lse, float invalid) {
         if (lse(b, h, i) == -std::numeric_limits<float>::infinity()) lse(b, h, i) = invalid;
 }
 
+/// The learnable sink, checked (the vendor's rules: TND, query and value head size 64 or 128,
+/// one value per query head, a floating query) and bound to the prompt branch's variant.
+template <class TM, class TP>
+void fia_sink(const FusedInferAttentionScoreParams& p, const StridedView<const bfloat16>& sink,
+              const FiaRoute& r, const PfaPlan& pl, CannVariant<TM, TP>& var) {
+  if (sink.absent()) return;
+  ATTNREF_CHECK(r.layout == Layout::TND, std::invalid_argument, kFia, "learnable_sink",
+                "given with a layout other than TND", "input_layout TND", p.input_layout);
+  ATTNREF_CHECK((pl.D == 64 || pl.D == 128) && pl.Dv == pl.D, std::invalid_argument, kFia,
+                "learnable_sink", "given with a head size other than 64 or 128",
+                "query and value head size 64 or 128",
+                std::to_string(pl.D) + " and " + std::to_string(pl.Dv));
+  ATTNREF_CHECK(sink.rank() == 1 && sink.size(0) == pl.n, std::invalid_argument, kFia,
+                "learnable_sink.shape", "mismatch", "[" + std::to_string(pl.n) + "]",
+                shape_str(sink));
+  ATTNREF_CHECK(!var.int8_scores, std::invalid_argument, kFia, "learnable_sink",
+                "given with int8 query / key / value", "a bf16 / fp16 query", "int8");
+  var.sinks = sink.data();
+}
+
 /// The incremental branch: IncreFlashAttention's plan, with the kv lengths from
 /// actual_seq_lengths_kv.
 template <class T, class TKV, class TM, class TP, class TO>
@@ -192,6 +220,8 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
                 "query)",
                 "half or bfloat16 with Q_S == 1", "int8");
   if constexpr (kFloatQ) {
+    ATTNREF_CHECK(in.learnable_sink.absent(), std::invalid_argument, kFia, "learnable_sink",
+                  "given with a layout other than TND", "input_layout TND", p.input_layout);
     ATTNREF_CHECK(in.deq_scale1.absent() && in.quant_scale1.absent() && in.deq_scale2.absent(),
                   std::invalid_argument, kFia, "deq_scale1 / quant_scale1 / deq_scale2",
                   "given without int8 query / key / value", "none", shape_str(in.deq_scale1));
@@ -283,6 +313,7 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     if (p.softmax_lse_flag)
       pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, in.query.size(0), n);
     pfa_prepare(pp, pi, PromptFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
+    fia_sink(p, in.learnable_sink, r, pr.pl, pr.var);
     if (!run) return;
     pfa_run(pr);
     if (!p.softmax_lse_flag) return;

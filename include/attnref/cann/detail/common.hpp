@@ -15,6 +15,7 @@
 #include "attnref/attention/variant.hpp"
 #include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
+#include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
 #include "attnref/detail/hooks/io.hpp"
 #include "attnref/detail/hooks/quant_p.hpp"
@@ -32,6 +33,7 @@ namespace attnref::detail {
 ///   kv_shift: per batch, the position of key 0 in the mask / pse columns (IFA's kv left
 ///          padding); null: 0
 ///   tok_scale / tok_offset: IFA's per-token antiquant, applied as the engine loads each tile
+///   sinks: FIA's learnable sink per q head (the sink hook)
 template <class TM, class TP>
 struct CannVariant : IoHooks {
   bool band = false;
@@ -51,6 +53,11 @@ struct CannVariant : IoHooks {
   const float* tok_scale = nullptr;
   const float* tok_offset = nullptr;
   Index tok_batch = 0, tok_stride = 0;
+  /// FIA's learnable sink: one logit per q head (sink hook); null: none.
+  const bfloat16* sinks = nullptr;
+
+  bool has_sink() const { return sinks != nullptr; }
+  double sink(Index q_head) const { return static_cast<double>(static_cast<float>(sinks[q_head])); }
 
   Index col(const Coord& c) const { return kv_shift == nullptr ? c.kv : c.kv + kv_shift[c.batch]; }
 

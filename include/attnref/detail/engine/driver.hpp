@@ -4,6 +4,7 @@
 /// the items, runs them on the workers and merges the split-KV partials in split order.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -94,7 +95,12 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::finalize(const WorkItem& it,
       for (Index t = 0; t < nq; ++t, ++r) {
         const Index i = it.q_begin + t;
         // (two-pass rows leave normalised; an undefined row still gets its NaN)
-        const Acc mul = kTwoPass && !st[r].undefined() ? Acc(1) : st[r].inv_l();
+        Acc mul = kTwoPass && !st[r].undefined() ? Acc(1) : st[r].inv_l();
+        if constexpr (kSink)
+          if (sunk() && st[r].l != Acc(0) && !st[r].undefined()) {  // l + exp(sink - m)
+            const Acc e = std::exp(static_cast<Acc>(var.sink(h)) - st[r].m);
+            mul = (kTwoPass ? st[r].l : Acc(1)) / (st[r].l + e);
+          }
         Acc* row = o + r * dv;
         TO* dst = out.o.ptr(s.q_batch, s.q_off + i, h, 0);
         if (!hooked) {

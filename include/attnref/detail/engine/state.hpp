@@ -72,6 +72,14 @@ struct Engine {
     else
       return false;
   }
+  /// The variant adds a per-head sink logit to each row's softmax denominator (sink hook).
+  static constexpr bool kSink = has_sink<Variant>::value;
+  bool sunk() const {
+    if constexpr (kSink)
+      return var.has_sink();
+    else
+      return false;
+  }
   /// The variant dequantizes keys and values per token as they are loaded (kv_dequant hook).
   static constexpr bool kKvDequant = has_kv_dequant<Variant>::value;
   bool dequant() const {
