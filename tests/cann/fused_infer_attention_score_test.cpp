@@ -828,4 +828,206 @@ TEST(FusedInferAttentionScore, ValidateAgreesWithTheCall) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Separate K / V antiquant (modes 0, 1, 2 and key 0 with value 1).
+template <class T>
+std::vector<T> incre_out(ICall<T, i8>& x) {
+  std::vector<T> out;
+  std::vector<float> lse;
+  run_incre(x, out, lse);
+  return out;
+}
+
+TEST(FusedInferAttentionScore, SeparateAntiquantEqualsTheCombinedScalesBitForBit) {
+  for (Aq aq : {Aq::Channel, Aq::Token})
+    for (Store st : {Store::Tensor, Store::Paged}) {
+      ICase c;
+      c.L = {37, 0, 20, 5};
+      c.aq = aq;
+      c.store = st;
+      c.mask = true;
+      auto r = build_incre<half, i8>(c);
+      auto x = incre_call(r);
+      const auto want = incre_out(x);
+      // The combined (2, ...) scales split into a key and a value tensor (fp32: exact).
+      std::vector<float> ks, vs;
+      const std::vector<float> all = aq == Aq::Token ? r.tok : [&] {
+        std::vector<float> f;
+        for (half h : r.aqs) f.push_back(static_cast<float>(h));
+        return f;
+      }();
+      ks.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(all.size() / 2));
+      vs.assign(all.begin() + static_cast<std::ptrdiff_t>(all.size() / 2), all.end());
+      const int mode = aq == Aq::Token ? 1 : 0;
+      const std::vector<Shape> shapes =
+          aq == Aq::Token
+              ? std::vector<Shape>{shp(1, c.B(), c.W())}
+              : std::vector<Shape>{shp(1, c.kvn * c.D), shp(1, c.kvn, c.D), shp(1, c.kvn, 1, c.D)};
+      for (const Shape& sh : shapes) {
+        auto y = incre_call(r);
+        y.p.antiquant_mode = 0;
+        y.in.antiquant_scale = {};
+        y.in.antiquant_scale_per_token = {};
+        y.p.key_antiquant_mode = y.p.value_antiquant_mode = mode;
+        y.in.key_antiquant_scale = {ks.data(), sh};
+        y.in.value_antiquant_scale = {vs.data(), sh};
+        EXPECT_TRUE(same_bits(incre_out(y), want)) << "mode " << mode << " " << sh.size();
+        // Given beside garbage combined scales, the separate ones win.
+        std::vector<half> junk(2 * z(c.kvn * c.D), half(1e4f));
+        y.p.antiquant_mode = 0;
+        y.in.antiquant_scale = {junk.data(), shp(2, c.kvn * c.D)};
+        EXPECT_TRUE(same_bits(incre_out(y), want)) << "the combined scales were read";
+      }
+    }
+}
+
+TEST(FusedInferAttentionScore, SeparateAntiquantPerHeadEqualsItsPerChannelExpansion) {
+  ICase c;
+  c.L = {30, 11};
+  auto r = build_incre<bfloat16, i8>(c);
+  std::vector<float> kh{0.011f, 0.023f}, vh{0.017f, 0.005f}, ko{3.0f, -2.0f}, vo{-1.0f, 4.0f};
+  std::vector<float> kc, vc, koc, voc;
+  for (int h = 0; h < c.kvn; ++h)
+    for (int d = 0; d < c.D; ++d) {
+      kc.push_back(kh[z(h)]), vc.push_back(vh[z(h)]);
+      koc.push_back(ko[z(h)]), voc.push_back(vo[z(h)]);
+    }
+  auto a = incre_call(r), b = incre_call(r);
+  a.p.key_antiquant_mode = a.p.value_antiquant_mode = 2;
+  a.in.key_antiquant_scale = {kh.data(), shp(c.kvn)};
+  a.in.value_antiquant_scale = {vh.data(), shp(c.kvn)};
+  a.in.key_antiquant_offset = {ko.data(), shp(c.kvn)};
+  a.in.value_antiquant_offset = {vo.data(), shp(c.kvn)};
+  b.in.key_antiquant_scale = {kc.data(), shp(1, c.kvn * c.D)};
+  b.in.value_antiquant_scale = {vc.data(), shp(1, c.kvn * c.D)};
+  b.in.key_antiquant_offset = {koc.data(), shp(1, c.kvn * c.D)};
+  b.in.value_antiquant_offset = {voc.data(), shp(1, c.kvn * c.D)};
+  EXPECT_TRUE(same_bits(incre_out(a), incre_out(b)));
+}
+
+TEST(FusedInferAttentionScore, SeparateAntiquantKeyPerChannelValuePerTokenMatchesReference) {
+  for (Store st : {Store::Tensor, Store::List, Store::Paged}) {
+    ICase c;
+    c.L = {45, 0, 9};
+    c.store = st;
+    c.mask = true;
+    c.seed = 77;
+    auto r = build_incre<half, i8>(c);  // (no combined antiquant: r.k / r.v hold the raw ints)
+    const int KVN = c.kvn, D = c.D, W = c.W(), B = c.B();
+    std::vector<float> ks, ko, vs, vo;
+    for (int ch = 0; ch < KVN * D; ++ch) {
+      ks.push_back(static_cast<float>(0.003 + 0.02 * hv(5, 0, ch, 0)));
+      ko.push_back(std::round(static_cast<float>(10 * hv(6, 0, ch, 0)) - 5));
+    }
+    for (int x = 0; x < B * W; ++x) {
+      vs.push_back(static_cast<float>(0.003 + 0.02 * hv(7, 0, x, 0)));
+      vo.push_back(std::round(static_cast<float>(10 * hv(8, 0, x, 0)) - 5));
+    }
+    auto x = incre_call(r);
+    x.p.value_antiquant_mode = 1;
+    x.in.key_antiquant_scale = {ks.data(), shp(1, KVN, 1, D)};
+    x.in.key_antiquant_offset = {ko.data(), shp(1, KVN, 1, D)};
+    x.in.value_antiquant_scale = {vs.data(), shp(1, B, W)};
+    x.in.value_antiquant_offset = {vo.data(), shp(1, B, W)};
+    std::vector<half> out;
+    std::vector<float> lse;
+    run_incre(x, out, lse);
+    Seqs k = r.k, v = r.v;  // dequantized here: (x8 + offset) · scale
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < c.L[z(b)]; ++t)
+        for (int ch = 0; ch < KVN * D; ++ch) {
+          const size_t at = z(t * KVN * D + ch), tok = z(b * W + t);
+          k[z(b)][at] = (k[z(b)][at] + ko[z(ch)]) * double(ks[z(ch)]);
+          v[z(b)][at] = (v[z(b)][at] + vo[tok]) * double(vs[tok]);
+        }
+    ref::cann::Ifa pr{c.N, c.kvn, c.D, c.L, c.scale};
+    pr.mask = [&c](int b, int j) { return c.hole(b, j); };
+    Seqs ref_lse;
+    std::vector<double> want;
+    for (const auto& row : ref::cann::ifa(pr, r.q, k, v, &ref_lse))
+      want.insert(want.end(), row.begin(), row.end());
+    EXPECT_TRUE(matches(want, out)) << "store " << int(st);
+    std::vector<double> wl;
+    for (const auto& row : ref_lse)
+      for (double l : row) wl.push_back(l == -HUGE_VAL ? double(-3.40e38f) : l);
+    EXPECT_TRUE(lse_close(wl, lse));
+  }
+}
+
+TEST(FusedInferAttentionScore, SeparateAntiquantRejections) {
+  ICase c;
+  c.L = {12, 7};
+  auto r = build_incre<half, i8>(c);
+  std::vector<float> sc(z(c.B() * c.W() + c.kvn * c.D), 0.01f);
+  const auto rejected = [&](const std::function<void(ICall<half, i8>&)>& edit,
+                            const std::string& fragment) {
+    auto x = incre_call(r);
+    x.p.key_antiquant_mode = x.p.value_antiquant_mode = 0;
+    x.in.key_antiquant_scale = {sc.data(), shp(1, c.kvn * c.D)};
+    x.in.value_antiquant_scale = {sc.data(), shp(1, c.kvn * c.D)};
+    edit(x);
+    std::vector<half> out;
+    std::vector<float> lse;
+    support::expect_rejected_by([&] { run_incre(x, out, lse); }, "fused_infer_attention_score",
+                                {fragment});
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](half v) { return dbl(v) == kSentinel; }));
+  };
+  rejected([](ICall<half, i8>& x) { x.p.key_antiquant_mode = x.p.value_antiquant_mode = 3; },
+           "not implemented in attnref yet");
+  rejected([](ICall<half, i8>& x) { x.p.key_antiquant_mode = x.p.value_antiquant_mode = 6; },
+           "out of range with Q_S == 1");
+  rejected([](ICall<half, i8>& x) { x.p.key_antiquant_mode = 1; }, "not a documented pair");
+  rejected([](ICall<half, i8>& x) { x.in.value_antiquant_scale = {}; },
+           "value_antiquant_scale missing");
+  rejected(
+      [&](ICall<half, i8>& x) {
+        x.in.key_antiquant_offset = {sc.data(), shp(1, 64)};
+      },
+      "one given without the other");
+  rejected(
+      [&](ICall<half, i8>& x) {
+        x.in.key_antiquant_scale = {sc.data(), shp(2, 32)};
+      },
+      "key_antiquant_scale.shape");
+  rejected(
+      [&](ICall<half, i8>& x) {
+        x.p.value_antiquant_mode = 1;
+        x.in.value_antiquant_scale = {sc.data(), shp(1, 2, 3)};  // too few columns
+      },
+      "value_antiquant_scale.shape");
+  rejected(
+      [](ICall<half, i8>& x) {
+        x.in.key_antiquant_scale = x.in.value_antiquant_scale = {};
+        x.p.value_antiquant_mode = 1;
+      },
+      "nonzero without key_antiquant_scale");
+  // Key per channel with value per token takes an fp16 query.
+  auto rb = build_incre<bfloat16, i8>(c);
+  auto xb = incre_call(rb);
+  xb.p.value_antiquant_mode = 1;
+  xb.in.key_antiquant_scale = {sc.data(), shp(1, c.kvn * c.D)};
+  xb.in.value_antiquant_scale = {sc.data(), shp(1, c.B(), c.W())};
+  std::vector<bfloat16> ob;
+  std::vector<float> lb;
+  support::expect_rejected_by([&] { run_incre(xb, ob, lb); }, "fused_infer_attention_score",
+                              {"takes an fp16 query"});
+  // Floating-point K / V; and Q_S > 1.
+  auto rf = build_incre<half, half>(c);
+  auto xf = incre_call(rf);
+  xf.in.key_antiquant_scale = xf.in.value_antiquant_scale = {sc.data(), shp(1, c.kvn * c.D)};
+  std::vector<half> of;
+  std::vector<float> lf;
+  support::expect_rejected_by([&] { run_incre(xf, of, lf); }, "fused_infer_attention_score",
+                              {"given with floating-point key / value"});
+  PCase pc;
+  pc.ql = {5, 6};
+  pc.kvl = {7, 9};
+  prompt_rejected<half>(
+      pc,
+      [&](PCall<half>& y) {
+        y.in.key_antiquant_scale = {sc.data(), shp(1)};
+      },
+      "separate K / V antiquant with Q_S > 1 is not implemented");
+}
+
 }  // namespace fia_test

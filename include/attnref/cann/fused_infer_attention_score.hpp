@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "attnref/cann/detail/common.hpp"
+#include "attnref/cann/detail/fia_antiquant.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
 #include "attnref/core/dense.hpp"
@@ -48,17 +49,21 @@ namespace attnref {
 /// The scalar attributes (aclnn names in snake case; defaults those of the operator's IR and
 /// torch_npu except inner_precise, whose IR default 1 is kept).
 struct FusedInferAttentionScoreParams {
-  std::int64_t num_heads = 1;                   ///< numHeads
-  double scale_value = 1.0;                     ///< scaleValue
-  std::int64_t pre_tokens = 2147483647;         ///< preTokens (prompt branch)
-  std::int64_t next_tokens = 2147483647;        ///< nextTokens (prompt branch)
-  std::string input_layout = "BSH";             ///< BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND
-  std::int64_t num_key_value_heads = 0;         ///< 0: num_heads
-  std::int64_t sparse_mode = 0;                 ///< 0–4 (prompt branch)
-  std::int64_t inner_precise = 1;               ///< 0–3 (incremental branch: 0 or 1)
-  std::int64_t block_size = 0;                  ///< paged KV (incremental branch, with block_table)
-  std::int64_t antiquant_mode = 0;              ///< 0 per channel / tensor, 1 per token (Q_S == 1)
-  bool softmax_lse_flag = false;                ///< write softmax_lse
+  std::int64_t num_heads = 1;             ///< numHeads
+  double scale_value = 1.0;               ///< scaleValue
+  std::int64_t pre_tokens = 2147483647;   ///< preTokens (prompt branch)
+  std::int64_t next_tokens = 2147483647;  ///< nextTokens (prompt branch)
+  std::string input_layout = "BSH";       ///< BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND
+  std::int64_t num_key_value_heads = 0;   ///< 0: num_heads
+  std::int64_t sparse_mode = 0;           ///< 0–4 (prompt branch)
+  std::int64_t inner_precise = 1;         ///< 0–3 (incremental branch: 0 or 1)
+  std::int64_t block_size = 0;            ///< paged KV (incremental branch, with block_table)
+  std::int64_t antiquant_mode = 0;        ///< 0 per channel / tensor, 1 per token (Q_S == 1)
+  bool softmax_lse_flag = false;          ///< write softmax_lse
+  /// Separate K / V antiquant (Q_S == 1): 0 per channel / tensor, 1 per token, 2 per tensor and
+  /// head; key 0 with value 1 (3–5: not implemented).
+  std::int64_t key_antiquant_mode = 0;
+  std::int64_t value_antiquant_mode = 0;
   PseOrder pse_order = PseOrder::ScaleThenAdd;  ///< attnref extension (see PseOrder)
   int quant_block_size = 128;  ///< attnref extension: the int8 path's P block (PFA's)
 };
@@ -92,6 +97,14 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const T> antiquant_offset{};
   StridedView<const float> antiquant_scale_per_token{};
   StridedView<const float> antiquant_offset_per_token{};
+  /// Separate K / V antiquant (V2+; Q_S == 1, int8 K / V): fp32 for every mode (the vendor's
+  /// fp16 / bf16 scales of modes 0 and 2 convert exactly). Mode 0: (1, KV_N, 1, D), (1, KV_N, D),
+  /// (1, KV_N·D) or (1); mode 1: (1, B, S'); mode 2: (KV_N). Offsets optional, both or neither.
+  /// Given, they win over antiquant_scale / antiquant_offset (the vendor's rule).
+  StridedView<const float> key_antiquant_scale{};
+  StridedView<const float> key_antiquant_offset{};
+  StridedView<const float> value_antiquant_scale{};
+  StridedView<const float> value_antiquant_offset{};
   StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq] (Q_S == 1)
   StridedView<const std::int64_t> kv_padding_size{};  ///< one value (Q_S == 1)
   /// V4's learnable sink (in the vendor's code, not its document): bf16 [N], one logit per
@@ -110,6 +123,10 @@ struct FusedInferAttentionScoreInputs {
     f("antiquant_scale", antiquant_scale), f("antiquant_offset", antiquant_offset);
     f("antiquant_scale_per_token", antiquant_scale_per_token);
     f("antiquant_offset_per_token", antiquant_offset_per_token);
+    f("key_antiquant_scale", key_antiquant_scale);
+    f("key_antiquant_offset", key_antiquant_offset);
+    f("value_antiquant_scale", value_antiquant_scale);
+    f("value_antiquant_offset", value_antiquant_offset);
     f("block_table", block_table), f("kv_padding_size", kv_padding_size);
     f("learnable_sink", learnable_sink);
   }
@@ -207,6 +224,23 @@ void fia_sink(const FusedInferAttentionScoreParams& p, const StridedView<const b
   var.sinks = sink.data();
 }
 
+/// Separate antiquant given or not: its modes need its scales, and its scales int8 K / V in the
+/// incremental branch (`allowed`).
+template <class In>
+bool fia_check_separate(const FusedInferAttentionScoreParams& p, const In& in, bool allowed,
+                        const char* why) {
+  const bool sep = fia_separate_antiquant(in);
+  ATTNREF_CHECK(
+      sep || (p.key_antiquant_mode == 0 && p.value_antiquant_mode == 0), std::invalid_argument,
+      kFia, "params.key_antiquant_mode / value_antiquant_mode",
+      "nonzero without key_antiquant_scale / value_antiquant_scale", "0 / 0",
+      std::to_string(p.key_antiquant_mode) + " / " + std::to_string(p.value_antiquant_mode));
+  ATTNREF_CHECK(!sep || allowed, std::invalid_argument, kFia,
+                "key_antiquant_scale / value_antiquant_scale", why, "none",
+                shape_str(in.key_antiquant_scale));
+  return sep;
+}
+
 /// The incremental branch: IncreFlashAttention's plan, with the kv lengths from
 /// actual_seq_lengths_kv.
 template <class T, class TKV, class TM, class TP, class TO>
@@ -249,12 +283,29 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
     ii.block_table = in.block_table;
     ii.quant_scale2 = in.quant_scale2;
     ii.quant_offset2 = in.quant_offset2;
+    constexpr bool kInt8Kv = std::is_same_v<TKV, std::int8_t>;
+    const bool sep = fia_check_separate(p, in, kInt8Kv, "given with floating-point key / value");
+    if (sep) {  // the separate scales win over the combined ones
+      ii.antiquant_scale = ii.antiquant_offset = {};
+      ii.antiquant_scale_per_token = ii.antiquant_offset_per_token = {};
+    }
     IfaProblem<T, TKV, TM, TO> pr;
     pr.fn = kFia;
     pr.lens_arg = "actual_seq_lengths_kv";
+    pr.external_antiquant = sep;
     const Index B = in.query.size(0), n = static_cast<Index>(p.num_heads);
     if (p.softmax_lse_flag) pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, B, n);
     ifa_prepare(ip, ii, IncreFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
+    FiaAntiquant aq;  // (the variant points into it until the run ends)
+    if (sep) {
+      aq = fia_antiquant(kFia, p.key_antiquant_mode, p.value_antiquant_mode, in, B, pr.pl.kvn,
+                         pr.pl.D, pr.pl.kv.mask_cols);
+      constexpr bool kHalfQ = std::is_same_v<T, half>;
+      ATTNREF_CHECK(p.key_antiquant_mode == p.value_antiquant_mode || kHalfQ, std::invalid_argument,
+                    kFia, "query", "key per channel with value per token takes an fp16 query",
+                    "half", "another type");
+      fia_bind_antiquant(aq, static_cast<float>(pr.ep.scale), B, pr.var);
+    }
     if (!run) return;
     ifa_run(pr);
     if (p.softmax_lse_flag) fia_invalid_rows(pr.eo.lse, -3.40e38f);
@@ -286,6 +337,9 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
                             in.antiquant_offset_per_token.absent();
   ATTNREF_CHECK(no_antiquant, std::invalid_argument, kFia, "antiquant_scale / antiquant_offset",
                 "given with floating-point key / value", "none", shape_str(in.antiquant_scale));
+  (void)fia_check_separate(p, in, false,
+                           "separate K / V antiquant with Q_S > 1 is not implemented in attnref "
+                           "yet");
   if constexpr (kSameKv) {
     PromptFlashAttentionParams pp;
     pp.num_heads = p.num_heads;

@@ -469,6 +469,9 @@ struct IfaProblem {
   ExecConfig ex;
   const char* fn = "incre_flash_attention";     ///< the operator named in error messages
   const char* lens_arg = "actual_seq_lengths";  ///< the caller's name of the kv lengths
+  /// The caller binds the antiquant maps itself (FusedInferAttentionScore's separate K / V
+  /// scales): no antiquant_scale is required or read.
+  bool external_antiquant = false;
 };
 
 /// The engine problem, validated against the caller's tensors, with the shared query / output
@@ -503,7 +506,8 @@ void ifa_engine_problem(const IncreFlashAttentionParams& params,
   var.group = n / pl.kvn;
   if constexpr (kQuant) {
     var.zero_empty = true;
-    if (pl.per_token) {  // the engine dequantizes each key and value as it loads its tile
+    if (pr.external_antiquant) {  // (the caller's maps)
+    } else if (pl.per_token) {    // the engine dequantizes each key and value as it loads its tile
       const auto& ts = in.antiquant_scale_per_token;
       const auto& to = in.antiquant_offset_per_token;
       var.tok_scale = ts.data();
@@ -546,7 +550,7 @@ void ifa_prepare(const IncreFlashAttentionParams& params,
   pr.ex = exec;
   pr.pl = ifa_plan(pr.fn, params, in, out, pr.lens_arg);
   ifa_bind_masks(pr.fn, params, in, pr.pl, pr.var);
-  ifa_antiquant(pr.fn, params, in, pr.pl);
+  if (!pr.external_antiquant) ifa_antiquant(pr.fn, params, in, pr.pl);
   ifa_engine_problem(params, in, out, pr);
 }
 
