@@ -72,8 +72,9 @@ struct PCase {
   unsigned seed = 1;
   int N = 4, kvn = 2, D = 16, Dv = 16;
   double scale = 0.3;
+  bool nopad = false;  // extents = the longest lengths (Q_S 1: the incremental branch)
   int B() const { return static_cast<int>(ql.size()); }
-  int pad() const { return layout == "TND" ? 0 : 2; }
+  int pad() const { return layout == "TND" || nopad ? 0 : 2; }
   int S1() const { return *std::max_element(ql.begin(), ql.end()) + pad(); }
   int S2() const { return *std::max_element(kvl.begin(), kvl.end()) + pad(); }
   bool hole(int b, int i, int j) const { return i % 4 == 3 || hv(seed, b, i, j) < 0.3; }
@@ -1028,6 +1029,122 @@ TEST(FusedInferAttentionScore, SeparateAntiquantRejections) {
         y.in.key_antiquant_scale = {sc.data(), shp(1)};
       },
       "separate K / V antiquant with Q_S > 1 is not implemented");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shared prefix == the prefix rows concatenated in front of every sequence's keys.
+
+template <class T>
+void prefix_equals_concatenation(PCase c, int P, int Ps) {
+  SCOPED_TRACE(c.layout + " mode " + std::to_string(c.mode) + " P " + std::to_string(P) + " rows " +
+               std::to_string(c.ql[0]));
+  PCase cc = c;  // the concatenated problem: P more keys per sequence
+  for (int& l : cc.kvl) l += P;
+  auto rc = build_prompt<T>(cc);
+  std::mt19937 rng(c.seed + 100);
+  const Seqs pre = draw<T>(rng, {Ps}, c.kvn, c.D), prev = draw<T>(rng, {Ps}, c.kvn, c.Dv);
+  const size_t kw = z(c.kvn * c.D), vw = z(c.kvn * c.Dv);
+  for (int b = 0; b < c.B(); ++b) {
+    std::copy_n(pre[0].begin(), z(P) * kw, rc.k[z(b)].begin());
+    std::copy_n(prev[0].begin(), z(P) * vw, rc.v[z(b)].begin());
+  }
+  rc.kb = pack<T>(rc.kd, rc.k, cc.kvl);
+  rc.vb = pack<T>(rc.vd, rc.v, cc.kvl);
+  std::vector<T> want, got;
+  std::vector<float> want_lse, got_lse;
+  run_prompt(rc, want, want_lse);
+  // The call with a prefix: own rows only (extent c.S2()), the prefix tensors (Ps rows, those
+  // past P NaN), the kv lengths without the prefix.
+  Seqs ok(z(c.B())), ov(z(c.B()));
+  for (int b = 0; b < c.B(); ++b) {
+    ok[z(b)].assign(rc.k[z(b)].begin() + static_cast<std::ptrdiff_t>(z(P) * kw), rc.k[z(b)].end());
+    ov[z(b)].assign(rc.v[z(b)].begin() + static_cast<std::ptrdiff_t>(z(P) * vw), rc.v[z(b)].end());
+  }
+  const Dims kd{c.layout == "BNSD_BSND" ? "BNSD" : c.layout, c.B(), c.S2(), c.kvn, c.D, {}};
+  const Dims vd{kd.lay, c.B(), c.S2(), c.kvn, c.Dv, {}};
+  const Dims pkd{kd.lay, 1, Ps, c.kvn, c.D, {}}, pvd{kd.lay, 1, Ps, c.kvn, c.Dv, {}};
+  const auto kb = pack<T>(kd, ok, c.kvl), vb = pack<T>(vd, ov, c.kvl);
+  const auto pkb = pack<T>(pkd, pre, {P}), pvb = pack<T>(pvd, prev, {P});
+  run_prompt(rc, got, got_lse, [&](PCall<T>& x) {
+    x.in.key = {StridedView<const T>(kb.data(), kd.shape())};
+    x.in.value = {StridedView<const T>(vb.data(), vd.shape())};
+    x.in.key_shared_prefix = {pkb.data(), pkd.shape()};
+    x.in.value_shared_prefix = {pvb.data(), pvd.shape()};
+    if (P != Ps) x.in.actual_shared_prefix_len = {P};
+    x.in.actual_seq_lengths_kv.assign(c.kvl.begin(), c.kvl.end());
+  });
+  EXPECT_TRUE(same_bits(got, want));
+  EXPECT_TRUE(same_bits(got_lse, want_lse));
+}
+
+TEST(FusedInferAttentionScore, SharedPrefixEqualsThePrefixInFrontOfEachSequenceBitForBit) {
+  unsigned seed = 60;
+  for (const std::string lay : {"BSH", "BSND", "BNSD", "BNSD_BSND"}) {
+    PCase c;
+    c.layout = lay;
+    c.ql = {4, 7};
+    c.kvl = {6, 0};  // batch 1: the prefix alone
+    c.seed = seed++;
+    prefix_equals_concatenation<half>(c, 5, 5);
+    c.mode = 3;  // causal, anchored at the end of prefix + keys
+    c.seed = seed++;
+    prefix_equals_concatenation<bfloat16>(c, 3, 8);
+    c.mode = 0;
+    c.mask = true;  // mask columns [0, P) are the prefix's
+    c.pse = true;
+    c.kvl = {6, 2};
+    c.seed = seed++;
+    prefix_equals_concatenation<half>(c, 4, 6);
+    if (lay == "BNSD_BSND") continue;
+    PCase d;  // Q_S == 1: the incremental branch (split KV over the long prefix)
+    d.layout = lay;
+    d.nopad = true;
+    d.ql = {1, 1, 1};
+    d.kvl = {20, 0, 7};
+    d.pse = true;
+    d.seed = seed++;
+    prefix_equals_concatenation<half>(d, 700, 700);
+    prefix_equals_concatenation<bfloat16>(d, 9, 40);
+  }
+}
+
+TEST(FusedInferAttentionScore, SharedPrefixRejections) {
+  PCase c;
+  c.ql = {5, 6};
+  c.kvl = {7, 9};
+  std::vector<half> pk(4 * 2 * 16, half(0.5f));
+  using E = PEdit<half>;
+  const auto both = [&](PCall<half>& x, Shape sh) {
+    x.in.key_shared_prefix = {pk.data(), sh};
+    x.in.value_shared_prefix = {pk.data(), sh};
+  };
+  prompt_rejected<half>(c, E([&](PCall<half>& x) {
+                          x.in.key_shared_prefix = {pk.data(), shp(1, 4, 2, 16)};
+                        }),
+                        "given without value_shared_prefix");
+  prompt_rejected<half>(c, E([&](PCall<half>& x) { both(x, shp(2, 2, 2, 16)); }),
+                        "batch other than 1");
+  prompt_rejected<half>(c, E([&](PCall<half>& x) { both(x, shp(1, 4, 1, 16)); }),
+                        "key_shared_prefix.shape");
+  prompt_rejected<half>(c, E([&](PCall<half>& x) {
+                          both(x, shp(1, 4, 2, 16));
+                          x.in.actual_shared_prefix_len = {5};
+                        }),
+                        "actual_shared_prefix_len");
+  prompt_rejected<half>(c, E([&](PCall<half>& x) { x.in.actual_shared_prefix_len = {2}; }),
+                        "given without key_shared_prefix");
+  PCase t = c;
+  t.layout = "TND";
+  prompt_rejected<half>(t, E([&](PCall<half>& x) { both(x, shp(4, 2, 16)); }),
+                        "not supported with TND");
+  // The mask must cover prefix + keys: a mask of exactly S2 columns is now too short.
+  PCase m = c;
+  m.mask = true;
+  prompt_rejected<half>(m, E([&](PCall<half>& x) {
+                          both(x, shp(1, 4, 2, 16));
+                          x.in.atten_mask = {x.in.atten_mask.data(), shp(2, 11, 11)};
+                        }),
+                        "atten_mask.shape");
 }
 
 }  // namespace fia_test

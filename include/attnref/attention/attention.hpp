@@ -236,7 +236,7 @@ void resolve_seqs(const char* fn, const AttentionInputs<TQ, TKV>& in, Geometry& 
 template <class TQ, class TKV, class TO, class TS>
 void resolve_outputs(const char* fn, const AttentionInputs<TQ, TKV>& in,
                      const AttentionOutputs<TO, TS>& out, const Geometry& g, Index max_q,
-                     Index max_kv) {
+                     Index max_kv, bool kv_template) {
   const auto& q = in.q;
   const auto& k = in.k;
   const auto& v = in.v;
@@ -259,18 +259,23 @@ void resolve_outputs(const char* fn, const AttentionInputs<TQ, TKV>& in,
   }
   check_mask(fn, "mask_add", in.mask_add, g.batch, g.num_heads, max_q, max_kv);
   check_mask(fn, "mask_bool", in.mask_bool, g.batch, g.num_heads, max_q, max_kv);
+  // (kv_template: k / v only give the strides of caller-built pages, the caller checks the
+  // pages' memory)
+  const auto no_kv = [kv_template](const auto& x) {
+    return kv_template ? std::decay_t<decltype(x)>{} : x;
+  };
   check_no_overlap(fn, "o", out.o, "q", q);
-  check_no_overlap(fn, "o", out.o, "k", k);
-  check_no_overlap(fn, "o", out.o, "v", v);
+  check_no_overlap(fn, "o", out.o, "k", no_kv(k));
+  check_no_overlap(fn, "o", out.o, "v", no_kv(v));
   check_no_overlap(fn, "o", out.o, "mask_add", in.mask_add);
   check_no_overlap(fn, "o", out.o, "mask_bool", in.mask_bool);
   check_no_overlap(fn, "lse", out.lse, "q", q);
-  check_no_overlap(fn, "lse", out.lse, "k", k);
-  check_no_overlap(fn, "lse", out.lse, "v", v);
+  check_no_overlap(fn, "lse", out.lse, "k", no_kv(k));
+  check_no_overlap(fn, "lse", out.lse, "v", no_kv(v));
   check_no_overlap(fn, "lse", out.lse, "o", out.o);
   check_no_overlap(fn, "probs", out.probs, "q", q);
-  check_no_overlap(fn, "probs", out.probs, "k", k);
-  check_no_overlap(fn, "probs", out.probs, "v", v);
+  check_no_overlap(fn, "probs", out.probs, "k", no_kv(k));
+  check_no_overlap(fn, "probs", out.probs, "v", no_kv(v));
   check_no_overlap(fn, "probs", out.probs, "o", out.o);
   check_no_overlap(fn, "probs", out.probs, "lse", out.lse);
   check_no_overlap(fn, "o", out.o, "block_table", in.block_table);
@@ -281,13 +286,14 @@ void resolve_outputs(const char* fn, const AttentionInputs<TQ, TKV>& in,
 /// Validates everything and resolves the geometry (throws before any output is written).
 template <class TQ, class TKV, class TO, class TS>
 Geometry resolve(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
-                 const AttentionOutputs<TO, TS>& out, const ExecConfig& exec) {
+                 const AttentionOutputs<TO, TS>& out, const ExecConfig& exec,
+                 bool kv_template = false) {
   Geometry g;
   check_exec(fn, exec);
   resolve_heads(fn, in, p, out, g);
   Index max_q = 0, max_kv = 0;
   resolve_seqs(fn, in, g, max_q, max_kv);
-  resolve_outputs(fn, in, out, g, max_q, max_kv);
+  resolve_outputs(fn, in, out, g, max_q, max_kv, kv_template);
   // Tiling (depends on the problem only, never on threads).
   // A requested tile longer than every sequence is the whole sequence (the same work, and no
   // size arithmetic on a tile of 2^62 rows).
@@ -389,7 +395,7 @@ void attention_with_pages(const Variant& variant, const AttentionInputs<TQ, TKV>
                           const AttentionParams& params, const AttentionOutputs<TO, TS>& out,
                           const KvPages<TKV>& pages, const ExecConfig& exec = {}) {
   check_types<Acc, TQ, TKV, TO, TS>();
-  const Geometry g = resolve("attention_with", in, params, out, exec);
+  const Geometry g = resolve("attention_with", in, params, out, exec, /*kv_template=*/true);
   ATTNREF_CHECK(static_cast<Index>(pages.first.size()) == g.batch, std::invalid_argument,
                 "attention_with", "pages.first", "size mismatch", g.batch, pages.first.size());
   run_attention<Acc>(in, params, out, variant, g, pages);

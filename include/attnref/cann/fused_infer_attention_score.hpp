@@ -39,6 +39,7 @@
 
 #include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/detail/fia_antiquant.hpp"
+#include "attnref/cann/detail/fia_prefix.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
 #include "attnref/core/dense.hpp"
@@ -105,6 +106,13 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const float> key_antiquant_offset{};
   StridedView<const float> value_antiquant_scale{};
   StridedView<const float> value_antiquant_offset{};
+  /// The shared prefix (V2+): key / value rows in the key's layout with batch 1 ([1, Ps, KV_N·D],
+  /// [1, Ps, KV_N, D] or [1, KV_N, Ps, D]); the first actual_shared_prefix_len of them (one value;
+  /// empty: Ps) stand in front of every sequence's keys. Not with TND, a paged cache, kv left
+  /// padding, tensor lists or int8 query / key / value.
+  StridedView<const TKV> key_shared_prefix{};
+  StridedView<const TKV> value_shared_prefix{};
+  std::vector<std::int64_t> actual_shared_prefix_len{};
   StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq] (Q_S == 1)
   StridedView<const std::int64_t> kv_padding_size{};  ///< one value (Q_S == 1)
   /// V4's learnable sink (in the vendor's code, not its document): bf16 [N], one logit per
@@ -127,6 +135,7 @@ struct FusedInferAttentionScoreInputs {
     f("key_antiquant_offset", key_antiquant_offset);
     f("value_antiquant_scale", value_antiquant_scale);
     f("value_antiquant_offset", value_antiquant_offset);
+    f("key_shared_prefix", key_shared_prefix), f("value_shared_prefix", value_shared_prefix);
     f("block_table", block_table), f("kv_padding_size", kv_padding_size);
     f("learnable_sink", learnable_sink);
   }
@@ -241,6 +250,50 @@ bool fia_check_separate(const FusedInferAttentionScoreParams& p, const In& in, b
   return sep;
 }
 
+/// The shared prefix, checked, and its pages over the dense stand-ins; false when the call has
+/// none (or uses none of its rows: then it is the call without it).
+template <class T, class TKV, class TM, class TP>
+bool fia_prefix(const FusedInferAttentionScoreParams& p,
+                const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in, const FiaRoute& r,
+                FiaPrefix<TKV>& f) {
+  const auto& pk = in.key_shared_prefix;
+  const auto& pv = in.value_shared_prefix;
+  const std::string none = "none";
+  if (pk.absent() && pv.absent()) {
+    ATTNREF_CHECK(in.actual_shared_prefix_len.empty(), std::invalid_argument, kFia,
+                  "actual_shared_prefix_len", "given without key_shared_prefix", none,
+                  std::to_string(in.actual_shared_prefix_len.size()) + " values");
+    return false;
+  }
+  const auto reject = [&](bool bad, const char* what, const char* expected,
+                          const std::string& got) {
+    ATTNREF_CHECK(!bad, std::invalid_argument, kFia, "key_shared_prefix", what, expected, got);
+  };
+  reject(pk.absent() || pv.absent(), "given without value_shared_prefix (or the reverse)", "both",
+         shape_str(pk) + " and " + shape_str(pv));
+  reject(r.layout == Layout::TND, "not supported with TND", "BSH, BSND, BNSD or BNSD_BSND", "TND");
+  reject(!in.block_table.absent(), "not supported with a paged cache", "no block_table",
+         shape_str(in.block_table));
+  reject(!in.kv_padding_size.absent(), "not supported with kv left padding", "no kv_padding_size",
+         shape_str(in.kv_padding_size));
+  reject(in.key.size() != 1 || in.value.size() != 1, "not supported with tensor lists",
+         "one key / value tensor", std::to_string(in.key.size()) + " tensors");
+  reject(std::is_same_v<T, std::int8_t>, "not supported with int8 query / key / value",
+         "a floating query", "int8");
+  const Index kvn = p.num_key_value_heads == 0 ? static_cast<Index>(p.num_heads)
+                                               : static_cast<Index>(p.num_key_value_heads);
+  const Layout kl = r.layout == Layout::BNSD_BSND ? Layout::BNSD : r.layout;
+  const auto kd = pfa_dims(kFia, "key[0]", in.key[0], kl, kvn);
+  const auto vd = pfa_dims(kFia, "value[0]", in.value[0], kl, kvn);
+  const auto pkd = pfa_dims(kFia, "key_shared_prefix", pk, kl, kvn);
+  const auto pvd = pfa_dims(kFia, "value_shared_prefix", pv, kl, kvn);
+  f.P = fia_prefix_len(kFia, in.actual_shared_prefix_len, pkd, pvd, kd, vd);
+  if (f.P == 0) return false;
+  fia_prefix_pages(f, pfa_view(in.key[0].data(), kl, kd), pfa_view(in.value[0].data(), kl, vd),
+                   pfa_view(pk.data(), kl, pkd), pfa_view(pv.data(), kl, pvd));
+  return true;
+}
+
 /// The incremental branch: IncreFlashAttention's plan, with the kv lengths from
 /// actual_seq_lengths_kv.
 template <class T, class TKV, class TM, class TP, class TO>
@@ -293,6 +346,15 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
     pr.fn = kFia;
     pr.lens_arg = "actual_seq_lengths_kv";
     pr.external_antiquant = sep;
+    FiaPrefix<TKV> prefix;  // (the plan's pages point into it until the run ends)
+    if (fia_prefix(p, in, r, prefix))
+      pr.extend_kv = [&prefix](IfaPlan<TKV>& pl) {
+        pl.kv.cache.k = prefix.k;
+        pl.kv.cache.v = prefix.v;
+        pl.kv.pages = prefix.pages;
+        for (Index& l : pl.kv.cache.context_lens) l += prefix.P;
+        pl.kv.mask_cols += prefix.P;
+      };
     const Index B = in.query.size(0), n = static_cast<Index>(p.num_heads);
     if (p.softmax_lse_flag) pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, B, n);
     ifa_prepare(ip, ii, IncreFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
@@ -363,6 +425,13 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pi.quant_offset2 = in.quant_offset2;
     PfaProblem<T, TM, TP, TO> pr;
     pr.fn = kFia;
+    FiaPrefix<T> prefix;  // (the engine's pages point into it until the run ends)
+    if (fia_prefix(p, in, r, prefix)) {
+      pr.front_keys = prefix.P;
+      pr.kv_pages = &prefix.pages;
+      pr.kv_k = prefix.k;
+      pr.kv_v = prefix.v;
+    }
     const Index n = static_cast<Index>(p.num_heads);
     if (p.softmax_lse_flag)
       pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, in.query.size(0), n);

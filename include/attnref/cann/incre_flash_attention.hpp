@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -472,6 +473,9 @@ struct IfaProblem {
   /// The caller binds the antiquant maps itself (FusedInferAttentionScore's separate K / V
   /// scales): no antiquant_scale is required or read.
   bool external_antiquant = false;
+  /// Called on the plan before the masks and scales are checked against it: a caller's change
+  /// of the keys (FusedInferAttentionScore's shared prefix). Empty: none.
+  std::function<void(IfaPlan<TKV>&)> extend_kv;
 };
 
 /// The engine problem, validated against the caller's tensors, with the shared query / output
@@ -502,7 +506,7 @@ void ifa_engine_problem(const IncreFlashAttentionParams& params,
   if (pages.first.empty())  // the engine's checks, as the run will make them
     validate(e, ep, eo, pr.ex);
   else
-    (void)resolve("attention_with", e, ep, eo, pr.ex);
+    (void)resolve("attention_with", e, ep, eo, pr.ex, /*kv_template=*/true);
   var.group = n / pl.kvn;
   if constexpr (kQuant) {
     var.zero_empty = true;
@@ -549,6 +553,7 @@ void ifa_prepare(const IncreFlashAttentionParams& params,
                 "incre_flash_attention mask: bool, int8 or uint8");
   pr.ex = exec;
   pr.pl = ifa_plan(pr.fn, params, in, out, pr.lens_arg);
+  if (pr.extend_kv) pr.extend_kv(pr.pl);
   ifa_bind_masks(pr.fn, params, in, pr.pl, pr.var);
   if (!pr.external_antiquant) ifa_antiquant(pr.fn, params, in, pr.pl);
   ifa_engine_problem(params, in, out, pr);

@@ -443,6 +443,11 @@ struct PfaProblem {
   AttentionOutputs<TO> eo;
   ExecConfig ex;
   const char* fn = "prompt_flash_attention";  ///< the operator named in error messages
+  /// Keys a caller puts in front of every sequence (FusedInferAttentionScore's shared prefix),
+  /// and the pages and views the engine then reads instead of key / value (null: none).
+  Index front_keys = 0;
+  const KvPages<T>* kv_pages = nullptr;
+  StridedView<const T, 4> kv_k{}, kv_v{};
 };
 
 /// The quantization scales, then the engine problem, validated against the caller's tensors,
@@ -499,7 +504,13 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
   if (kInt8In) pr.ex.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
   pr.eo.o = pfa_view(out.attention_out.data(), out_layout, od);
-  validate(e, pr.ep, pr.eo, pr.ex);  // overlaps and data checks; nothing written yet
+  if (pr.kv_pages != nullptr) {  // the caller's pages (their memory is the caller's to check)
+    e.k = pr.kv_k;
+    e.v = pr.kv_v;
+    (void)resolve(fn, e, pr.ep, pr.eo, pr.ex, /*kv_template=*/true);
+  } else {
+    validate(e, pr.ep, pr.eo, pr.ex);  // overlaps and data checks; nothing written yet
+  }
   // (an int8 output: sat(rint(O·quant_scale2 + quant_offset2)) per channel (h, d), the hooks'
   // quantize_o)
   if constexpr (kInt8In) {
@@ -538,6 +549,10 @@ void pfa_prepare(const PromptFlashAttentionParams& params,
                       out.attention_out);
   pr.ex = exec;
   pr.pl = pfa_plan(fn, params, in, out);
+  if (pr.front_keys > 0) {  // every sequence's keys, and what its mask / pse must cover
+    pr.pl.S2 += pr.front_keys;
+    for (Index& l : pr.pl.lens.kv_len) l += pr.front_keys;
+  }
   pfa_bind(fn, params, in, pr.pl, static_cast<CannVariant<TM, TP>&>(pr.var));
   pfa_engine_problem(params, in, out, pr);
 }
@@ -551,7 +566,10 @@ void pfa_run(const PfaProblem<T, TM, TP, TO>& pr) {
       for (Index i = pl.lens.q_len[static_cast<size_t>(b)]; i < pl.S1; ++i)
         for (Index h = 0; h < pl.n; ++h)
           for (Index x = 0; x < pl.Dv; ++x) pr.eo.o(b, i, h, x) = TO(0.0f);
-  attention_with(pr.var, pr.e, pr.ep, pr.eo, pr.ex);
+  if (pr.kv_pages != nullptr)
+    attention_with_pages(pr.var, pr.e, pr.ep, pr.eo, *pr.kv_pages, pr.ex);
+  else
+    attention_with(pr.var, pr.e, pr.ep, pr.eo, pr.ex);
 }
 
 /// prompt_flash_attention (run) or its validation alone (!run), every view through a DenseArena.
