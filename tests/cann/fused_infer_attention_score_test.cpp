@@ -418,6 +418,17 @@ TEST(FusedInferAttentionScore, FlagOffLeavesSoftmaxLseAlone) {
     x.lse = {};
   });
   EXPECT_TRUE(same_bits(out, want));
+  // ... and with a view the flag would reject: overlapping the output, negative extents.
+  run_prompt(r, out, lse, [](PCall<half>& x) {
+    x.p.softmax_lse_flag = false;
+    x.lse = {reinterpret_cast<float*>(x.o.data()), shp(2, 4, 3)};
+  });
+  EXPECT_TRUE(same_bits(out, want));
+  run_prompt(r, out, lse, [](PCall<half>& x) {
+    x.p.softmax_lse_flag = false;
+    x.lse = StridedView<float>(nullptr, shp(-1, 4));
+  });
+  EXPECT_TRUE(same_bits(out, want));
 }
 
 // ---------------------------------------------------------------------------------------------

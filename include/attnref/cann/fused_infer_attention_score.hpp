@@ -459,7 +459,9 @@ void fia_call(const FusedInferAttentionScoreParams& p,
                 "fused_infer_attention_score key / value: the query's type, or int8 with a "
                 "half / bfloat16 / float query (antiquant)");
   check_exec(kFia, exec);
-  dense_call(kFia, in, out, run, [&](const auto& din, const auto& dout) {
+  FusedInferAttentionScoreOutputs<TO> o = out;
+  if (!p.softmax_lse_flag) o.softmax_lse = {};  // neither checked nor written (not even copied)
+  dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
     const FiaRoute r = fia_route(p, din.query);
     fia_check_lse(p, r, din.query, dout.softmax_lse);
     if (r.incre)
