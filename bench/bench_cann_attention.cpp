@@ -7,12 +7,16 @@
 //   ifa/<f16|bf16|int8>/B:<B>/KV:<kv>/threads:<T>     contiguous KV; int8: antiquant per channel
 //                                                     with offsets (fp16 query)
 //   ifa_paged/f16/B:<B>/KV:<kv>/threads:<T>           128-token blocks, shuffled
+//   fia_paged/<f16|int8>/B:<B>/KV:<kv>/threads:<T>    the same decode step through
+//                                                     FusedInferAttentionScore (its incremental
+//                                                     branch; int8: antiquant per channel)
 // Compare with prefill/ and decode/ (the engine alone). Counters as there: GFLOPS (useful
 // FLOPs), GBps (K and V bytes read per second).
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <attnref/cann/fused_infer_attention_score.hpp>
 #include <attnref/cann/incre_flash_attention.hpp>
 #include <attnref/cann/prompt_flash_attention.hpp>
 #include <cstdint>
@@ -81,8 +85,10 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
 }
 
 /// T: query / output type; KV: cache type (int8: antiquant). block: 0 contiguous, else paged.
+/// An IncreFlashAttention decode step (fused: the same step through FusedInferAttentionScore).
 template <class T, class KV = T>
-void ifa(benchmark::State& state, Index batch, Index kv, Index block, int threads) {
+void ifa(benchmark::State& state, Index batch, Index kv, Index block, int threads,
+         bool fused = false) {
   const auto q = random_values<T>(static_cast<size_t>(batch * kHeads * kD), 1);
   const Index rows = block ? (kv + block - 1) / block * block * batch : batch * kv;
   const auto k = random_values<KV>(static_cast<size_t>(rows * kKvHeads * kD), 2);
@@ -119,8 +125,27 @@ void ifa(benchmark::State& state, Index batch, Index kv, Index block, int thread
   }
   const attnref::IncreFlashAttentionOutputs<T> out{
       StridedView<T>(o.data(), {batch, 1, kHeads, kD})};
+  // FusedInferAttentionScore: the same call, its kv lengths in actual_seq_lengths_kv.
+  attnref::FusedInferAttentionScoreParams fp;
+  fp.num_heads = p.num_heads;
+  fp.num_key_value_heads = p.num_key_value_heads;
+  fp.input_layout = p.input_layout;
+  fp.scale_value = p.scale_value;
+  fp.block_size = p.block_size;
+  attnref::FusedInferAttentionScoreInputs<T, KV> fin;
+  fin.query = in.query;
+  fin.key = in.key;
+  fin.value = in.value;
+  fin.block_table = in.block_table;
+  fin.actual_seq_lengths_kv = in.actual_seq_lengths;
+  fin.antiquant_scale = in.antiquant_scale;
+  fin.antiquant_offset = in.antiquant_offset;
+  const attnref::FusedInferAttentionScoreOutputs<T> fout{out.attention_out};
   for (auto _ : state) {
-    attnref::incre_flash_attention(p, in, out, {threads});
+    if (fused)
+      attnref::fused_infer_attention_score(fp, fin, fout, {threads});
+    else
+      attnref::incre_flash_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
@@ -155,6 +180,11 @@ const bool registered = [] {
           [=](benchmark::State& st) { ifa<attnref::half, std::int8_t>(st, b, 4096, 0, t); });
       reg("ifa_paged/f16" + tail,
           [=](benchmark::State& st) { ifa<attnref::half>(st, b, 4096, 128, t); });
+      reg("fia_paged/f16" + tail,
+          [=](benchmark::State& st) { ifa<attnref::half>(st, b, 4096, 128, t, true); });
+      reg("fia_paged/int8" + tail, [=](benchmark::State& st) {
+        ifa<attnref::half, std::int8_t>(st, b, 4096, 128, t, true);
+      });
     }
   }
   return true;
