@@ -19,6 +19,12 @@
 //      caches and running nsa_decode_step (compressed branch with top-k block selection,
 //      selected branch, sliding window, gated sum), printing the blocks chosen at the first
 //      and the last step;
+//   7. one decode step of a paged serving loop through FusedInferAttentionScore with a shared
+//      system prompt (fp16, 8 q heads / 2 kv heads): three sequences begin with the same
+//      100-token prompt, whose full blocks are stored once in a paged cache and begin every
+//      block table (the rest handed out shuffled); the step (Q_S 1, softmax_lse) is checked
+//      against the reference, and the same step with the prompt as key_shared_prefix /
+//      value_shared_prefix and the own tokens in a contiguous cache must equal it bit for bit;
 // every output is checked against the independent naive reference (double loops) and the
 // throughput of the engine is printed.
 
@@ -849,6 +855,219 @@ bool nsa_run(std::mt19937& rng) {
          e.out < 2e-3;  // false for NaN
 }
 
+/// Section 7's data (fp16, 8 q heads / 2 kv heads, head size 64): a system prompt of P tokens
+/// that begins three sequences, each sequence's own tokens after it (its newest token last),
+/// and the decode step's query. Blocks of bs = 32 tokens: the prompt's first P / bs blocks are
+/// full and shared, as a serving stack's prefix cache shares them.
+struct FiaServe {
+  static constexpr Index N = 8, KVN = 2, D = 64, P = 100, bs = 32, pool = 12;
+  const std::vector<Index> own = {37, 5, 80};
+  std::vector<half> pk, pv;                     // the prompt's K / V [P][KVN][D]
+  std::vector<std::vector<half>> own_k, own_v;  // sequence b's own K / V [own[b]][KVN][D]
+  std::vector<half> q;                          // [B, 1, N, D]
+
+  Index B() const { return static_cast<Index>(own.size()); }
+  Index max_own() const { return *std::max_element(own.begin(), own.end()); }
+  Index kv_len(Index b) const { return P + own[static_cast<size_t>(b)]; }
+  /// The K (or V) row [KVN][D] of token t of sequence b: the prompt's rows, then its own.
+  const half* row(bool value, Index b, Index t) const {
+    if (t < P) return (value ? pv : pk).data() + t * KVN * D;
+    return (value ? own_v : own_k)[static_cast<size_t>(b)].data() + (t - P) * KVN * D;
+  }
+};
+
+FiaServe fia_serve_setup(std::mt19937& rng) {
+  using S = FiaServe;
+  FiaServe s;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto random_half = [&](Index n) {
+    std::vector<half> x(static_cast<size_t>(n));
+    for (auto& e : x) e = half(nd(rng));
+    return x;
+  };
+  s.pk = random_half(S::P * S::KVN * S::D);
+  s.pv = random_half(S::P * S::KVN * S::D);
+  for (Index n : s.own) {
+    s.own_k.push_back(random_half(n * S::KVN * S::D));
+    s.own_v.push_back(random_half(n * S::KVN * S::D));
+  }
+  s.q = random_half(s.B() * S::N * S::D);
+  return s;
+}
+
+/// One FusedInferAttentionScore decode step's outputs: attention_out [B, 1, N, D], softmax_lse
+/// [B, N, 1, 1], and the call's time in seconds.
+struct FiaStep {
+  std::vector<half> o;
+  std::vector<float> lse;
+  double t = 0.0;
+};
+
+/// The step through fused_infer_attention_score (BSND, softmax_lse_flag) with the caller's K/V.
+FiaStep fia_serve_call(const FiaServe& s, attnref::FusedInferAttentionScoreParams p,
+                       attnref::FusedInferAttentionScoreInputs<half> in) {
+  using S = FiaServe;
+  p.num_heads = S::N;
+  p.num_key_value_heads = S::KVN;
+  p.input_layout = "BSND";
+  p.scale_value = 1.0 / std::sqrt(static_cast<double>(S::D));
+  p.softmax_lse_flag = true;
+  in.query = {s.q.data(), {s.B(), 1, S::N, S::D}};
+  FiaStep r;
+  r.o.assign(s.q.size(), half(std::numeric_limits<float>::quiet_NaN()));
+  r.lse.assign(static_cast<size_t>(s.B() * S::N), std::numeric_limits<float>::quiet_NaN());
+  const attnref::FusedInferAttentionScoreOutputs<half> out{{r.o.data(), {s.B(), 1, S::N, S::D}},
+                                                           {r.lse.data(), {s.B(), S::N, 1, 1}}};
+  const auto t0 = Clock::now();
+  attnref::fused_infer_attention_score(p, in, out);
+  r.t = seconds_since(t0);
+  return r;
+}
+
+/// Part A: the paged cache [pool, bs, KVN * D] (NaN until written). Blocks 0 .. P / bs - 1 hold
+/// the prompt's full blocks once and begin every block table; the other blocks are handed out
+/// shuffled, each sequence's first one taking the prompt's tail (a partial block is not shared:
+/// the sequence's own tokens follow it) and its own tokens. `table` gets the block table
+/// [B, maxBlocksPerSeq], -1 padded.
+FiaStep fia_serve_paged(const FiaServe& s, std::mt19937& rng, std::vector<std::int32_t>& table,
+                        Index& max_blocks) {
+  using S = FiaServe;
+  constexpr Index shared = S::P / S::bs, W = S::KVN * S::D;
+  std::vector<half> kc(static_cast<size_t>(S::pool * S::bs * W),
+                       half(std::numeric_limits<float>::quiet_NaN()));
+  std::vector<half> vc(kc);
+  std::vector<std::int32_t> free_blocks(static_cast<size_t>(S::pool - shared));
+  std::iota(free_blocks.begin(), free_blocks.end(), static_cast<std::int32_t>(shared));
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  max_blocks = (S::P + s.max_own() + S::bs - 1) / S::bs;
+  table.assign(static_cast<size_t>(s.B() * max_blocks), -1);
+  size_t next_free = 0;
+  auto put = [&](Index b, Index t, std::int32_t blk) {  // token t of sequence b into block blk
+    const size_t at = static_cast<size_t>((blk * S::bs + t % S::bs) * W);
+    std::copy_n(s.row(false, b, t), W, kc.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy_n(s.row(true, b, t), W, vc.begin() + static_cast<std::ptrdiff_t>(at));
+  };
+  for (Index t = 0; t < shared * S::bs; ++t) put(0, t, static_cast<std::int32_t>(t / S::bs));
+  std::vector<std::int64_t> lens;
+  for (Index b = 0; b < s.B(); ++b) {
+    std::int32_t* bt = table.data() + b * max_blocks;
+    for (Index j = 0; j < shared; ++j) bt[j] = static_cast<std::int32_t>(j);
+    for (Index t = shared * S::bs; t < s.kv_len(b); ++t) {
+      if (t % S::bs == 0) bt[t / S::bs] = free_blocks.at(next_free++);
+      put(b, t, bt[t / S::bs]);
+    }
+    lens.push_back(s.kv_len(b));
+  }
+  attnref::FusedInferAttentionScoreParams p;
+  p.block_size = S::bs;
+  attnref::FusedInferAttentionScoreInputs<half> in;
+  in.key = {{kc.data(), {S::pool, S::bs, W}}};
+  in.value = {{vc.data(), {S::pool, S::bs, W}}};
+  in.block_table = {table.data(), {s.B(), max_blocks}};
+  in.actual_seq_lengths_kv = lens;
+  return fia_serve_call(s, p, in);
+}
+
+/// Part B: the prompt as key_shared_prefix / value_shared_prefix [1, P, KVN, D] and each
+/// sequence's own tokens in a contiguous cache [B, maxOwn, KVN, D] (NaN past its length).
+FiaStep fia_serve_prefix(const FiaServe& s) {
+  using S = FiaServe;
+  constexpr Index W = S::KVN * S::D;
+  const Index m = s.max_own();
+  std::vector<half> kc(static_cast<size_t>(s.B() * m * W),
+                       half(std::numeric_limits<float>::quiet_NaN()));
+  std::vector<half> vc(kc);
+  std::vector<std::int64_t> lens;
+  for (Index b = 0; b < s.B(); ++b) {
+    const auto at = static_cast<std::ptrdiff_t>(b * m * W);
+    std::copy(s.own_k[static_cast<size_t>(b)].begin(), s.own_k[static_cast<size_t>(b)].end(),
+              kc.begin() + at);
+    std::copy(s.own_v[static_cast<size_t>(b)].begin(), s.own_v[static_cast<size_t>(b)].end(),
+              vc.begin() + at);
+    lens.push_back(s.own[static_cast<size_t>(b)]);
+  }
+  attnref::FusedInferAttentionScoreInputs<half> in;
+  in.key = {{kc.data(), {s.B(), m, S::KVN, S::D}}};
+  in.value = {{vc.data(), {s.B(), m, S::KVN, S::D}}};
+  in.key_shared_prefix = {s.pk.data(), {1, S::P, S::KVN, S::D}};
+  in.value_shared_prefix = {s.pv.data(), {1, S::P, S::KVN, S::D}};
+  in.actual_seq_lengths_kv = lens;
+  return fia_serve_call(s, {}, in);
+}
+
+/// The step's output and lse against the naive reference over each sequence's tokens (the
+/// prompt's, then its own; never read from a cache): worse_of into out_err and lse_err.
+void fia_serve_check(const FiaServe& s, const FiaStep& r, double& out_err, double& lse_err) {
+  using S = FiaServe;
+  ref::Problem pr;
+  pr.num_heads = static_cast<int>(S::N);
+  pr.num_kv_heads = static_cast<int>(S::KVN);
+  pr.head_size = static_cast<int>(S::D);
+  pr.v_head_size = static_cast<int>(S::D);
+  pr.scale = 1.0 / std::sqrt(static_cast<double>(S::D));
+  ref::Seqs rq(s.B()), rk(s.B()), rv(s.B());
+  for (Index b = 0; b < s.B(); ++b) {
+    pr.q_len.push_back(1);
+    pr.kv_len.push_back(static_cast<int>(s.kv_len(b)));
+    for (Index e = b * S::N * S::D; e < (b + 1) * S::N * S::D; ++e)
+      rq[b].push_back(static_cast<float>(s.q[static_cast<size_t>(e)]));
+    for (Index t = 0; t < s.kv_len(b); ++t)
+      for (Index e = 0; e < S::KVN * S::D; ++e) {
+        rk[b].push_back(static_cast<float>(s.row(false, b, t)[e]));
+        rv[b].push_back(static_cast<float>(s.row(true, b, t)[e]));
+      }
+  }
+  const ref::Result want = ref::attention(pr, rq, rk, rv);
+  for (Index b = 0; b < s.B(); ++b) {
+    for (size_t i = 0; i < want.o[b].size(); ++i)
+      out_err = worse_of(
+          out_err, std::fabs(want.o[b][i] -
+                             static_cast<float>(r.o[static_cast<size_t>(b * S::N * S::D) + i])));
+    for (Index h = 0; h < S::N; ++h)  // lse [B, N, 1, 1]; the reference's [N][q_len = 1]
+      lse_err = worse_of(lse_err, std::fabs(want.lse[b][static_cast<size_t>(h)] -
+                                            r.lse[static_cast<size_t>(b * S::N + h)]));
+  }
+}
+
+/// One decode step of a paged serving loop through FusedInferAttentionScore with a shared system
+/// prompt: A over a paged cache whose prompt blocks every block table shares, B with the prompt
+/// as the shared prefix and the sequences' own tokens contiguous; A is checked against the
+/// reference, B must equal A bit for bit (output and softmax_lse).
+bool fia_serving_run(std::mt19937& rng) {
+  using S = FiaServe;
+  const FiaServe s = fia_serve_setup(rng);
+  std::vector<std::int32_t> table;
+  Index max_blocks = 0;
+  const FiaStep a = fia_serve_paged(s, rng, table, max_blocks);
+  const FiaStep b = fia_serve_prefix(s);
+  double out_err = 0.0, lse_err = 0.0;
+  fia_serve_check(s, a, out_err, lse_err);
+  const bool same = std::memcmp(a.o.data(), b.o.data(), a.o.size() * sizeof(half)) == 0 &&
+                    std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
+  std::printf(
+      "FIA serving step (fp16, %ld q heads / %ld kv heads, head size %ld): %ld sequences = a "
+      "%ld-token system prompt + %ld, %ld, %ld own tokens; paged cache [%ld, %ld, %ld], the "
+      "prompt's %ld full blocks stored once, block_tables [%ld, %ld], sequence 1:",
+      static_cast<long>(S::N), static_cast<long>(S::KVN), static_cast<long>(S::D),
+      static_cast<long>(s.B()), static_cast<long>(S::P), static_cast<long>(s.own[0]),
+      static_cast<long>(s.own[1]), static_cast<long>(s.own[2]), static_cast<long>(S::pool),
+      static_cast<long>(S::bs), static_cast<long>(S::KVN * S::D), static_cast<long>(S::P / S::bs),
+      static_cast<long>(s.B()), static_cast<long>(max_blocks));
+  for (Index j = 0; j < max_blocks; ++j)
+    std::printf("%s%d", j == 0 ? " [" : ", ", table[static_cast<size_t>(max_blocks + j)]);
+  std::printf(
+      "]\n  paged q [%ld, 1, %ld, %ld] (BSND), kv lengths %ld, %ld, %ld: %.3f ms, max |err| %.2e, "
+      "lse max |err| %.2e; key_shared_prefix [1, %ld, %ld, %ld] + own K/V [%ld, %ld, %ld, %ld]: "
+      "%.3f ms; prefix == shared blocks: %s\n",
+      static_cast<long>(s.B()), static_cast<long>(S::N), static_cast<long>(S::D),
+      static_cast<long>(s.kv_len(0)), static_cast<long>(s.kv_len(1)),
+      static_cast<long>(s.kv_len(2)), a.t * 1e3, out_err, lse_err, static_cast<long>(S::P),
+      static_cast<long>(S::KVN), static_cast<long>(S::D), static_cast<long>(s.B()),
+      static_cast<long>(s.max_own()), static_cast<long>(S::KVN), static_cast<long>(S::D), b.t * 1e3,
+      same ? "bit for bit" : "OUTPUTS DIFFER");
+  return same && out_err < 2.5e-3 && lse_err < 1e-4;  // false for NaN
+}
+
 }  // namespace
 
 int main() {
@@ -983,6 +1202,7 @@ int main() {
   ok = paged_serving_run(rng) && ok;
   ok = mla_run(rng) && ok;
   ok = nsa_run(rng) && ok;
+  ok = fia_serving_run(rng) && ok;
   std::printf("digest of the output errors: %016llx\n", static_cast<unsigned long long>(g_digest));
   std::printf("%s\n",
               ok ? "OK: every step matches the reference" : "FAILED: error above tolerance");
