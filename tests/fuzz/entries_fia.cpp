@@ -1,17 +1,28 @@
-// Fuzz entry "fused_infer_attention_score" (CANN FusedInferAttentionScore, fp16) against the naive
-// reference: the incremental branch (Q_S == 1 in BSH / BSND / BNSD over one K/V tensor, one tensor
-// per batch or a shuffled paged cache with block_table; IFA's [B, S'] masks) and the prompt branch
-// (Q_S > 1 in BSH / BSND / BNSD / BNSD_BSND, and TND with any T; user masks, sparse modes 0–4,
-// inner_precise 0–3, padded rows), GQA, actual lengths (batches without keys), softmax_lse on and
-// off. With the flag, softmax_lse is the reference's ln Σ exp(scale·q·k) over the row's visible
-// keys, +inf for a prompt row without keys or a padded row, -3.40e38 for an incremental batch
-// without keys, and the fill value for a row whose visible keys are all masked (-FLT_MAX prompt,
-// -1e12 + ln n incremental); without it, softmax_lse is never written. TND cases sometimes carry
-// V4's learnable sink (head size 64 or 128): exp(sink_h) joins each row's denominator, not lse.
+// Fuzz entry "fused_infer_attention_score" (CANN FusedInferAttentionScore) against the naive
+// reference, over four query / key-value type pairs: half / half, bf16 / bf16, and int8 K/V with a
+// half or bf16 query (the incremental branch's antiquant). The incremental branch (Q_S == 1 in
+// BSH / BSND / BNSD over one K/V tensor, one tensor per batch or a shuffled paged cache with
+// block_table; IFA's [B, S'] masks) and the prompt branch (Q_S > 1 in BSH / BSND / BNSD /
+// BNSD_BSND, and TND with any T; user masks, sparse modes 0–4, inner_precise 0–3, padded rows),
+// GQA, actual lengths (batches without keys), softmax_lse on and off. With the flag, softmax_lse
+// is the reference's ln Σ exp(scale·q·k + pse) over the row's visible keys, +inf for a prompt row
+// without keys or a padded row, -3.40e38 for an incremental batch without keys, and the fill value
+// for a row whose visible keys are all masked (-FLT_MAX prompt, -1e12 + ln n incremental);
+// without it, softmax_lse is never written. TND cases sometimes carry V4's learnable sink (head
+// size 64 or 128): exp(sink_h) joins each row's denominator, not lse.
+// The V2 features: pse_shift in both branches (added after scaling; NaN where no row may read
+// it); int8 K/V dequantized as (x8 + offset)·scale by the combined antiquant (antiquant_mode 0
+// in the query's type, every listed shape; antiquant_mode 1 per token) or the separate K / V
+// antiquant (modes 0, 1, 2 and key 0 / value 1 with a half query), per-token columns past a
+// batch's keys NaN; the shared prefix in both branches (BSH / BSND / BNSD, and BNSD_BSND with
+// Q_S > 1): the reference puts prefix rows [0, P) in front of every sequence's keys (mask, pse
+// and per-token columns [0, P) are the prefix's, causal anchors at the end of prefix + keys), the
+// rows past P NaN. Every rejection the headers document for these features is a perturbation.
 
 #include <attnref/attnref.hpp>
 #include <cfloat>
 #include <limits>
+#include <type_traits>
 
 #include "fuzz/fuzz.hpp"
 #include "reference/naive_attention.hpp"
@@ -19,44 +30,98 @@
 
 namespace fuzz_fia {
 
+using attnref::bfloat16;
 using attnref::half;
 using attnref::StridedView;
 using fuzz::Index;
 using fuzz::kHuge;
+using i8 = std::int8_t;
 
 constexpr float kLseSentinel = 4321.0f;
-const half kOutSentinel = half(777.0f);
+constexpr float kOutSentinel = 777.0f;
 constexpr double kIncreEmpty = static_cast<double>(-3.40e38f);  // an incremental batch, no keys
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 enum Store { kTensor, kList, kPaged };  // the incremental branch's K/V
+// int8 K/V's antiquant: antiquant_scale (antiquant_mode 0), antiquant_scale_per_token
+// (antiquant_mode 1), or the separate key_ / value_antiquant_* tensors.
+enum Aq { kNoAq, kCombined, kCombinedToken, kSeparate };
 
 size_t z(Index i) { return static_cast<size_t>(i); }
 
-std::vector<half> halves(fuzz::Rng& r, Index n) {
-  std::vector<half> x(z(n));
-  for (half& e : x) e = half(r.normal());
+float uniform(fuzz::Rng& r, float lo, float hi) {
+  return std::uniform_real_distribution<float>(lo, hi)(r.g);
+}
+
+// A random value: normal for a floating type, [-128, 127] for int8.
+template <class X>
+X one(fuzz::Rng& r) {
+  if constexpr (std::is_same_v<X, i8>)
+    return static_cast<i8>(r.range(-128, 127));
+  else
+    return X(r.normal());
+}
+
+// n random values: normal for a floating type, [-128, 127] for int8.
+template <class X>
+std::vector<X> draw(fuzz::Rng& r, Index n) {
+  std::vector<X> x(z(n));
+  for (X& e : x) e = one<X>(r);
   return x;
 }
 
+// What an element no one may read holds: NaN (reading it shows), or -128 for int8.
+template <class X>
+X poison() {
+  if constexpr (std::is_same_v<X, i8>)
+    return X(-128);
+  else
+    return X(kNaN);
+}
+
+template <class X>
+double dbl(X x) {
+  return static_cast<double>(static_cast<float>(x));
+}
+
+// One side's (key's or value's) dequantization as the reference applies it: (x8 + offset)·scale,
+// per channel (index h·D + e) or per token (index b·W + position). Offset empty: none.
+struct Deq {
+  bool token = false;
+  std::vector<double> scale, offset;
+};
+
+template <class T, class K>
 struct Fia {
+  using Q = T;
+  using KV = K;
+  static constexpr bool kQuant = std::is_same_v<K, i8>;
   bool incre = false;  // Q_S == 1 in BSH / BSND / BNSD
   std::string layout;
   int store = kTensor;
   bool paged4 = false;  // BNSD paged cache [nb, KV_N, bs, D]
   Index B = 1, S1 = 1, S2 = 0, N = 1, KVN = 1, D = 1, Dv = 1;
   Index bs = 16, nb = 0, mb = 0;     // paged: block size, blocks, table columns
-  std::vector<Index> q_len, kv_len;  // per batch
+  std::vector<Index> q_len, kv_len;  // per batch (kv: without the prefix)
   std::vector<Index> kv_s, kv_base;  // tensor list: each tensor's S and element offset
   bool user_mask = false, compressed = false;
-  Index m_b = 1, m_s1 = 1, m_s2 = 0;  // the user mask as [m_b][m_s1][m_s2] (incre: m_s1 = 1)
-  std::vector<half> q, k, v, o;
-  std::vector<float> lse;
+  Index m_b = 1, m_s1 = 1, m_s2 = 0;        // the user mask as [m_b][m_s1][m_s2] (incre: m_s1 = 1)
+  Index P = 0, Ps = 0;                      // the shared prefix: rows in use, rows of its tensors
+  Index pse_b = 0, pse_s1 = 0, pse_s2 = 0;  // pse_shift [pse_b][N][pse_s1][pse_s2]; 0: none
+  int aq = kNoAq;
+  Index W = 0;                         // per-token scale columns
+  Deq dk, dv;                          // the reference's dequantization of int8 K and V
+  std::vector<T> q, o, pse, aqs, aqo;  // aqs / aqo: antiquant_scale / antiquant_offset
+  std::vector<K> k, v, pk, pv;         // pk / pv: key_ / value_shared_prefix
+  std::vector<float> lse, tok_s, tok_o, ks, ko, vs, vo, spare;  // spare: bad-shape views
   std::vector<std::uint8_t> mask;
   std::vector<std::int32_t> table;
-  std::vector<attnref::bfloat16> sink;  // learnable_sink (TND, D = Dv = 64 or 128)
+  std::vector<bfloat16> sink;  // learnable_sink (TND, D = Dv = 64 or 128)
+  bool int8_query = false;     // the probe: the same call with int8 query / key / value
+  std::vector<i8> q8, k8, v8, p8;
   attnref::FusedInferAttentionScoreParams p;
-  attnref::FusedInferAttentionScoreInputs<half> in;
-  StridedView<half> out;
+  attnref::FusedInferAttentionScoreInputs<T, K> in;
+  StridedView<T> out;
   StridedView<float> lse_out;
   Index lse_step = 1;              // softmax_lse element i at lse[i * lse_step] (2: a strided view)
   bool want_out_of_range = false;  // the perturbation must raise std::out_of_range
@@ -84,7 +149,14 @@ Index offset(const std::string& layout, Index b, Index s, Index h, Index e, Inde
   return ((b * S + s) * n + h) * w + e;
 }
 
-std::vector<Index> lse_shape(const Fia& c) {
+// The layout of the prefix tensors: the key's (BNSD_BSND: BNSD).
+template <class C>
+std::string prefix_layout(const C& c) {
+  return c.layout == "BNSD_BSND" ? "BNSD" : c.layout;
+}
+
+template <class C>
+std::vector<Index> lse_shape(const C& c) {
   if (c.layout == "TND") return {c.S1, c.N, 1};
   return {c.B, c.N, c.S1, 1};
 }
@@ -95,8 +167,15 @@ Index max_of(const std::vector<Index>& x) {
   return m;
 }
 
+// The key positions an incremental mask / pse / per-token row must cover (prefix included).
+template <class C>
+Index incre_cols(const C& c) {
+  return c.store == kPaged ? c.mb * c.bs : c.P + max_of(c.kv_len);
+}
+
 // Fills the user mask [m_b][m_s1][m_s2]: random holes, sometimes whole rows masked.
-void fill_mask(Fia& c, fuzz::Rng& r) {
+template <class C>
+void fill_mask(C& c, fuzz::Rng& r) {
   c.mask.assign(z(std::max<Index>(1, c.m_b * c.m_s1 * c.m_s2)), 0);
   const bool full_rows = r.chance(0.4);
   for (Index b = 0; b < c.m_b; ++b)
@@ -109,7 +188,8 @@ void fill_mask(Fia& c, fuzz::Rng& r) {
 
 // The user mask [m_b][m_s1][m_s2] as a view of rank 2–4: incre [B, S'], [B, 1, S'] or
 // [B, 1, 1, S']; prompt [S1', S2'] (m_b = 1), [m_b, S1', S2'] or [m_b, 1, S1', S2'].
-StridedView<const std::uint8_t> mask_view(const Fia& c, fuzz::Rng& r) {
+template <class C>
+StridedView<const std::uint8_t> mask_view(const C& c, fuzz::Rng& r) {
   const Index rank = r.range(c.incre || c.m_b == 1 ? 2 : 3, 4);
   const std::uint8_t* d = c.mask.data();
   if (rank == 2) return StridedView<const std::uint8_t>(d, {c.m_b * c.m_s1, c.m_s2});
@@ -121,29 +201,160 @@ std::vector<std::int64_t> as_lengths(const std::vector<Index>& x) {
   return std::vector<std::int64_t>(x.begin(), x.end());
 }
 
-void build_incre(Fia& c, fuzz::Rng& r) {
-  const char* layouts[] = {"BSH", "BSND", "BNSD"};
-  c.layout = layouts[r.range(0, 2)];
-  c.Dv = c.D;
-  c.S1 = 1;
-  c.store = static_cast<int>(r.range(0, 2));
-  c.p.inner_precise = r.range(0, 1);
-  for (Index b = 0; b < c.B; ++b) c.kv_len.push_back(r.chance(0.2) ? 0 : r.range(1, 40));
-  c.q_len.assign(z(c.B), 1);
-  c.q = halves(r, c.B * c.N * c.D);
-  c.o.assign(c.q.size(), kOutSentinel);
-  c.in.query = StridedView<const half>(c.q.data(), shape(c.layout, c.B, 1, c.N, c.D));
-  c.out = StridedView<half>(c.o.data(), c.in.query.shape());
-  const bool lens = c.store == kPaged || r.chance(0.6);
+// The shared prefix: Ps rows in the key's layout with batch 1, the first P of them in use
+// (actual_shared_prefix_len when P < Ps, sometimes when equal; P = 0: the call without one),
+// the rows past P poisoned.
+template <class C>
+void build_prefix(C& c, fuzz::Rng& r) {
+  using K = typename C::KV;
+  c.P = r.chance(0.1) ? 0 : r.range(1, 6);
+  c.Ps = std::max<Index>(1, c.P + r.range(0, 2));
+  const std::string pl = prefix_layout(c);
+  c.pk = draw<K>(r, c.Ps * c.KVN * c.D);
+  c.pv = draw<K>(r, c.Ps * c.KVN * c.Dv);
+  for (Index t = c.P; t < c.Ps; ++t)
+    for (Index h = 0; h < c.KVN; ++h) {
+      for (Index e = 0; e < c.D; ++e)
+        c.pk[z(offset(pl, 0, t, h, e, c.Ps, c.KVN, c.D))] = poison<K>();
+      for (Index e = 0; e < c.Dv; ++e)
+        c.pv[z(offset(pl, 0, t, h, e, c.Ps, c.KVN, c.Dv))] = poison<K>();
+    }
+  c.in.key_shared_prefix = StridedView<const K>(c.pk.data(), shape(pl, 1, c.Ps, c.KVN, c.D));
+  c.in.value_shared_prefix = StridedView<const K>(c.pv.data(), shape(pl, 1, c.Ps, c.KVN, c.Dv));
+  if (c.P != c.Ps || r.chance(0.3)) c.in.actual_shared_prefix_len = {c.P};
+}
+
+// pse_shift [B or 1, N, s1, >= cols] in the query's type; with a batch of its own, NaN where no
+// row may read (rows past the batch's query length, columns past its prefix + keys).
+template <class C>
+void build_pse(C& c, fuzz::Rng& r, Index s1, Index cols) {
+  using T = typename C::Q;
+  c.pse_b = r.chance(0.5) ? 1 : c.B;
+  c.pse_s1 = s1;
+  c.pse_s2 = cols + r.range(0, 2);
+  c.pse = draw<T>(r, c.pse_b * c.N * c.pse_s1 * c.pse_s2);
+  if (c.pse_b == c.B)
+    for (Index b = 0; b < c.B; ++b)
+      for (Index h = 0; h < c.N; ++h)
+        for (Index i = 0; i < c.pse_s1; ++i)
+          for (Index j = 0; j < c.pse_s2; ++j)
+            if (i >= c.q_len[z(b)] || j >= c.P + c.kv_len[z(b)])
+              c.pse[z(((b * c.N + h) * c.pse_s1 + i) * c.pse_s2 + j)] = T(kNaN);
+  c.in.pse_shift = StridedView<const T>(c.pse.data(), {c.pse_b, c.N, c.pse_s1, c.pse_s2});
+}
+
+// One side's antiquant values into sc / off (offsets: when `offsets`) and the reference's map d:
+// per token [B][W] (NaN past each batch's prefix + keys), or `groups` values over the KV_N·D
+// channels (1: per tensor, KV_N: per head, KV_N·D: per channel); `round`: to the query's type.
+template <class C>
+void draw_side(C& c, fuzz::Rng& r, bool token, Index groups, bool offsets, bool round,
+               std::vector<float>& sc, std::vector<float>& off, Deq& d) {
+  using T = typename C::Q;
+  const auto q = [round](float x) { return round ? static_cast<float>(T(x)) : x; };
+  const Index n = token ? c.B * c.W : groups;
+  sc.clear(), off.clear();
+  for (Index i = 0; i < n; ++i) {
+    sc.push_back(q(uniform(r, 0.004f, 0.024f)));
+    if (offsets) off.push_back(q(uniform(r, -8.0f, 8.0f)));
+  }
+  d = Deq{token, {}, {}};
+  if (token) {
+    for (Index b = 0; b < c.B; ++b)
+      for (Index t = c.P + c.kv_len[z(b)]; t < c.W; ++t) {
+        sc[z(b * c.W + t)] = kNaN;
+        if (offsets) off[z(b * c.W + t)] = kNaN;
+      }
+    d.scale.assign(sc.begin(), sc.end());
+    d.offset.assign(off.begin(), off.end());
+    return;
+  }
+  const Index per = c.KVN * c.D / groups;
+  for (Index ch = 0; ch < c.KVN * c.D; ++ch) {
+    d.scale.push_back(sc[z(ch / per)]);
+    if (offsets) d.offset.push_back(off[z(ch / per)]);
+  }
+}
+
+// One side of the separate K / V antiquant (fp32): mode 0 (1, KV_N, 1, D), (1, KV_N, D),
+// (1, KV_N·D) or (1); mode 1 (1, B, W); mode 2 (KV_N).
+template <class C>
+void separate_side(C& c, fuzz::Rng& r, bool value, std::int64_t mode, bool offsets) {
+  const Index kvn = c.KVN, D = c.D;
+  std::vector<Index> s{1, c.B, c.W};
+  Index groups = kvn * D;
+  if (mode == 2) {
+    s = {kvn}, groups = kvn;
+  } else if (mode == 0) {
+    const std::vector<std::vector<Index>> shapes{{1, kvn, 1, D}, {1, kvn, D}, {1, kvn * D}, {1}};
+    s = shapes[z(r.range(0, 3))];
+    if (s.size() == 1) groups = 1;
+  }
+  std::vector<float>& sc = value ? c.vs : c.ks;
+  std::vector<float>& off = value ? c.vo : c.ko;
+  draw_side(c, r, mode == 1, groups, offsets, false, sc, off, value ? c.dv : c.dk);
+  (value ? c.in.value_antiquant_scale : c.in.key_antiquant_scale) =
+      StridedView<const float>(sc.data(), s);
+  if (offsets)
+    (value ? c.in.value_antiquant_offset : c.in.key_antiquant_offset) =
+        StridedView<const float>(off.data(), s);
+}
+
+// int8 K/V's scales (offsets in 60 % of the cases): combined per channel / per tensor in the
+// query's type (antiquant_mode 0, every listed shape), combined per token (antiquant_mode 1,
+// fp32 (2, B, W)), or separate (modes 0 / 0, 1 / 1, 2 / 2, and 0 / 1 with a half query).
+template <class C>
+void build_antiquant(C& c, fuzz::Rng& r) {
+  using T = typename C::Q;
+  const Index kvn = c.KVN, D = c.D, kw = kvn * D;
+  c.W = incre_cols(c) + r.range(0, 2);
+  const bool offsets = r.chance(0.6);
+  std::vector<float> a, ao, b, bo;
+  c.aq = static_cast<int>(r.range(kCombined, kSeparate));
+  if (c.aq == kCombined) {  // [0] the key's, [1] the value's
+    const std::vector<std::vector<Index>> shapes{
+        {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kw}, {2}};
+    const std::vector<Index>& s = shapes[z(r.range(0, 4))];
+    const Index groups = s.size() == 1 ? 1 : kw;
+    draw_side(c, r, false, groups, offsets, true, a, ao, c.dk);
+    draw_side(c, r, false, groups, offsets, true, b, bo, c.dv);
+    a.insert(a.end(), b.begin(), b.end());
+    ao.insert(ao.end(), bo.begin(), bo.end());
+    for (float x : a) c.aqs.push_back(T(x));
+    for (float x : ao) c.aqo.push_back(T(x));
+    c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), s);
+    if (offsets) c.in.antiquant_offset = StridedView<const T>(c.aqo.data(), s);
+  } else if (c.aq == kCombinedToken) {
+    c.p.antiquant_mode = 1;
+    draw_side(c, r, true, 0, offsets, false, c.tok_s, c.tok_o, c.dk);
+    draw_side(c, r, true, 0, offsets, false, b, bo, c.dv);
+    c.tok_s.insert(c.tok_s.end(), b.begin(), b.end());
+    c.tok_o.insert(c.tok_o.end(), bo.begin(), bo.end());
+    c.in.antiquant_scale_per_token = StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
+    if (offsets)
+      c.in.antiquant_offset_per_token = StridedView<const float>(c.tok_o.data(), {2, c.B, c.W});
+  } else {
+    const Index pair = r.range(0, std::is_same_v<T, half> ? 3 : 2);  // 3: key 0, value 1
+    c.p.key_antiquant_mode = pair == 3 ? 0 : pair;
+    c.p.value_antiquant_mode = pair == 3 ? 1 : pair;
+    separate_side(c, r, false, c.p.key_antiquant_mode, offsets);
+    separate_side(c, r, true, c.p.value_antiquant_mode, offsets);
+  }
+}
+
+// The incremental branch's keys and values: one tensor, one tensor per batch (each its own S), or
+// shuffled paged blocks (poison in every row no sequence owns, the table padded with -1).
+template <class C>
+void incre_kv(C& c, fuzz::Rng& r, bool lens) {
+  using K = typename C::KV;
   const Index W = c.KVN * c.D;
   if (c.store == kTensor) {
     c.S2 = max_of(c.kv_len) + r.range(0, 2);
     if (!lens) c.kv_len.assign(z(c.B), c.S2);
-    c.k = halves(r, c.B * c.S2 * W);
-    c.v = halves(r, c.B * c.S2 * W);
+    c.k = draw<K>(r, c.B * c.S2 * W);
+    c.v = draw<K>(r, c.B * c.S2 * W);
     c.in.key.emplace_back(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
     c.in.value.emplace_back(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
-  } else if (c.store == kList) {  // one tensor per batch, each its own S
+  } else if (c.store == kList) {
     Index total = 0;
     for (Index b = 0; b < c.B; ++b) {
       c.kv_s.push_back(c.kv_len[z(b)] + r.range(0, 2));
@@ -151,16 +362,16 @@ void build_incre(Fia& c, fuzz::Rng& r) {
       c.kv_base.push_back(total);
       total += c.kv_s.back() * W;
     }
-    c.k = halves(r, total);
-    c.v = halves(r, total);
+    c.k = draw<K>(r, total);
+    c.v = draw<K>(r, total);
     for (Index b = 0; b < c.B; ++b) {
       c.in.key.emplace_back(c.k.data() + c.kv_base[z(b)],
                             shape(c.layout, 1, c.kv_s[z(b)], c.KVN, c.D));
       c.in.value.emplace_back(c.v.data() + c.kv_base[z(b)],
                               shape(c.layout, 1, c.kv_s[z(b)], c.KVN, c.D));
     }
-  } else {  // shuffled blocks, NaN in every row no sequence owns, table padded with -1
-    c.bs = 16 * r.range(1, 2);
+  } else {
+    c.bs = (C::kQuant ? 32 : 16) * r.range(1, 2);  // int8: a multiple of 32
     c.paged4 = c.layout == "BNSD" && r.chance(0.5);
     Index used = 0;
     for (Index l : c.kv_len) {
@@ -173,9 +384,8 @@ void build_incre(Fia& c, fuzz::Rng& r) {
     for (Index i = 0; i < c.nb; ++i) ids[z(i)] = static_cast<std::int32_t>(i);
     std::shuffle(ids.begin(), ids.end(), r.g);
     c.table.assign(z(c.B * c.mb), -1);
-    const half nan = half(std::numeric_limits<float>::quiet_NaN());
-    c.k.assign(z(c.nb * c.bs * W), nan);
-    c.v.assign(c.k.size(), nan);
+    c.k.assign(z(c.nb * c.bs * W), poison<K>());
+    c.v.assign(c.k.size(), poison<K>());
     Index next = 0;
     for (Index b = 0; b < c.B; ++b)
       for (Index t = 0; t < c.kv_len[z(b)]; ++t) {
@@ -185,8 +395,8 @@ void build_incre(Fia& c, fuzz::Rng& r) {
           for (Index e = 0; e < c.D; ++e) {
             const Index at = c.paged4 ? ((blk * c.KVN + h) * c.bs + t % c.bs) * c.D + e
                                       : ((blk * c.bs + t % c.bs) * c.KVN + h) * c.D + e;
-            c.k[z(at)] = half(r.normal());
-            c.v[z(at)] = half(r.normal());
+            c.k[z(at)] = one<K>(r);
+            c.v[z(at)] = one<K>(r);
           }
       }
     const std::vector<Index> cs =
@@ -196,23 +406,48 @@ void build_incre(Fia& c, fuzz::Rng& r) {
     c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, c.mb});
     c.p.block_size = c.bs;
   }
+}
+
+template <class C>
+void build_incre(C& c, fuzz::Rng& r) {
+  using T = typename C::Q;
+  const char* layouts[] = {"BSH", "BSND", "BNSD"};
+  c.layout = layouts[r.range(0, 2)];
+  c.Dv = c.D;
+  c.S1 = 1;
+  c.store = static_cast<int>(r.range(0, 2));
+  c.p.inner_precise = r.range(0, 1);
+  for (Index b = 0; b < c.B; ++b) c.kv_len.push_back(r.chance(0.2) ? 0 : r.range(1, 40));
+  c.q_len.assign(z(c.B), 1);
+  c.q = draw<T>(r, c.B * c.N * c.D);
+  c.o.assign(c.q.size(), T(kOutSentinel));
+  c.in.query = StridedView<const T>(c.q.data(), shape(c.layout, c.B, 1, c.N, c.D));
+  c.out = StridedView<T>(c.o.data(), c.in.query.shape());
+  const bool lens = c.store == kPaged || r.chance(0.6);
+  incre_kv(c, r, lens);
   if (lens) {
     c.in.actual_seq_lengths_kv = as_lengths(c.kv_len);
     const bool same =
         std::all_of(c.kv_len.begin(), c.kv_len.end(), [&](Index l) { return l == c.kv_len[0]; });
     if (same && r.chance(0.3)) c.in.actual_seq_lengths_kv.resize(1);  // one value broadcasts
   }
+  if (c.store == kTensor && r.chance(0.35)) build_prefix(c, r);
+  const Index cols = incre_cols(c);
   if (r.chance(0.35)) {  // IFA's mask: [B, S'] and its rank-3 / rank-4 forms, S' >= the columns
     c.user_mask = true;
     c.m_b = c.B;
     c.m_s1 = 1;
-    c.m_s2 = (c.store == kPaged ? c.mb * c.bs : max_of(c.kv_len)) + r.range(0, 3);
+    c.m_s2 = cols + r.range(0, 3);
     fill_mask(c, r);
     c.in.atten_mask = mask_view(c, r);
   }
+  if (r.chance(0.3)) build_pse(c, r, 1, cols);
+  if constexpr (C::kQuant) build_antiquant(c, r);
 }
 
-void build_prompt(Fia& c, fuzz::Rng& r) {
+template <class C>
+void build_prompt(C& c, fuzz::Rng& r) {
+  using T = typename C::Q;
   const char* layouts[] = {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"};
   c.layout = layouts[r.range(0, 4)];
   const bool tnd = c.layout == "TND";
@@ -221,8 +456,8 @@ void build_prompt(Fia& c, fuzz::Rng& r) {
   if (tnd && r.chance(0.3)) {  // V4's learnable sink: one bf16 logit per query head
     c.D = c.Dv = r.chance(0.5) ? 64 : 128;
     c.p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.D));
-    for (Index h = 0; h < c.N; ++h) c.sink.push_back(attnref::bfloat16(2 * r.normal()));
-    c.in.learnable_sink = StridedView<const attnref::bfloat16>(c.sink.data(), {c.N});
+    for (Index h = 0; h < c.N; ++h) c.sink.push_back(bfloat16(2 * r.normal()));
+    c.in.learnable_sink = StridedView<const bfloat16>(c.sink.data(), {c.N});
   }
   for (Index b = 0; b < c.B; ++b) {
     c.q_len.push_back(r.chance(0.1) ? 0 : r.range(1, 6));
@@ -252,15 +487,16 @@ void build_prompt(Fia& c, fuzz::Rng& r) {
     }
   }
   const Index bb = tnd ? 1 : c.B;
-  c.q = halves(r, bb * c.S1 * c.N * c.D);
-  c.k = halves(r, bb * c.S2 * c.KVN * c.D);
-  c.v = halves(r, bb * c.S2 * c.KVN * c.Dv);
-  c.o.assign(z(bb * c.S1 * c.N * c.Dv), kOutSentinel);
-  c.in.query = StridedView<const half>(c.q.data(), shape(c.layout, c.B, c.S1, c.N, c.D));
+  c.q = draw<T>(r, bb * c.S1 * c.N * c.D);
+  c.k = draw<T>(r, bb * c.S2 * c.KVN * c.D);
+  c.v = draw<T>(r, bb * c.S2 * c.KVN * c.Dv);
+  c.o.assign(z(bb * c.S1 * c.N * c.Dv), T(kOutSentinel));
+  c.in.query = StridedView<const T>(c.q.data(), shape(c.layout, c.B, c.S1, c.N, c.D));
   c.in.key.emplace_back(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
   c.in.value.emplace_back(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.Dv));
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
-  c.out = StridedView<half>(c.o.data(), shape(ol, c.B, c.S1, c.N, c.Dv));
+  c.out = StridedView<T>(c.o.data(), shape(ol, c.B, c.S1, c.N, c.Dv));
+  if (!tnd && r.chance(0.3)) build_prefix(c, r);
   // The sparse mode: TND takes 0 without a mask or 3.
   c.p.sparse_mode = tnd ? (r.chance(0.5) ? 3 : 0) : r.range(0, 4);
   const std::int64_t sm = c.p.sparse_mode;
@@ -282,49 +518,53 @@ void build_prompt(Fia& c, fuzz::Rng& r) {
         compressed_mask(), rk == 2   ? std::vector<Index>{2048, 2048}
                            : rk == 3 ? std::vector<Index>{1, 2048, 2048}
                                      : std::vector<Index>{1, 1, 2048, 2048});
-  } else if (c.user_mask) {
+  } else if (c.user_mask) {  // columns [0, P) are the prefix's
     c.m_b = r.chance(0.5) ? 1 : c.B;
     c.m_s1 = c.S1 + r.range(0, 2);
-    c.m_s2 = c.S2 + r.range(0, 2);
+    c.m_s2 = c.P + c.S2 + r.range(0, 2);
     fill_mask(c, r);
     c.in.atten_mask = mask_view(c, r);
   }
+  if (!tnd && r.chance(0.3)) build_pse(c, r, c.S1 + r.range(0, 1), c.P + c.S2);
 }
 
-// NaN in every query row past its batch's length and every key / value row past its batch's kv
-// length (contiguous tensors and lists; the paged pool has NaN in the rows no sequence owns):
-// reading one shows.
-void poison_padding(Fia& c) {
-  const half nan = half(std::numeric_limits<float>::quiet_NaN());
+// Poison in every query row past its batch's length and every key / value row past its batch's
+// kv length (contiguous tensors and lists; the paged pool has it in the rows no sequence owns):
+// reading one shows (NaN; int8 keys and values hold -128, which cannot show).
+template <class C>
+void poison_padding(C& c) {
+  using T = typename C::Q;
+  using K = typename C::KV;
   const bool tnd = c.layout == "TND";
   if (tnd || (c.incre && c.store == kPaged)) return;
+  const bool list = c.incre && c.store == kList;
   for (Index b = 0; b < c.B; ++b) {
     if (!c.incre)
       for (Index s = c.q_len[z(b)]; s < c.S1; ++s)
         for (Index h = 0; h < c.N; ++h)
           for (Index e = 0; e < c.D; ++e)
-            c.q[z(offset(c.layout, b, s, h, e, c.S1, c.N, c.D))] = nan;
-    const Index S = c.incre && c.store == kList ? c.kv_s[z(b)] : c.S2;
+            c.q[z(offset(c.layout, b, s, h, e, c.S1, c.N, c.D))] = poison<T>();
+    const Index S = list ? c.kv_s[z(b)] : c.S2;
     for (Index t = c.kv_len[z(b)]; t < S; ++t)
       for (Index h = 0; h < c.KVN; ++h) {
         for (Index e = 0; e < c.D; ++e) {
-          const Index at = c.incre && c.store == kList
-                               ? c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, S, c.KVN, c.D)
-                               : offset(c.layout, b, t, h, e, S, c.KVN, c.D);
-          c.k[z(at)] = nan;
+          const Index at = list ? c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, S, c.KVN, c.D)
+                                : offset(c.layout, b, t, h, e, S, c.KVN, c.D);
+          c.k[z(at)] = poison<K>();
         }
         for (Index e = 0; e < c.Dv; ++e) {
-          const Index at = c.incre && c.store == kList
-                               ? c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, S, c.KVN, c.Dv)
-                               : offset(c.layout, b, t, h, e, S, c.KVN, c.Dv);
-          c.v[z(at)] = nan;
+          const Index at = list ? c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, S, c.KVN, c.Dv)
+                                : offset(c.layout, b, t, h, e, S, c.KVN, c.Dv);
+          c.v[z(at)] = poison<K>();
         }
       }
   }
 }
 
-void build(Fia& c, fuzz::Rng& r) {
-  c.incre = r.chance(0.5);
+// int8 K/V take the incremental branch; every other case picks a branch at random.
+template <class C>
+void build(C& c, fuzz::Rng& r) {
+  c.incre = C::kQuant || r.chance(0.5);
   c.B = r.range(1, 3);
   c.KVN = r.range(1, 2);
   c.N = c.KVN * r.range(1, 3);
@@ -335,7 +575,7 @@ void build(Fia& c, fuzz::Rng& r) {
   c.p.softmax_lse_flag = r.chance(0.6);
   if (c.incre)
     build_incre(c, r);
-  else
+  else if constexpr (!C::kQuant)
     build_prompt(c, r);
   c.p.input_layout = c.layout;
   poison_padding(c);
@@ -349,19 +589,28 @@ void build(Fia& c, fuzz::Rng& r) {
 
 // ---- The reference ---------------------------------------------------------------------------
 
-bool masked(const Fia& c, Index b, Index i, Index j) {
+// The keys (prefix included) of batch b.
+template <class C>
+Index kv_eff(const C& c, Index b) {
+  return c.P + c.kv_len[z(b)];
+}
+
+template <class C>
+bool masked(const C& c, Index b, Index i, Index j) {
   if (!c.user_mask) return false;
   const Index mb = c.m_b == 1 ? 0 : b;
   return c.mask[z((mb * c.m_s1 + i) * c.m_s2 + j)] != 0;
 }
 
-// Key j of row i excluded by the prompt branch's sparse mode (the band), not by the user mask.
-bool excluded(const Fia& c, Index b, Index i, Index j) {
+// Key j of row i excluded by the prompt branch's sparse mode (the band), not by the user mask;
+// the prefix is part of the keys (the causal anchor is the end of prefix + keys).
+template <class C>
+bool excluded(const C& c, Index b, Index i, Index j) {
   if (c.incre) return false;
   const auto clamp = [](std::int64_t x) {
     return std::clamp<std::int64_t>(x, -2147483648LL, 2147483647LL);
   };
-  const std::int64_t d = j - i, off = c.kv_len[z(b)] - c.q_len[z(b)];
+  const std::int64_t d = j - i, off = kv_eff(c, b) - c.q_len[z(b)];
   const std::int64_t pre = clamp(c.p.pre_tokens), next = clamp(c.p.next_tokens);
   switch (c.p.sparse_mode) {
     case 0:
@@ -377,8 +626,10 @@ bool excluded(const Fia& c, Index b, Index i, Index j) {
   }
 }
 
-// Element offset of key / value element (b, t, h, e) (prompt: t within batch b).
-Index kv_offset(const Fia& c, Index b, Index t, Index h, Index e, Index w, Index t0) {
+// Element offset of key / value element (b, t, h, e) of the batch's own rows (prompt: t within
+// batch b, TND: from its first token t0).
+template <class C>
+Index kv_offset(const C& c, Index b, Index t, Index h, Index e, Index w, Index t0) {
   if (!c.incre) return offset(c.layout, b, t0 + t, h, e, c.S2, c.KVN, w);
   if (c.store == kPaged) {
     const Index blk = c.table[z(b * c.mb + t / c.bs)], row = t % c.bs;
@@ -388,6 +639,64 @@ Index kv_offset(const Fia& c, Index b, Index t, Index h, Index e, Index w, Index
   if (c.store == kList)
     return c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, c.kv_s[z(b)], c.KVN, c.D);
   return offset(c.layout, b, t, h, e, c.S2, c.KVN, c.D);
+}
+
+// Key (or value) element e of head h at position t of batch b as the reference reads it: prefix
+// row t < P, else the batch's row t - P; int8 dequantized as (x8 + offset)·scale.
+template <class C>
+double kv_at(const C& c, bool value, Index b, Index t, Index h, Index e, Index t0) {
+  const Index w = value ? c.Dv : c.D;
+  const double x =
+      t < c.P ? dbl((value ? c.pv : c.pk)[z(offset(prefix_layout(c), 0, t, h, e, c.Ps, c.KVN, w))])
+              : dbl((value ? c.v : c.k)[z(kv_offset(c, b, t - c.P, h, e, w, t0))]);
+  if constexpr (!C::kQuant) return x;
+  const Deq& d = value ? c.dv : c.dk;
+  const size_t i = z(d.token ? b * c.W + t : h * c.D + e);
+  return (x + (d.offset.empty() ? 0.0 : d.offset[i])) * d.scale[i];
+}
+
+// The reference problem (hidden keys: the band and the user mask; bias: pse_shift) and its q / k
+// / v per batch (k and v: prefix rows first).
+template <class C>
+ref::Problem ref_problem(const C& c, ref::Seqs& q, ref::Seqs& k, ref::Seqs& v,
+                         std::vector<Index>& q0) {
+  const bool tnd = c.layout == "TND";
+  ref::Problem pr;
+  pr.num_heads = static_cast<int>(c.N);
+  pr.num_kv_heads = static_cast<int>(c.KVN);
+  pr.head_size = static_cast<int>(c.D);
+  pr.v_head_size = static_cast<int>(c.Dv);
+  pr.scale = c.p.scale_value;
+  pr.hidden = [&c](int b, int, int i, int j) { return excluded(c, b, i, j) || masked(c, b, i, j); };
+  if (c.pse_b > 0)
+    pr.bias = [&c](int b, int h, int i, int j) {
+      const Index pb = c.pse_b == 1 ? 0 : b;
+      return dbl(c.pse[z(((pb * c.N + h) * c.pse_s1 + i) * c.pse_s2 + j)]);
+    };
+  q0.assign(z(c.B) + 1, 0);  // TND: each batch's first token
+  Index k0 = 0;
+  for (Index b = 0; b < c.B; ++b) {
+    const Index lq = c.q_len[z(b)], lk = kv_eff(c, b);
+    q0[z(b) + 1] = q0[z(b)] + lq;
+    pr.q_len.push_back(static_cast<int>(lq));
+    pr.kv_len.push_back(static_cast<int>(lk));
+    q.emplace_back();
+    k.emplace_back();
+    v.emplace_back();
+    for (Index s = 0; s < lq; ++s)
+      for (Index h = 0; h < c.N; ++h)
+        for (Index e = 0; e < c.D; ++e)
+          q.back().push_back(dbl(c.q[z(
+              offset(c.layout, b, (tnd ? q0[z(b)] : 0) + s, h, e, c.incre ? 1 : c.S1, c.N, c.D))]));
+    const Index t0 = tnd ? k0 : 0;
+    for (Index t = 0; t < lk; ++t)
+      for (Index h = 0; h < c.KVN; ++h) {
+        for (Index e = 0; e < c.D; ++e) k.back().push_back(kv_at(c, false, b, t, h, e, t0));
+        for (Index e = 0; e < c.Dv; ++e) v.back().push_back(kv_at(c, true, b, t, h, e, t0));
+      }
+    k0 += c.kv_len[z(b)];
+  }
+  return pr;
 }
 
 // softmax_lse against want: exact where want is infinite or a fill / invalid value of magnitude
@@ -401,47 +710,19 @@ std::string compare_lse(float got, double want, const std::string& where) {
   return "softmax_lse " + where + ": got " + std::to_string(got) + ", want " + std::to_string(want);
 }
 
-std::string verify(const Fia& c) {
+template <class C>
+std::string verify(const C& c) {
   const bool tnd = c.layout == "TND";
   const Index g = c.N / c.KVN;
-  ref::Problem pr;
-  pr.num_heads = static_cast<int>(c.N);
-  pr.num_kv_heads = static_cast<int>(c.KVN);
-  pr.head_size = static_cast<int>(c.D);
-  pr.v_head_size = static_cast<int>(c.Dv);
-  pr.scale = c.p.scale_value;
-  pr.hidden = [&c](int b, int, int i, int j) { return excluded(c, b, i, j) || masked(c, b, i, j); };
   ref::Seqs q, k, v;
-  std::vector<Index> q0(z(c.B) + 1, 0), k0(z(c.B) + 1, 0);  // TND: each batch's first token
-  for (Index b = 0; b < c.B; ++b) {
-    const Index lq = c.q_len[z(b)], lk = c.kv_len[z(b)];
-    q0[z(b) + 1] = q0[z(b)] + lq;
-    k0[z(b) + 1] = k0[z(b)] + lk;
-    pr.q_len.push_back(static_cast<int>(lq));
-    pr.kv_len.push_back(static_cast<int>(lk));
-    q.emplace_back();
-    k.emplace_back();
-    v.emplace_back();
-    for (Index s = 0; s < lq; ++s)
-      for (Index h = 0; h < c.N; ++h)
-        for (Index e = 0; e < c.D; ++e)
-          q.back().push_back(static_cast<float>(c.q[z(
-              offset(c.layout, b, (tnd ? q0[z(b)] : 0) + s, h, e, c.incre ? 1 : c.S1, c.N, c.D))]));
-    const Index t0 = tnd ? k0[z(b)] : 0;
-    for (Index t = 0; t < lk; ++t)
-      for (Index h = 0; h < c.KVN; ++h) {
-        for (Index e = 0; e < c.D; ++e)
-          k.back().push_back(static_cast<float>(c.k[z(kv_offset(c, b, t, h, e, c.D, t0))]));
-        for (Index e = 0; e < c.Dv; ++e)
-          v.back().push_back(static_cast<float>(c.v[z(kv_offset(c, b, t, h, e, c.Dv, t0))]));
-      }
-  }
+  std::vector<Index> q0;
+  const ref::Problem pr = ref_problem(c, q, k, v, q0);
   const ref::Result want = ref::attention(pr, q, k, v);
   const bool fill = c.incre || (c.p.inner_precise & 2) == 0;  // masked keys scored, not excluded
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
   const bool flag = c.p.softmax_lse_flag;
   for (Index b = 0; b < c.B; ++b) {
-    const Index lq = c.q_len[z(b)], lk = c.kv_len[z(b)];
+    const Index lq = c.q_len[z(b)], lk = kv_eff(c, b);
     for (Index s = 0; s < (tnd ? lq : c.S1); ++s) {
       // A row whose visible keys are all masked, with the fill semantics: the mean of V.
       Index visible = 0;
@@ -455,7 +736,7 @@ std::string verify(const Fia& c) {
         for (Index e = 0; e < c.Dv; ++e) {
           const Index at = c.incre ? (b * c.N + h) * c.D + e
                                    : offset(ol, b, (tnd ? q0[z(b)] : 0) + s, h, e, c.S1, c.N, c.Dv);
-          got.push_back(static_cast<float>(c.o[z(at)]));
+          got.push_back(dbl(c.o[z(at)]));
           double x = 0;  // padded rows: 0
           if (mean) {
             for (Index j = 0; j < lk; ++j)
@@ -465,8 +746,7 @@ std::string verify(const Fia& c) {
             x = want.o[z(b)][z((s * c.N + h) * c.Dv + e)];
             // the sink joins the denominator: Σ exp(s_j) -> Σ exp(s_j) + exp(sink_h)
             if (!c.sink.empty())
-              x /= 1 + std::exp(static_cast<double>(static_cast<float>(c.sink[z(h)])) -
-                                want.lse[z(b)][z(h * lq + s)]);
+              x /= 1 + std::exp(dbl(c.sink[z(h)]) - want.lse[z(b)][z(h * lq + s)]);
           }
           w.push_back(x);
         }
@@ -492,271 +772,378 @@ std::string verify(const Fia& c) {
                   : "softmax_lse written with softmax_lse_flag off";
   return "";
 }
-
 // ---- Perturbations ---------------------------------------------------------------------------
 
-using P = fuzz::Perturbation<Fia>;
-
-bool is_incre(const Fia& c) { return c.incre; }
-bool is_prompt(const Fia& c) { return !c.incre; }
-bool is_paged(const Fia& c) { return c.incre && c.store == kPaged; }
-bool has_flag(const Fia& c) { return c.p.softmax_lse_flag; }
-
-// An output view with another shape, over a buffer large enough for it.
-void regrow_out(Fia& c, const std::vector<Index>& s) {
-  Index n = 1;
-  for (Index e : s) n *= std::max<Index>(e, 1);
-  if (c.o.size() < z(n)) c.o.resize(z(n), kOutSentinel);
-  c.out = StridedView<half>(c.o.data(), s);
+template <class C>
+bool is_incre(const C& c) {
+  return c.incre;
+}
+template <class C>
+bool is_prompt(const C& c) {
+  return !c.incre;
+}
+template <class C>
+bool is_paged(const C& c) {
+  return c.incre && c.store == kPaged;
+}
+template <class C>
+bool has_flag(const C& c) {
+  return c.p.softmax_lse_flag;
+}
+template <class C>
+bool has_prefix(const C& c) {
+  return !c.in.key_shared_prefix.absent();
+}
+template <class C>
+bool is_separate(const C& c) {
+  return c.aq == kSeparate;
+}
+template <class C>
+bool has_pse(const C& c) {
+  return c.pse_b > 0;
 }
 
-const std::vector<P>& perturbations() {
-  static const std::vector<P> list{
-      // softmax_lse
-      fuzz::edit<Fia>("softmax_lse shape mismatch", true, has_flag,
-                      [](Fia& c, fuzz::Rng& r) {
-                        std::vector<Index> s = lse_shape(c);
-                        const Index how = r.range(0, 3);
-                        if (how == 0)
-                          s.pop_back();  // no trailing 1
-                        else if (how == 1)
-                          s[z(r.range(0, static_cast<Index>(s.size()) - 1))] += 1;
-                        else if (how == 2)
-                          s.push_back(1);
-                        else  // the other layout's form ([T, N, 1] against [B, N, S, 1])
-                          s = c.layout == "TND" ? std::vector<Index>{1, c.N, c.S1, 1}
-                                                : std::vector<Index>{c.B * c.S1, c.N, 1};
-                        if (s == lse_shape(c)) s.push_back(2);
-                        Index n = 1;
-                        for (Index e : s) n *= std::max<Index>(e, 1);
-                        c.lse.resize(std::max(c.lse.size(), z(n)), kLseSentinel);
-                        c.lse_out = StridedView<float>(c.lse.data(), s);
-                      }),
-      fuzz::edit<Fia>("softmax_lse strided", false, has_flag,
-                      [](Fia& c, fuzz::Rng&) {  // every other float, gaps left alone
-                        const std::vector<Index> s = lse_shape(c);
-                        std::vector<Index> st(s.size(), 2);
-                        for (size_t d = s.size() - 1; d > 0; --d) st[d - 1] = st[d] * s[d];
-                        c.lse.assign(c.lse.size() * 2, kLseSentinel);
-                        c.lse_step = 2;
-                        c.lse_out = StridedView<float>(c.lse.data(), s, st);
-                      }),
-      fuzz::edit<Fia>("softmax_lse missing with the flag", true, has_flag,
-                      [](Fia& c, fuzz::Rng&) { c.lse_out = {}; }),
-      fuzz::edit<Fia>("softmax_lse of a huge shape", true, has_flag,
-                      [](Fia& c, fuzz::Rng&) {
-                        c.lse_out = StridedView<float>(c.lse.data(), {kHuge, kHuge, 1, 1});
-                      }),
-      fuzz::edit<Fia>(
+// An output view with another shape, over a buffer large enough for it.
+template <class C>
+void regrow_out(C& c, const std::vector<Index>& s) {
+  using T = typename C::Q;
+  Index n = 1;
+  for (Index e : s) n *= std::max<Index>(e, 1);
+  if (c.o.size() < z(n)) c.o.resize(z(n), T(kOutSentinel));
+  c.out = StridedView<T>(c.o.data(), s);
+}
+
+// At least n floats (0.01) in c.spare, for views the operator must reject (one call per edit:
+// the next one moves the buffer).
+template <class C>
+const float* spare(C& c, Index n) {
+  c.spare.assign(z(std::max<Index>(n, 1)), 0.01f);
+  return c.spare.data();
+}
+
+// Prefix views of the given shapes over fresh buffers.
+template <class C>
+void set_prefix(C& c, const std::vector<Index>& ks, const std::vector<Index>& vs) {
+  using K = typename C::KV;
+  const auto numel = [](const std::vector<Index>& s) {
+    Index n = 1;
+    for (Index e : s) n *= e;
+    return z(std::max<Index>(n, 1));
+  };
+  c.pk.assign(numel(ks), K(1.0f));
+  c.pv.assign(numel(vs), K(1.0f));
+  c.in.key_shared_prefix = StridedView<const K>(c.pk.data(), ks);
+  c.in.value_shared_prefix = StridedView<const K>(c.pv.data(), vs);
+}
+
+// A prefix of two rows in the key's layout.
+template <class C>
+void add_prefix(C& c, fuzz::Rng&) {
+  const std::string pl = prefix_layout(c);
+  set_prefix(c, shape(pl, 1, 2, c.KVN, c.D), shape(pl, 1, 2, c.KVN, c.Dv));
+}
+
+// Separate K / V scales (1, KV_N·D) each.
+template <class C>
+void add_separate_scales(C& c, fuzz::Rng&) {
+  const Index kw = c.KVN * c.D;
+  const float* s = spare(c, 2 * kw);
+  c.in.key_antiquant_scale = StridedView<const float>(s, {1, kw});
+  c.in.value_antiquant_scale = StridedView<const float>(s + kw, {1, kw});
+}
+
+// The same call with Q_S = 2: query, output and softmax_lse regrown.
+template <class C>
+void query_s2(C& c, fuzz::Rng&) {
+  using T = typename C::Q;
+  c.q.resize(c.q.size() * 2, T(0.5f));
+  c.in.query = StridedView<const T>(c.q.data(), shape(c.layout, c.B, 2, c.N, c.D));
+  regrow_out(c, shape(c.layout, c.B, 2, c.N, c.D));
+  c.lse.assign(c.lse.size() * 2, kLseSentinel);
+  if (!c.lse_out.absent()) c.lse_out = StridedView<float>(c.lse.data(), {c.B, c.N, 2, 1});
+}
+
+// The int8-query probe: the configuration's shapes, int8 query / key / value (all 1), a prefix of
+// two rows (see call_int8).
+template <class C>
+void int8_probe(C& c, fuzz::Rng&) {
+  c.int8_query = true;
+  c.q8.assign(c.q.size(), 1);
+  c.k8.assign(c.k.size(), 1);
+  c.v8.assign(c.v.size(), 1);
+  c.p8.assign(z(2 * c.KVN * std::max(c.D, c.Dv)), 1);
+}
+
+// Per-token scale columns too few for the prefix + keys: one less than the positions read.
+template <class C>
+std::vector<Index> short_token_shape(const C& c, Index sides) {
+  return {sides, c.B, incre_cols(c) - 1};
+}
+// softmax_lse with and without the flag.
+template <class C>
+std::vector<fuzz::Perturbation<C>> lse_edits() {
+  return {
+      fuzz::edit<C>("softmax_lse shape mismatch", true, has_flag<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      std::vector<Index> s = lse_shape(c);
+                      const Index how = r.range(0, 3);
+                      if (how == 0)
+                        s.pop_back();  // no trailing 1
+                      else if (how == 1)
+                        s[z(r.range(0, static_cast<Index>(s.size()) - 1))] += 1;
+                      else if (how == 2)
+                        s.push_back(1);
+                      else  // the other layout's form ([T, N, 1] against [B, N, S, 1])
+                        s = c.layout == "TND" ? std::vector<Index>{1, c.N, c.S1, 1}
+                                              : std::vector<Index>{c.B * c.S1, c.N, 1};
+                      if (s == lse_shape(c)) s.push_back(2);
+                      Index n = 1;
+                      for (Index e : s) n *= std::max<Index>(e, 1);
+                      c.lse.resize(std::max(c.lse.size(), z(n)), kLseSentinel);
+                      c.lse_out = StridedView<float>(c.lse.data(), s);
+                    }),
+      fuzz::edit<C>("softmax_lse strided", false, has_flag<C>,
+                    [](C& c, fuzz::Rng&) {  // every other float, gaps left alone
+                      const std::vector<Index> s = lse_shape(c);
+                      std::vector<Index> st(s.size(), 2);
+                      for (size_t d = s.size() - 1; d > 0; --d) st[d - 1] = st[d] * s[d];
+                      c.lse.assign(c.lse.size() * 2, kLseSentinel);
+                      c.lse_step = 2;
+                      c.lse_out = StridedView<float>(c.lse.data(), s, st);
+                    }),
+      fuzz::edit<C>("softmax_lse missing with the flag", true, has_flag<C>,
+                    [](C& c, fuzz::Rng&) { c.lse_out = {}; }),
+      fuzz::edit<C>("softmax_lse of a huge shape", true, has_flag<C>,
+                    [](C& c, fuzz::Rng&) {
+                      c.lse_out = StridedView<float>(c.lse.data(), {kHuge, kHuge, 1, 1});
+                    }),
+      fuzz::edit<C>(
           "softmax_lse of any shape with the flag off", false,
-          [](const Fia& c) { return !c.p.softmax_lse_flag; },
-          [](Fia& c, fuzz::Rng& r) {
+          [](const C& c) { return !c.p.softmax_lse_flag; },
+          [](C& c, fuzz::Rng& r) {
             c.lse.resize(c.lse.size() + 3, kLseSentinel);
             const Index n = static_cast<Index>(c.lse.size());
             c.lse_out = r.chance(0.5) ? StridedView<float>(c.lse.data(), {n})
                                       : StridedView<float>(c.lse.data(), {1, n, 1});
           }),
-      // parameters of both branches
-      fuzz::edit<Fia>(
+  };
+}
+
+// Parameters and tensors of both branches.
+template <class C>
+std::vector<fuzz::Perturbation<C>> common_edits() {
+  return {
+      fuzz::edit<C>(
           "sparse_mode out of range", true, nullptr,
-          [](Fia& c, fuzz::Rng& r) {
+          [](C& c, fuzz::Rng& r) {
             const std::int64_t bad[] = {
                 -1, 5, 8, 9, std::int64_t(1) << 40, std::numeric_limits<std::int64_t>::min()};
             c.p.sparse_mode = bad[r.range(0, 5)];
           }),
-      fuzz::edit<Fia>("unknown layout", true, nullptr,
-                      [](Fia& c, fuzz::Rng& r) {
-                        const char* bad[] = {"SBH", "NTD_TND",  "bsnd",    "BSND ",
-                                             "",    "BSH_BNSD", "TND_NTD", "NSD"};
-                        c.p.input_layout = bad[r.range(0, 7)];
-                      }),
-      fuzz::edit<Fia>("num_heads out of range", true, nullptr,
-                      [](Fia& c, fuzz::Rng& r) {
-                        const std::int64_t bad[] = {0, -1, 257, kHuge,
-                                                    std::numeric_limits<std::int64_t>::min()};
-                        c.p.num_heads = bad[r.range(0, 4)];
-                      }),
-      fuzz::edit<Fia>("num_key_value_heads negative or not dividing", true, nullptr,
-                      [](Fia& c, fuzz::Rng& r) {
-                        c.p.num_key_value_heads =
-                            r.chance(0.5) ? -1 : (r.chance(0.5) ? c.N + 1 : kHuge);
-                      }),
-      fuzz::edit<Fia>("scale_value not finite", true, nullptr,
-                      [](Fia& c, fuzz::Rng& r) {
-                        c.p.scale_value = r.chance(0.5) ? std::numeric_limits<double>::quiet_NaN()
-                                                        : -std::numeric_limits<double>::infinity();
-                      }),
-      fuzz::edit<Fia>("query dim negative", true, nullptr,
-                      [](Fia& c, fuzz::Rng& r) {
-                        const int d = static_cast<int>(r.range(0, c.in.query.rank() - 1));
-                        c.in.query = support::resized(c.in.query, d, -c.in.query.size(d) - 1);
-                      }),
-      fuzz::edit<Fia>("query rank mismatch", true, nullptr,
-                      [](Fia& c, fuzz::Rng&) {
-                        const attnref::Dims qs = c.in.query.shape();
-                        std::vector<Index> s(qs.begin(), qs.end());
-                        if (s.size() == 4)
-                          s[2] *= s[3], s.pop_back();
-                        else
-                          s.push_back(1);
-                        c.in.query = StridedView<const half>(c.q.data(), s);
-                      }),
-      fuzz::edit<Fia>("key size overflows", true, nullptr,
-                      [](Fia& c, fuzz::Rng&) {
-                        c.in.key[0] = support::resized(c.in.key[0], 0, kHuge);
-                        c.in.key[0] = support::resized(c.in.key[0], 1, kHuge);
-                      }),
-      fuzz::edit<Fia>("attention_out shape mismatch", true, nullptr,
-                      [](Fia& c, fuzz::Rng&) {
-                        const attnref::Dims os = c.out.shape();
-                        std::vector<Index> s(os.begin(), os.end());
-                        s.back() += 1;
-                        regrow_out(c, s);
-                      }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>("unknown layout", true, nullptr,
+                    [](C& c, fuzz::Rng& r) {
+                      const char* bad[] = {"SBH", "NTD_TND",  "bsnd",    "BSND ",
+                                           "",    "BSH_BNSD", "TND_NTD", "NSD"};
+                      c.p.input_layout = bad[r.range(0, 7)];
+                    }),
+      fuzz::edit<C>("num_heads out of range", true, nullptr,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::int64_t bad[] = {0, -1, 257, kHuge,
+                                                  std::numeric_limits<std::int64_t>::min()};
+                      c.p.num_heads = bad[r.range(0, 4)];
+                    }),
+      fuzz::edit<C>("num_key_value_heads negative or not dividing", true, nullptr,
+                    [](C& c, fuzz::Rng& r) {
+                      c.p.num_key_value_heads =
+                          r.chance(0.5) ? -1 : (r.chance(0.5) ? c.N + 1 : kHuge);
+                    }),
+      fuzz::edit<C>("scale_value not finite", true, nullptr,
+                    [](C& c, fuzz::Rng& r) {
+                      c.p.scale_value = r.chance(0.5) ? std::numeric_limits<double>::quiet_NaN()
+                                                      : -std::numeric_limits<double>::infinity();
+                    }),
+      fuzz::edit<C>("query dim negative", true, nullptr,
+                    [](C& c, fuzz::Rng& r) {
+                      const int d = static_cast<int>(r.range(0, c.in.query.rank() - 1));
+                      c.in.query = support::resized(c.in.query, d, -c.in.query.size(d) - 1);
+                    }),
+      fuzz::edit<C>("query rank mismatch", true, nullptr,
+                    [](C& c, fuzz::Rng&) {
+                      const attnref::Dims qs = c.in.query.shape();
+                      std::vector<Index> s(qs.begin(), qs.end());
+                      if (s.size() == 4)
+                        s[2] *= s[3], s.pop_back();
+                      else
+                        s.push_back(1);
+                      c.in.query = StridedView<const typename C::Q>(c.q.data(), s);
+                    }),
+      fuzz::edit<C>("key size overflows", true, nullptr,
+                    [](C& c, fuzz::Rng&) {
+                      c.in.key[0] = support::resized(c.in.key[0], 0, kHuge);
+                      c.in.key[0] = support::resized(c.in.key[0], 1, kHuge);
+                    }),
+      fuzz::edit<C>("attention_out shape mismatch", true, nullptr,
+                    [](C& c, fuzz::Rng&) {
+                      const attnref::Dims os = c.out.shape();
+                      std::vector<Index> s(os.begin(), os.end());
+                      s.back() += 1;
+                      regrow_out(c, s);
+                    }),
+      fuzz::edit<C>(
           "actual_seq_lengths_kv negative", true,
-          [](const Fia& c) { return !c.in.actual_seq_lengths_kv.empty(); },
-          [](Fia& c, fuzz::Rng& r) {
+          [](const C& c) { return !c.in.actual_seq_lengths_kv.empty(); },
+          [](C& c, fuzz::Rng& r) {
             c.in.actual_seq_lengths_kv[z(
                 r.range(0, static_cast<Index>(c.in.actual_seq_lengths_kv.size()) - 1))] = -3;
           }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>(
           "actual_seq_lengths_kv huge", true,
-          [](const Fia& c) { return !c.in.actual_seq_lengths_kv.empty(); },
-          [](Fia& c, fuzz::Rng& r) {
+          [](const C& c) { return !c.in.actual_seq_lengths_kv.empty(); },
+          [](C& c, fuzz::Rng& r) {
             c.in.actual_seq_lengths_kv.back() =
                 r.chance(0.5) ? std::numeric_limits<std::int64_t>::max() : kHuge;
           }),
-      // the prompt branch (Q_S > 1, or TND)
-      fuzz::edit<Fia>(
+  };
+}
+
+// The prompt branch (Q_S > 1, or TND).
+template <class C>
+std::vector<fuzz::Perturbation<C>> prompt_edits() {
+  return {
+      fuzz::edit<C>(
           "atten_mask [1, 1, 1, S2] with Q_S > 1", true,
-          [](const Fia& c) { return !c.incre && c.S1 > 1; },
-          [](Fia& c, fuzz::Rng&) {  // the vLLM-Ascend shape: one query row covered
+          [](const C& c) { return !c.incre && c.S1 > 1; },
+          [](C& c, fuzz::Rng&) {  // the vLLM-Ascend shape: one query row covered
             c.mask.assign(z(std::max<Index>(c.S2, 1)), 0);
             c.in.atten_mask = StridedView<const std::uint8_t>(c.mask.data(), {1, 1, 1, c.S2});
             if (c.p.sparse_mode >= 2 && c.layout != "TND") c.p.sparse_mode = 0;
           }),
-      fuzz::edit<Fia>("key / value tensor lists with Q_S > 1", true, is_prompt,
-                      [](Fia& c, fuzz::Rng&) {
-                        c.in.key.push_back(c.in.key[0]);
-                        c.in.value.push_back(c.in.value[0]);
-                      }),
-      fuzz::edit<Fia>(
-          "block_table with Q_S > 1", true, is_prompt,
-          [](Fia& c, fuzz::Rng&) {
-            c.table.assign(z(c.B), 0);
-            c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, 1});
-            c.p.block_size = 16;
-          }),
-      fuzz::edit<Fia>("kv_padding_size with Q_S > 1", true, is_prompt,
-                      [](Fia& c, fuzz::Rng&) {
-                        static const std::int64_t pad[1] = {0};
-                        c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
-                      }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>("key / value tensor lists with Q_S > 1", true, is_prompt<C>,
+                    [](C& c, fuzz::Rng&) {
+                      c.in.key.push_back(c.in.key[0]);
+                      c.in.value.push_back(c.in.value[0]);
+                    }),
+      fuzz::edit<C>("block_table with Q_S > 1", true, is_prompt<C>,
+                    [](C& c, fuzz::Rng&) {
+                      c.table.assign(z(c.B), 0);
+                      c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, 1});
+                      c.p.block_size = 16;
+                    }),
+      fuzz::edit<C>("kv_padding_size with Q_S > 1", true, is_prompt<C>,
+                    [](C& c, fuzz::Rng&) {
+                      static const std::int64_t pad[1] = {0};
+                      c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
+                    }),
+      fuzz::edit<C>(
           "actual_seq_lengths past S1", true,
-          [](const Fia& c) {
+          [](const C& c) {
             return !c.incre && c.layout != "TND" && !c.in.actual_seq_lengths.empty();
           },
-          [](Fia& c, fuzz::Rng& r) {
+          [](C& c, fuzz::Rng& r) {
             c.in.actual_seq_lengths[0] = r.chance(0.5) ? c.S1 + 1 : kHuge;
           }),
-      fuzz::edit<Fia>(
-          "TND lengths not ending at T", true, [](const Fia& c) { return c.layout == "TND"; },
-          [](Fia& c, fuzz::Rng& r) {
+      fuzz::edit<C>(
+          "TND lengths not ending at T", true, [](const C& c) { return c.layout == "TND"; },
+          [](C& c, fuzz::Rng& r) {
             (r.chance(0.5) ? c.in.actual_seq_lengths : c.in.actual_seq_lengths_kv).back() += 1;
           }),
-      fuzz::edit<Fia>(
-          "TND with a user mask", true, [](const Fia& c) { return c.layout == "TND"; },
-          [](Fia& c, fuzz::Rng&) {
+      fuzz::edit<C>(
+          "TND with a user mask", true, [](const C& c) { return c.layout == "TND"; },
+          [](C& c, fuzz::Rng&) {
             c.p.sparse_mode = 0;
             c.mask.assign(z(std::max<Index>(1, c.S1 * c.S2)), 0);
             c.in.atten_mask = StridedView<const std::uint8_t>(c.mask.data(), {c.S1, c.S2});
           }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>(
           "sparse_mode 1 without a mask", true,
-          [](const Fia& c) { return !c.incre && c.layout != "TND"; },
-          [](Fia& c, fuzz::Rng&) {
+          [](const C& c) { return !c.incre && c.layout != "TND"; },
+          [](C& c, fuzz::Rng&) {
             c.p.sparse_mode = 1;
             c.in.atten_mask = {};
           }),
-      fuzz::edit<Fia>(
-          "sparse_mode 4 with an empty band", true,
-          [](const Fia& c) { return c.p.sparse_mode == 4; },
-          [](Fia& c, fuzz::Rng& r) {
+      fuzz::edit<C>(
+          "sparse_mode 4 with an empty band", true, [](const C& c) { return c.p.sparse_mode == 4; },
+          [](C& c, fuzz::Rng& r) {
             c.p.pre_tokens = r.chance(0.5) ? -2 : -5;
             c.p.next_tokens = r.chance(0.5) ? 1 : -1;
           }),
-      fuzz::edit<Fia>("inner_precise out of range", true, nullptr,
-                      [](Fia& c, fuzz::Rng& r) { c.p.inner_precise = r.chance(0.5) ? 4 : -1; }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>("inner_precise out of range", true, nullptr,
+                    [](C& c, fuzz::Rng& r) { c.p.inner_precise = r.chance(0.5) ? 4 : -1; }),
+      fuzz::edit<C>(
           "learnable_sink with a layout other than TND", true,
-          [](const Fia& c) { return c.layout != "TND"; },
-          [](Fia& c, fuzz::Rng&) {
+          [](const C& c) { return c.layout != "TND"; },
+          [](C& c, fuzz::Rng&) {
             c.sink.assign(z(c.N), attnref::bfloat16(0.5f));
             c.in.learnable_sink = StridedView<const attnref::bfloat16>(c.sink.data(), {c.N});
           }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>(
           "learnable_sink with a head size other than 64 or 128", true,
-          [](const Fia& c) { return c.layout == "TND" && c.sink.empty(); },
-          [](Fia& c, fuzz::Rng&) {
+          [](const C& c) { return c.layout == "TND" && c.sink.empty(); },
+          [](C& c, fuzz::Rng&) {
             c.sink.assign(z(c.N), attnref::bfloat16(0.5f));
             c.in.learnable_sink = StridedView<const attnref::bfloat16>(c.sink.data(), {c.N});
           }),
-      fuzz::edit<Fia>(
-          "learnable_sink shape mismatch", true, [](const Fia& c) { return !c.sink.empty(); },
-          [](Fia& c, fuzz::Rng& r) {
+      fuzz::edit<C>(
+          "learnable_sink shape mismatch", true, [](const C& c) { return !c.sink.empty(); },
+          [](C& c, fuzz::Rng& r) {
             c.sink.resize(z(c.N + 1), attnref::bfloat16(0.5f));
             c.in.learnable_sink =
                 r.chance(0.5) ? StridedView<const attnref::bfloat16>(c.sink.data(), {c.N + 1})
                               : StridedView<const attnref::bfloat16>(c.sink.data(), {1, c.N});
           }),
-      fuzz::edit<Fia>("antiquant_mode with Q_S > 1 (ignored)", false, is_prompt,
-                      [](Fia& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
-      // the incremental branch (Q_S == 1)
-      fuzz::edit<Fia>(
-          "BNSD_BSND with Q_S == 1", true,
-          [](const Fia& c) { return c.incre && c.layout == "BNSD"; },
-          [](Fia& c, fuzz::Rng&) { c.p.input_layout = "BNSD_BSND"; }),
-      fuzz::edit<Fia>("prompt-only parameters with Q_S == 1 (ignored)", false, is_incre,
-                      [](Fia& c, fuzz::Rng& r) {
-                        c.p.pre_tokens = r.range(-5, 5);
-                        c.p.next_tokens = r.range(-5, 5);
-                        c.p.sparse_mode = r.range(0, 4);
-                        c.in.actual_seq_lengths = {-7, kHuge};
-                      }),
-      fuzz::edit<Fia>("inner_precise 2 or 3 with Q_S == 1", true, is_incre,
-                      [](Fia& c, fuzz::Rng& r) { c.p.inner_precise = r.range(2, 3); }),
-      fuzz::edit<Fia>("antiquant_mode 1 with fp16 key / value", true, is_incre,
-                      [](Fia& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
-      fuzz::edit<Fia>(
-          "kv lengths past S", true, [](const Fia& c) { return c.incre && c.store != kPaged; },
-          [](Fia& c, fuzz::Rng&) {
+      fuzz::edit<C>("antiquant_mode with Q_S > 1 (ignored)", false, is_prompt<C>,
+                    [](C& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
+  };
+}
+
+// The incremental branch (Q_S == 1).
+template <class C>
+std::vector<fuzz::Perturbation<C>> incre_edits() {
+  return {
+      fuzz::edit<C>(
+          "BNSD_BSND with Q_S == 1", true, [](const C& c) { return c.incre && c.layout == "BNSD"; },
+          [](C& c, fuzz::Rng&) { c.p.input_layout = "BNSD_BSND"; }),
+      fuzz::edit<C>("prompt-only parameters with Q_S == 1 (ignored)", false, is_incre<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      c.p.pre_tokens = r.range(-5, 5);
+                      c.p.next_tokens = r.range(-5, 5);
+                      c.p.sparse_mode = r.range(0, 4);
+                      c.in.actual_seq_lengths = {-7, kHuge};
+                    }),
+      fuzz::edit<C>("inner_precise 2 or 3 with Q_S == 1", true, is_incre<C>,
+                    [](C& c, fuzz::Rng& r) { c.p.inner_precise = r.range(2, 3); }),
+      fuzz::edit<C>(
+          "antiquant_mode 1 with floating-point key / value", true,
+          [](const C& c) { return c.incre && !C::kQuant; },
+          [](C& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
+      fuzz::edit<C>(
+          "kv lengths past S", true, [](const C& c) { return c.incre && c.store != kPaged; },
+          [](C& c, fuzz::Rng&) {
             const Index s = c.store == kList ? c.kv_s[0] : c.S2;
             c.in.actual_seq_lengths_kv.assign(z(c.B), 0);
             c.in.actual_seq_lengths_kv[0] = s + 1;
           }),
-      fuzz::edit<Fia>("key / value lists of different lengths", true, is_incre,
-                      [](Fia& c, fuzz::Rng&) { c.in.value.push_back(c.in.value.back()); }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>("key / value lists of different lengths", true, is_incre<C>,
+                    [](C& c, fuzz::Rng&) { c.in.value.push_back(c.in.value.back()); }),
+      fuzz::edit<C>(
           "tensor list shorter than the batch", true,
-          [](const Fia& c) { return c.incre && c.store == kList && c.B > 1; },
-          [](Fia& c, fuzz::Rng&) {
+          [](const C& c) { return c.incre && c.store == kList && c.B > 1; },
+          [](C& c, fuzz::Rng&) {
             c.in.key.pop_back();
             c.in.value.pop_back();
           }),
-      fuzz::edit<Fia>(
-          "atten_mask narrower than the keys", true,
-          [](const Fia& c) { return c.incre && (c.store == kPaged || max_of(c.kv_len) > 0); },
-          [](Fia& c, fuzz::Rng&) {
+      fuzz::edit<C>(
+          "atten_mask narrower than the keys (prefix included)", true,
+          [](const C& c) { return c.incre && incre_cols(c) > 0; },
+          [](C& c, fuzz::Rng&) {
             static const std::uint8_t m[1024] = {};  // >= B · (cols - 1)
-            const Index cols = c.store == kPaged ? c.mb * c.bs : max_of(c.kv_len);
+            const Index cols = incre_cols(c);
             c.in.atten_mask = StridedView<const std::uint8_t>(m, {c.B, cols - 1});
           }),
-      fuzz::edit<Fia>(
+      fuzz::edit<C>(
           "block table entry out of range", true,
-          [](const Fia& c) { return is_paged(c) && max_of(c.kv_len) > 0; },
-          [](Fia& c, fuzz::Rng& r) {
+          [](const C& c) { return is_paged<C>(c) && max_of(c.kv_len) > 0; },
+          [](C& c, fuzz::Rng& r) {
             Index b = r.range(0, c.B - 1);
             while (c.kv_len[z(b)] == 0) b = (b + 1) % c.B;
             const Index blk = r.range(0, (c.kv_len[z(b)] - 1) / c.bs);
@@ -766,57 +1153,412 @@ const std::vector<P>& perturbations() {
             c.table[z(b * c.mb + blk)] = bad[r.range(0, 3)];
             c.want_out_of_range = true;
           }),
-      fuzz::edit<Fia>("block_size differs from the cache", true, is_paged,
-                      [](Fia& c, fuzz::Rng& r) {
-                        c.p.block_size = r.chance(0.5) ? c.bs + 16 : (r.chance(0.5) ? 0 : -16);
-                      }),
-      fuzz::edit<Fia>("paged without kv lengths", true, is_paged,
-                      [](Fia& c, fuzz::Rng&) { c.in.actual_seq_lengths_kv.clear(); }),
-      fuzz::edit<Fia>("kv lengths past the block table", true, is_paged,
-                      [](Fia& c, fuzz::Rng&) {
-                        c.in.actual_seq_lengths_kv = as_lengths(c.kv_len);
-                        c.in.actual_seq_lengths_kv[0] = c.mb * c.bs + 1;
-                      }),
-      fuzz::edit<
-          Fia>("block table size overflows", true, is_paged,
-               [](Fia& c, fuzz::Rng&) {
-                 c.in.block_table = support::reshaped(c.in.block_table, {c.B, Index(1) << 61});
-               }),
-      fuzz::edit<Fia>(
-          "paged cache with a tensor list", true, [](const Fia& c) { return is_paged(c); },
-          [](Fia& c, fuzz::Rng&) {
+      fuzz::edit<C>("block_size differs from the cache", true, is_paged<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      c.p.block_size = r.chance(0.5) ? c.bs + 16 : (r.chance(0.5) ? 0 : -16);
+                    }),
+      fuzz::edit<C>("paged without kv lengths", true, is_paged<C>,
+                    [](C& c, fuzz::Rng&) { c.in.actual_seq_lengths_kv.clear(); }),
+      fuzz::edit<C>("kv lengths past the block table", true, is_paged<C>,
+                    [](C& c, fuzz::Rng&) {
+                      c.in.actual_seq_lengths_kv = as_lengths(c.kv_len);
+                      c.in.actual_seq_lengths_kv[0] = c.mb * c.bs + 1;
+                    }),
+      fuzz::edit<C>("block table size overflows", true, is_paged<C>,
+                    [](C& c, fuzz::Rng&) {
+                      c.in.block_table = support::reshaped(c.in.block_table, {c.B, Index(1) << 61});
+                    }),
+      fuzz::edit<C>(
+          "paged cache with a tensor list", true, [](const C& c) { return is_paged<C>(c); },
+          [](C& c, fuzz::Rng&) {
             c.in.key.push_back(c.in.key[0]);
             c.in.value.push_back(c.in.value[0]);
           }),
   };
+}
+// pse_shift: the shapes the branches reject.
+template <class C>
+std::vector<fuzz::Perturbation<C>> pse_edits() {
+  using T = typename C::Q;
+  return {
+      fuzz::edit<C>(
+          "pse_shift narrower than prefix + keys", true,
+          [](const C& c) { return has_pse(c) && (c.incre ? incre_cols(c) : c.P + c.S2) > 0; },
+          [](C& c, fuzz::Rng&) {
+            const Index cols = c.incre ? incre_cols(c) : c.P + c.S2;
+            c.in.pse_shift = StridedView<const T>(c.pse.data(), {c.pse_b, c.N, c.pse_s1, cols - 1});
+          }),
+      fuzz::edit<C>("pse_shift of another batch, head count, row count or rank", true, has_pse<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      std::vector<Index> s{c.pse_b, c.N, c.pse_s1, c.pse_s2};
+                      const Index how = r.range(0, 3);
+                      if (how == 0) s[0] = c.B + 1;
+                      if (how == 1) s[1] = c.N + 1;
+                      if (how == 2) s[2] = c.incre ? 2 : c.S1 - 1;  // incre: 1 row; prompt: >= S1
+                      if (how == 3) s.erase(s.begin());
+                      c.pse.resize(z(s[0] * s[1] * s[2] * (s.size() == 4 ? s[3] : 1)), T(0.5f));
+                      c.in.pse_shift = StridedView<const T>(c.pse.data(), s);
+                    }),
+      fuzz::edit<C>(
+          "pse_shift with TND", true, [](const C& c) { return c.layout == "TND"; },
+          [](C& c, fuzz::Rng&) {
+            c.pse.assign(z(std::max<Index>(1, c.N * c.S1 * c.S2)), T(0.5f));
+            c.in.pse_shift = StridedView<const T>(c.pse.data(), {1, c.N, c.S1, c.S2});
+          }),
+  };
+}
+
+// int8 K/V: the combined antiquant's rejections, int8 K/V with Q_S > 1, and the separate
+// antiquant given with floating-point K/V in either branch.
+template <class C>
+std::vector<fuzz::Perturbation<C>> antiquant_edits() {
+  using T = typename C::Q;
+  return {
+      fuzz::edit<C>(
+          "int8 key / value without antiquant scales", true, [](const C&) { return C::kQuant; },
+          [](C& c, fuzz::Rng&) {
+            c.in.antiquant_scale = c.in.antiquant_offset = {};
+            c.in.antiquant_scale_per_token = c.in.antiquant_offset_per_token = {};
+            c.in.key_antiquant_scale = c.in.key_antiquant_offset = {};
+            c.in.value_antiquant_scale = c.in.value_antiquant_offset = {};
+            c.p.antiquant_mode = c.p.key_antiquant_mode = c.p.value_antiquant_mode = 0;
+          }),
+      fuzz::edit<C>(
+          "int8 key / value with Q_S > 1", true, [](const C&) { return C::kQuant; }, query_s2<C>),
+      fuzz::edit<C>(
+          "antiquant_scale of an unlisted shape", true,
+          [](const C& c) { return c.aq == kCombined; },
+          [](C& c, fuzz::Rng& r) {
+            const Index kvn = c.KVN, D = c.D, kw = kvn * D;
+            const std::vector<std::vector<Index>> bad{
+                {3, kw}, {2, kw + 1}, {1, kw}, {2, kvn, 2, D}, {4}};
+            c.aqs.resize(std::max(c.aqs.size(), z(4 * kw + 4)), T(0.01f));
+            c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), bad[z(r.range(0, 4))]);
+          }),
+      fuzz::edit<C>(
+          "antiquant_offset of another shape than the scale's", true,
+          [](const C& c) { return c.aq == kCombined; },
+          [](C& c, fuzz::Rng&) {
+            const Index kw = c.KVN * c.D;
+            std::vector<Index> s{2};
+            const attnref::Dims as = c.in.antiquant_scale.shape();
+            if (std::vector<Index>(as.begin(), as.end()) == s) s = {2, 1, kw};
+            c.aqo.assign(z(2 * kw), T(0.0f));
+            c.in.antiquant_offset = StridedView<const T>(c.aqo.data(), s);
+          }),
+      fuzz::edit<C>(
+          "antiquant_mode 1 with antiquant_scale", true,
+          [](const C& c) { return c.aq == kCombined; },
+          [](C& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
+      fuzz::edit<C>(
+          "antiquant_scale_per_token without antiquant_mode 1", true,
+          [](const C& c) { return c.aq == kCombinedToken; },
+          [](C& c, fuzz::Rng&) { c.p.antiquant_mode = 0; }),
+      fuzz::edit<C>(
+          "antiquant_scale_per_token with too few columns", true,
+          [](const C& c) { return c.aq == kCombinedToken && incre_cols(c) > 0; },
+          [](C& c, fuzz::Rng&) {
+            const std::vector<Index> s = short_token_shape(c, 2);
+            c.in.antiquant_scale_per_token = StridedView<const float>(c.tok_s.data(), s);
+            if (!c.tok_o.empty())
+              c.in.antiquant_offset_per_token = StridedView<const float>(c.tok_o.data(), s);
+          }),
+      fuzz::edit<C>(
+          "antiquant_mode out of range", true,
+          [](const C& c) { return C::kQuant && c.aq != kSeparate; },
+          [](C& c, fuzz::Rng& r) {
+            const std::int64_t bad[] = {2, -1, 3, std::int64_t(1) << 40};
+            c.p.antiquant_mode = bad[r.range(0, 3)];
+          }),
+      fuzz::edit<C>(
+          "separate K / V scales with floating-point key / value", true,
+          [](const C& c) { return c.incre && !C::kQuant; }, add_separate_scales<C>),
+      fuzz::edit<C>("separate K / V scales with Q_S > 1", true, is_prompt<C>,
+                    add_separate_scales<C>),
+      fuzz::edit<C>(
+          "key / value_antiquant_mode without separate scales", true,
+          [](const C& c) { return c.aq != kSeparate; },
+          [](C& c, fuzz::Rng& r) {
+            (r.chance(0.5) ? c.p.key_antiquant_mode : c.p.value_antiquant_mode) = r.range(1, 5);
+          }),
+  };
+}
+
+// The separate K / V antiquant (int8 K/V, Q_S == 1): its modes, offsets and shapes.
+template <class C>
+std::vector<fuzz::Perturbation<C>> separate_edits() {
+  return {
+      fuzz::edit<C>("separate antiquant modes 3–5 (not implemented)", true, is_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::int64_t m = r.range(3, 5), how = r.range(0, 2);
+                      if (how != 1) c.p.key_antiquant_mode = m;
+                      if (how != 2) c.p.value_antiquant_mode = m;
+                    }),
+      fuzz::edit<C>("separate antiquant mode outside 0–5", true, is_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::int64_t bad[] = {6, -1, 7, std::int64_t(1) << 40};
+                      (r.chance(0.5) ? c.p.key_antiquant_mode : c.p.value_antiquant_mode) =
+                          bad[r.range(0, 3)];
+                    }),
+      fuzz::edit<C>("separate antiquant modes neither equal nor key 0 / value 1", true,
+                    is_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::int64_t pairs[][2] = {{1, 0}, {0, 2}, {2, 0}, {1, 2}, {2, 1}};
+                      const auto* pr = pairs[r.range(0, 4)];
+                      c.p.key_antiquant_mode = pr[0];
+                      c.p.value_antiquant_mode = pr[1];
+                    }),
+      fuzz::edit<C>("one separate offset without the other", true, is_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const bool value = r.chance(0.5);
+                      auto& off = value ? c.in.value_antiquant_offset : c.in.key_antiquant_offset;
+                      const auto& sc =
+                          value ? c.in.value_antiquant_scale : c.in.key_antiquant_scale;
+                      if (!off.absent())
+                        off = {};
+                      else
+                        off = StridedView<const float>(spare(c, sc.numel()), sc.shape());
+                    }),
+      fuzz::edit<C>("a separate scale missing", true, is_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      (r.chance(0.5) ? c.in.key_antiquant_scale : c.in.value_antiquant_scale) = {};
+                    }),
+      fuzz::edit<C>(
+          "separate scale of a shape its mode does not take", true, is_separate<C>,
+          [](C& c, fuzz::Rng& r) {
+            const bool value = r.chance(0.5);
+            const std::int64_t mode = value ? c.p.value_antiquant_mode : c.p.key_antiquant_mode;
+            const Index kvn = c.KVN, kw = kvn * c.D;
+            const std::vector<std::vector<Index>> bad =
+                mode == 0 ? std::vector<std::vector<Index>>{{2, kw}, {1, kw + 1}, {1, kvn, 2, c.D}}
+                : mode == 1 ? std::vector<std::vector<Index>>{{1, c.B + 1, c.W}, {2, c.B, c.W}}
+                            : std::vector<std::vector<Index>>{{kvn + 1}, {1, kvn}};
+            const float* s = spare(c, 2 * (c.B + 1) * c.W + 4 * kw + 4);
+            const std::vector<Index>& b = bad[z(r.range(0, static_cast<Index>(bad.size()) - 1))];
+            (value ? c.in.value_antiquant_scale : c.in.key_antiquant_scale) =
+                StridedView<const float>(s, b);
+            auto& off = value ? c.in.value_antiquant_offset : c.in.key_antiquant_offset;
+            if (!off.absent()) off = StridedView<const float>(s, b);  // (the scale's check)
+          }),
+      fuzz::edit<C>(
+          "separate per-token scale with too few columns", true,
+          [](const C& c) {
+            return c.aq == kSeparate && c.p.value_antiquant_mode == 1 && incre_cols(c) > 0;
+          },
+          [](C& c, fuzz::Rng& r) {  // the value's, or both (mode 1 / 1)
+            const std::vector<Index> s = short_token_shape(c, 1);
+            const bool both = c.p.key_antiquant_mode == 1 && r.chance(0.5);
+            c.in.value_antiquant_scale = StridedView<const float>(c.vs.data(), s);
+            if (!c.vo.empty())
+              c.in.value_antiquant_offset = StridedView<const float>(c.vo.data(), s);
+            if (!both) return;
+            c.in.key_antiquant_scale = StridedView<const float>(c.ks.data(), s);
+            if (!c.ko.empty()) c.in.key_antiquant_offset = StridedView<const float>(c.ko.data(), s);
+          }),
+      fuzz::edit<C>(
+          "separate per-token key and value scales of different widths", true,
+          [](const C& c) {
+            return c.aq == kSeparate && c.p.key_antiquant_mode == 1 &&
+                   c.p.value_antiquant_mode == 1;
+          },
+          [](C& c, fuzz::Rng&) {  // the key's one column wider
+            const float* s = spare(c, c.B * (c.W + 1));
+            c.in.key_antiquant_scale = StridedView<const float>(s, {1, c.B, c.W + 1});
+            if (!c.ko.empty()) c.in.key_antiquant_offset = c.in.key_antiquant_scale;
+          }),
+      fuzz::edit<C>(
+          "separate key 0 / value 1 with a bf16 query", true,
+          [](const C& c) { return c.aq == kSeparate && std::is_same_v<typename C::Q, bfloat16>; },
+          [](C& c, fuzz::Rng&) {
+            const Index kw = c.KVN * c.D;
+            const float* s = spare(c, kw + c.B * c.W);
+            c.p.key_antiquant_mode = 0;
+            c.p.value_antiquant_mode = 1;
+            c.in.key_antiquant_scale = StridedView<const float>(s, {1, kw});
+            c.in.value_antiquant_scale = StridedView<const float>(s + kw, {1, c.B, c.W});
+            c.in.key_antiquant_offset = c.in.value_antiquant_offset = {};
+          }),
+      fuzz::edit<C>("combined scales beside the separate ones (ignored)", false, is_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      using T = typename C::Q;
+                      const Index kw = c.KVN * c.D;
+                      if (r.chance(0.5)) {
+                        c.aqs.assign(z(2 * kw), T(1e4f));
+                        c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), {2, kw});
+                        return;
+                      }
+                      c.p.antiquant_mode = 1;
+                      c.tok_s.assign(z(2 * c.B * c.W), 1e4f);
+                      c.in.antiquant_scale_per_token =
+                          StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
+                    }),
+  };
+}
+
+// The shared prefix: the layouts, caches and types it does not take, its shapes and lengths, and
+// masks too narrow for prefix + keys.
+template <class C>
+std::vector<fuzz::Perturbation<C>> prefix_edits() {
+  return {
+      fuzz::edit<C>("key_shared_prefix without value_shared_prefix (or the reverse)", true,
+                    has_prefix<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      (r.chance(0.5) ? c.in.key_shared_prefix : c.in.value_shared_prefix) = {};
+                    }),
+      fuzz::edit<C>(
+          "shared prefix with TND", true, [](const C& c) { return c.layout == "TND"; },
+          [](C& c, fuzz::Rng&) {
+            set_prefix(c, shape("TND", 1, 2, c.KVN, c.D), shape("TND", 1, 2, c.KVN, c.Dv));
+          }),
+      fuzz::edit<C>("shared prefix with a paged cache", true, is_paged<C>, add_prefix<C>),
+      fuzz::edit<C>(
+          "shared prefix with kv_padding_size", true,
+          [](const C& c) { return c.incre && has_prefix(c); },
+          [](C& c, fuzz::Rng&) {
+            static const std::int64_t pad[1] = {0};
+            c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
+          }),
+      fuzz::edit<C>(
+          "shared prefix with tensor lists", true,
+          [](const C& c) { return c.incre && c.store == kList && c.B > 1; }, add_prefix<C>),
+      fuzz::edit<C>(
+          "shared prefix with int8 query / key / value", true,
+          [](const C& c) {
+            return std::is_same_v<typename C::Q, half> && !C::kQuant && !c.incre &&
+                   c.layout != "TND";
+          },
+          int8_probe<C>),
+      fuzz::edit<C>("shared prefix of another batch, heads, head size or length", true,
+                    has_prefix<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::string pl = prefix_layout(c);
+                      std::vector<Index> ks = shape(pl, 1, c.Ps, c.KVN, c.D);
+                      std::vector<Index> vs = shape(pl, 1, c.Ps, c.KVN, c.Dv);
+                      const Index how = r.range(0, 4);
+                      if (how == 0)
+                        ks = shape(pl, 2, c.Ps, c.KVN, c.D), vs = shape(pl, 2, c.Ps, c.KVN, c.Dv);
+                      if (how == 1) ks = shape(pl, 1, c.Ps, c.KVN + 1, c.D);
+                      if (how == 2) ks = shape(pl, 1, c.Ps, c.KVN, c.D + 1);
+                      if (how == 3) vs = shape(pl, 1, c.Ps, c.KVN, c.Dv + 1);
+                      if (how == 4) vs = shape(pl, 1, c.Ps + 1, c.KVN, c.Dv);
+                      set_prefix(c, ks, vs);
+                    }),
+      fuzz::edit<C>(
+          "actual_shared_prefix_len past the prefix rows, negative or not one value", true,
+          has_prefix<C>,
+          [](C& c, fuzz::Rng& r) {
+            const std::vector<std::int64_t> bad[] = {{c.Ps + 1}, {-1}, {c.P, c.P}, {kHuge}};
+            c.in.actual_shared_prefix_len = bad[r.range(0, 3)];
+          }),
+      fuzz::edit<C>(
+          "actual_shared_prefix_len without a prefix", true,
+          [](const C& c) { return !has_prefix(c); },
+          [](C& c, fuzz::Rng& r) { c.in.actual_shared_prefix_len = {r.range(0, 2)}; }),
+      fuzz::edit<C>(
+          "atten_mask narrower than prefix + keys (Q_S > 1)", true,
+          [](const C& c) { return !c.incre && c.user_mask && c.P + c.S2 > 0; },
+          [](C& c, fuzz::Rng&) {
+            c.in.atten_mask =
+                StridedView<const std::uint8_t>(c.mask.data(), {c.m_b, c.m_s1, c.P + c.S2 - 1});
+          }),
+  };
+}
+
+// Every group, built once per type pair.
+template <class C>
+const std::vector<fuzz::Perturbation<C>>& perturbations() {
+  static const std::vector<fuzz::Perturbation<C>> list = [] {
+    std::vector<fuzz::Perturbation<C>> all;
+    for (auto&& group :
+         {lse_edits<C>(), common_edits<C>(), prompt_edits<C>(), incre_edits<C>(), pse_edits<C>(),
+          antiquant_edits<C>(), separate_edits<C>(), prefix_edits<C>()})
+      all.insert(all.end(), group.begin(), group.end());
+    return all;
+  }();
   return list;
 }
 
-void restride_inputs(Fia& c, support::Restrider& r) {
+template <class C>
+void restride_inputs(C& c, support::Restrider& r) {
   c.in.for_each_view([&](const std::string& name, auto& view) {
     if (name == "atten_mask" && c.compressed) return;  // 4 M elements, content not read
     r(name, view);
   });
 }
 
-attnref::FusedInferAttentionScoreOutputs<half> outputs(const Fia& c) { return {c.out, c.lse_out}; }
+// The int8-query probe's call: int8 query / key / value of the configuration's shapes with their
+// per-tensor scales, and a prefix of two rows.
+void call_int8(Fia<half, half>& c, bool run, int threads) {
+  static const float unit[1] = {1.0f};
+  const std::string pl = prefix_layout(c);
+  attnref::FusedInferAttentionScoreInputs<i8> in;
+  in.query = StridedView<const i8>(c.q8.data(), c.in.query.shape());
+  in.key = {StridedView<const i8>(c.k8.data(), c.in.key[0].shape())};
+  in.value = {StridedView<const i8>(c.v8.data(), c.in.value[0].shape())};
+  in.key_shared_prefix = StridedView<const i8>(c.p8.data(), shape(pl, 1, 2, c.KVN, c.D));
+  in.value_shared_prefix = StridedView<const i8>(c.p8.data(), shape(pl, 1, 2, c.KVN, c.Dv));
+  in.atten_mask = c.in.atten_mask;
+  in.actual_seq_lengths = c.in.actual_seq_lengths;
+  in.actual_seq_lengths_kv = c.in.actual_seq_lengths_kv;
+  in.deq_scale1 = in.quant_scale1 = in.deq_scale2 = StridedView<const float>(unit, {1});
+  const attnref::FusedInferAttentionScoreOutputs<half> o{c.out, c.lse_out};
+  if (run)
+    attnref::fused_infer_attention_score(c.p, in, o, {threads});
+  else
+    attnref::validate(c.p, in, o);
+}
 
-void validate_only(Fia& c) { attnref::validate(c.p, c.in, outputs(c)); }
+// The call (run) or validate() (!run).
+template <class C>
+void invoke(C& c, bool run, int threads) {
+  if constexpr (std::is_same_v<C, Fia<half, half>>)
+    if (c.int8_query) return call_int8(c, run, threads);
+  const attnref::FusedInferAttentionScoreOutputs<typename C::Q> o{c.out, c.lse_out};
+  if (run)
+    attnref::fused_infer_attention_score(c.p, c.in, o, {threads});
+  else
+    attnref::validate(c.p, c.in, o);
+}
 
-void run(fuzz::Run& run, std::uint64_t seed) {
+template <class C>
+void validate_only(C& c) {
+  invoke(c, false, 0);
+}
+
+template <class T, class K>
+void run_t(fuzz::Run& run, std::uint64_t seed) {
+  using C = Fia<T, K>;
   fuzz::run_case(
-      run, seed, perturbations(), build, fuzz::Named{"fused_infer_attention_score"},
-      [seed](Fia& c) {
+      run, seed, perturbations<C>(), build<C>, fuzz::Named{"fused_infer_attention_score"},
+      [seed](C& c) {
         try {
-          attnref::fused_infer_attention_score(c.p, c.in, outputs(c),
-                                               {static_cast<int>(seed % 2 + 1)});
+          invoke(c, true, static_cast<int>(seed % 2 + 1));
         } catch (const std::invalid_argument& e) {
           if (!c.want_out_of_range) throw;
           throw std::runtime_error(std::string("std::invalid_argument, not std::out_of_range: ") +
                                    e.what());
         }
       },
-      verify, &Fia::q, &Fia::k, &Fia::v, &Fia::o, &Fia::lse, &Fia::mask, &Fia::table, &Fia::sink);
+      verify<C>, &C::q, &C::k, &C::v, &C::o, &C::lse, &C::mask, &C::table, &C::sink, &C::pse,
+      &C::pk, &C::pv, &C::aqs, &C::aqo, &C::tok_s, &C::tok_o, &C::ks, &C::ko, &C::vs, &C::vo,
+      &C::spare, &C::q8, &C::k8, &C::v8, &C::p8);
+}
+
+// Cases 2k and 2k + 1 (one and two threads) share a type pair: half and bf16 data (each a third
+// of the cases), int8 K/V with a half or bf16 query (a sixth each).
+void run(fuzz::Run& run, std::uint64_t seed) {
+  switch (seed / 2 % 6) {
+    case 0:
+    case 1:
+      return run_t<half, half>(run, seed);
+    case 2:
+    case 3:
+      return run_t<bfloat16, bfloat16>(run, seed);
+    case 4:
+      return run_t<half, i8>(run, seed);
+    default:
+      return run_t<bfloat16, i8>(run, seed);
+  }
 }
 
 const fuzz::Register reg("fused_infer_attention_score", run);

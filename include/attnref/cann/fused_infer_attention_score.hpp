@@ -338,6 +338,9 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
     ii.quant_offset2 = in.quant_offset2;
     constexpr bool kInt8Kv = std::is_same_v<TKV, std::int8_t>;
     const bool sep = fia_check_separate(p, in, kInt8Kv, "given with floating-point key / value");
+    ATTNREF_CHECK(!sep || p.antiquant_mode == 0 || p.antiquant_mode == 1, std::invalid_argument,
+                  kFia, "params.antiquant_mode", "out of range", "0 or 1",
+                  std::to_string(p.antiquant_mode));
     if (sep) {  // the separate scales win over the combined ones
       ii.antiquant_scale = ii.antiquant_offset = {};
       ii.antiquant_scale_per_token = ii.antiquant_offset_per_token = {};
