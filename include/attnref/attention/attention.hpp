@@ -105,6 +105,9 @@ constexpr void check_types() {
   static_assert(std::is_floating_point_v<TS>, "lse / probs must be float or double");
 }
 
+template <class TQ, class TKV>
+void resolve_rope(const char* fn, const AttentionInputs<TQ, TKV>& in, Geometry& g);
+
 /// The views (extents, spans, data), the heads and head sizes, and the params.
 template <class TQ, class TKV, class TO, class TS>
 void resolve_heads(const char* fn, const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
@@ -154,6 +157,39 @@ void resolve_heads(const char* fn, const AttentionInputs<TQ, TKV>& in, const Att
   ATTNREF_CHECK(p.window == 0 || p.causal != CausalMode::None, std::invalid_argument, fn,
                 "params.window", "set without a causal mode",
                 "CausalMode::TopLeft or BottomRight with a window", "CausalMode::None");
+  resolve_rope(fn, in, g);
+}
+
+/// Split scores: q_rope / k_rope both or neither, with q's / k's extents and one R > 0;
+/// g.head_size becomes D + R.
+template <class TQ, class TKV>
+void resolve_rope(const char* fn, const AttentionInputs<TQ, TKV>& in, Geometry& g) {
+  const auto& qr = in.q_rope;
+  const auto& kr = in.k_rope;
+  check_view(fn, "q_rope", qr);
+  check_view(fn, "k_rope", kr);
+  ATTNREF_CHECK(qr.absent() == kr.absent(), std::invalid_argument, fn, "q_rope / k_rope",
+                "one given without the other", "both or neither",
+                qr.absent() ? "k_rope only" : "q_rope only");
+  if (qr.absent()) return;
+  const auto& q = in.q;
+  const auto& k = in.k;
+  ATTNREF_CHECK(qr.size(0) == q.size(0) && qr.size(1) == q.size(1) && qr.size(2) == q.size(2),
+                std::invalid_argument, fn, "q_rope.shape", "mismatch with q",
+                "[" + std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) + ", " +
+                    std::to_string(q.size(2)) + ", R]",
+                shape_str(qr));
+  ATTNREF_CHECK(kr.size(0) == k.size(0) && kr.size(1) == k.size(1) && kr.size(2) == k.size(2),
+                std::invalid_argument, fn, "k_rope.shape", "mismatch with k",
+                "[" + std::to_string(k.size(0)) + ", " + std::to_string(k.size(1)) + ", " +
+                    std::to_string(k.size(2)) + ", R]",
+                shape_str(kr));
+  ATTNREF_CHECK(qr.size(3) > 0, std::invalid_argument, fn, "q_rope.shape[3] (R)", "not positive",
+                ">= 1", qr.size(3));
+  ATTNREF_CHECK(kr.size(3) == qr.size(3), std::invalid_argument, fn, "k_rope.shape[3] (R)",
+                "mismatch with q_rope", qr.size(3), kr.size(3));
+  g.rope_size = qr.size(3);
+  g.head_size += g.rope_size;
 }
 
 /// The sequence structure (padded, packed with cu offsets, or paged through a validated cache):
@@ -265,6 +301,12 @@ void resolve_outputs(const char* fn, const AttentionInputs<TQ, TKV>& in,
     return kv_template ? std::decay_t<decltype(x)>{} : x;
   };
   check_no_overlap(fn, "o", out.o, "q", q);
+  check_no_overlap(fn, "o", out.o, "q_rope", in.q_rope);
+  check_no_overlap(fn, "o", out.o, "k_rope", no_kv(in.k_rope));
+  check_no_overlap(fn, "lse", out.lse, "q_rope", in.q_rope);
+  check_no_overlap(fn, "lse", out.lse, "k_rope", no_kv(in.k_rope));
+  check_no_overlap(fn, "probs", out.probs, "q_rope", in.q_rope);
+  check_no_overlap(fn, "probs", out.probs, "k_rope", no_kv(in.k_rope));
   check_no_overlap(fn, "o", out.o, "k", no_kv(k));
   check_no_overlap(fn, "o", out.o, "v", no_kv(v));
   check_no_overlap(fn, "o", out.o, "mask_add", in.mask_add);
@@ -323,6 +365,7 @@ KvPages<TKV> make_pages(const AttentionInputs<TQ, TKV>& in, const Geometry& g) {
         const Index id = in.block_table(b, j);
         pg.k.push_back(in.k.data() + id * in.k.stride(0));
         pg.v.push_back(in.v.data() + id * in.v.stride(0));
+        if (g.rope_size > 0) pg.kr.push_back(in.k_rope.data() + id * in.k_rope.stride(0));
       }
     }
     return pg;
@@ -339,6 +382,11 @@ KvPages<TKV> make_pages(const AttentionInputs<TQ, TKV>& in, const Geometry& g) {
                         : in.k.data() + s.kv_batch * in.k.stride(0) + s.kv_off * in.k.stride(1));
     pg.v.push_back(none ? nullptr
                         : in.v.data() + s.kv_batch * in.v.stride(0) + s.kv_off * in.v.stride(1));
+    if (g.rope_size > 0)
+      pg.kr.push_back(none || in.k_rope.data() == nullptr
+                          ? nullptr
+                          : in.k_rope.data() + s.kv_batch * in.k_rope.stride(0) +
+                                s.kv_off * in.k_rope.stride(1));
   }
   return pg;
 }
@@ -398,6 +446,9 @@ void attention_with_pages(const Variant& variant, const AttentionInputs<TQ, TKV>
   const Geometry g = resolve("attention_with", in, params, out, exec, /*kv_template=*/true);
   ATTNREF_CHECK(static_cast<Index>(pages.first.size()) == g.batch, std::invalid_argument,
                 "attention_with", "pages.first", "size mismatch", g.batch, pages.first.size());
+  ATTNREF_CHECK(g.rope_size == 0 || pages.kr.size() == pages.k.size(), std::invalid_argument,
+                "attention_with", "pages.kr", "size mismatch (split scores)", pages.k.size(),
+                pages.kr.size());
   run_attention<Acc>(in, params, out, variant, g, pages);
 }
 

@@ -3,6 +3,7 @@
 ///
 /// Shape contract (canonical index order (b, s, n, d); see core/layout.hpp for the layouts):
 ///   q:     [B, S_q, N_q, D]      (TND: [1, T_q, N_q, D] plus SeqLens::q_cu)
+///   q_rope / k_rope: q's / k's extents with R elements per head (optional, both or neither)
 ///   k:     [B, S_kv, N_kv, D]    (TND: [1, T_kv, N_kv, D] plus SeqLens::kv_cu;
 ///                                 paged: [num_blocks, block_size, N_kv, D] plus block_table)
 ///   v:     [B, S_kv, N_kv, D_v]  (paged: [num_blocks, block_size, N_kv, D_v])
@@ -59,6 +60,11 @@ struct AttentionInputs {
   /// (required) and seq.kv_cu must be empty. Entries past a sequence's last block are never read
   /// (-1 padding is fine); a used entry outside [0, num_blocks) throws std::out_of_range.
   StridedView<const std::int32_t, 2> block_table{};
+  /// Optional split scores (MLA's rope part): with both given, logit = scale · (q·k +
+  /// q_rope·k_rope). q_rope has q's batch, token and head extents, k_rope k's (paged: the same
+  /// blocks through the same block table), both R elements per head. The value rows stay v's.
+  StridedView<const TQ, 4> q_rope{};
+  StridedView<const TKV, 4> k_rope{};
 
   /// Reads keys and values from a paged cache: k, v, block_table and seq.kv (its context_lens)
   /// come from `cache` (the one paged K/V type every operator maps its vendor tensors onto).

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
+#include "attnref/core/error.hpp"
 #include "attnref/core/softmax.hpp"
 #include "attnref/detail/engine/p_stage.hpp"
 #include "attnref/detail/engine/products.hpp"
@@ -168,6 +170,9 @@ void run_attention(const AttentionInputs<TQ, TKV>& in, const AttentionParams& p,
       make_items(g, num_partials, /*allow_split=*/!want_probs && !E::kQuantP && !E::kTwoPass,
                  max_rows, split_rows);
   const E eng{in, out, var, g, pages, static_cast<Acc>(p.scale), max_rows, simd::level()};
+  ATTNREF_CHECK(!(eng.split() && eng.dequant()), std::invalid_argument, "attention_with", "k_rope",
+                "split scores with the kv_dequant hook (not supported)", "no kv_dequant hook",
+                "a kv_dequant hook");
 
   // Restrict every item to the keys its queries may see (e.g. causal), split items keep their
   // own range clipped to it.

@@ -22,8 +22,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::pack_panel(Workspace& ws, const Head
                                                        Index cols) const {
   if constexpr (std::is_same_v<Acc, float>) {
     const Index n = g.head_size, h = hd.kv_head;
-    if (dequant()) {  // the head's keys dequantized into ws.k, then packed
-      kv_tile(in.k, ws.krow, h, cols, n, ws.k, ws.kdq.data());
+    if (gathered()) {  // the head's keys gathered (dequantized, split) into ws.k, then packed
+      key_tile(ws, h, cols);
       kernels::pack_key_panel(level, dense_rows(ws.k, n), h, cols, n, ws.kpanel.data());
     } else {  // packed straight from the cache rows, converted on the way
       kernels::pack_key_panel(level, cache_rows(ws.krow, in.k), h, cols, n, ws.kpanel.data());
@@ -80,9 +80,9 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
                                                        Index h1, Index rows, Index cols) const {
   if (small(rows)) {
     if constexpr (std::is_same_v<Acc, float>) {
-      if (dequant()) {  // each head's keys dequantized into ws.k, then streamed
+      if (gathered()) {  // each head's keys gathered (dequantized, split) into ws.k, streamed
         for (Index h = h0; h < h1; ++h) {
-          kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, ws.kdq.data());
+          key_tile(ws, h, cols);
           kernels::small_scores(level, block(ws, it, h, h + 1, rows, cols),
                                 dense_rows(ws.k, g.head_size));
         }
@@ -120,8 +120,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
     const Head hd = head(ws, it, h);
     ConstRowMap<Acc> Q(hd.q, rows, g.head_size, Eigen::OuterStride<>(g.head_size));
     RowMap<Acc> S(hd.s, rows, cols, Eigen::OuterStride<>(ld()));
-    auto K =
-        kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, dequant() ? ws.kdq.data() : nullptr);
+    auto K = key_tile(ws, h, cols);
     S.noalias() = Q * K.transpose();
   }
 }

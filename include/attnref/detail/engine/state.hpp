@@ -49,8 +49,11 @@ struct Engine {
   /// never with the kv_dequant hook, whose keys and values are no longer the stored int8).
   bool i8() const {
     return kI8 && i8::enabled() && in.q.stride(3) == 1 && in.k.stride(3) == 1 &&
-           in.v.stride(3) == 1 && g.head_size % 4 == 0 && !dequant() && !q_transformed();
+           in.v.stride(3) == 1 && g.head_size % 4 == 0 && !dequant() && !q_transformed() &&
+           !split();
   }
+  /// Split scores (q_rope / k_rope): the key rows of a tile are gathered as [k | k_rope].
+  bool split() const { return g.rope_size > 0; }
   /// The variant transforms the query rows as they are loaded (q_transform hook), and may add a
   /// per-row constant to the scores.
   static constexpr bool kQTransform = has_q_transform<Variant, Acc>::value;
@@ -88,6 +91,9 @@ struct Engine {
     else
       return false;
   }
+  /// The key rows of a tile are gathered into ws.k (key_tile) rather than read in place: the
+  /// kv_dequant hook's per-token maps, or split scores' two sources.
+  bool gathered() const { return dequant() || split(); }
   /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
   /// whose packing and conversion buffers cost more than the products, and stream K/V rows
   /// through the hand-vectorised kernels instead (when compiled in and enabled).
@@ -113,6 +119,7 @@ struct Engine {
     std::vector<SoftmaxState<Acc>> st;
     std::vector<std::uint8_t> flags;
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
+    std::vector<const TKV*> kr_row;      // split scores: the tile's k_rope rows
     std::vector<KvAffine> kdq, vdq;      // kv_dequant: the current tile's per-token maps
     AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
     AlignedVector<Acc> kpanel;           // panel kernels: the tile's keys of one head, packed
@@ -156,6 +163,7 @@ struct Engine {
     ws.v.resize(static_cast<size_t>(g.kv_tile * g.v_head_size));
     ws.krow.resize(static_cast<size_t>(g.kv_tile));
     ws.vrow.resize(static_cast<size_t>(g.kv_tile));
+    if (split()) ws.kr_row.resize(static_cast<size_t>(g.kv_tile));
     if (dequant()) {
       ws.kdq.resize(static_cast<size_t>(g.kv_tile));
       ws.vdq.resize(static_cast<size_t>(g.kv_tile));
@@ -211,6 +219,9 @@ struct Engine {
     for (Index c = 0; c < cols; ++c) {
       ws.krow[static_cast<size_t>(c)] = pages.k[static_cast<size_t>(page)] + off * in.k.stride(1);
       ws.vrow[static_cast<size_t>(c)] = pages.v[static_cast<size_t>(page)] + off * in.v.stride(1);
+      if (split())
+        ws.kr_row[static_cast<size_t>(c)] =
+            pages.kr[static_cast<size_t>(page)] + off * in.k_rope.stride(1);
       if (++off == pages.page_size) {
         off = 0;
         ++page;
@@ -262,6 +273,24 @@ struct Engine {
     return ConstRowMap<Acc>(buf.data(), cols, width, Eigen::OuterStride<>(width));
   }
 
+  /// The current tile's keys of kv head h, g.head_size wide (kv_tile; split scores: each row
+  /// gathered as [k | k_rope] into ws.k, a copy of O(tile), never of the cache). `dense` as
+  /// kv_tile's.
+  ConstRowMap<Acc> key_tile(Workspace& ws, Index h, Index cols, bool dense = false) const {
+    const KvAffine* dq = dequant() ? ws.kdq.data() : nullptr;
+    if (!split()) return kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, dq, dense);
+    // (split scores never come with the kv_dequant hook: run_attention rejects the pair)
+    const Index d = g.head_size - g.rope_size, r = g.rope_size, n = g.head_size;
+    const Index hs = h * in.k.stride(2), hr = h * in.k_rope.stride(2);
+    for (Index c = 0; c < cols; ++c) {
+      Acc* dst = ws.k.data() + c * n;
+      load_row<Acc>(ws.krow[static_cast<size_t>(c)] + hs, in.k.stride(3), d, dst, Acc(1));
+      load_row<Acc>(ws.kr_row[static_cast<size_t>(c)] + hr, in.k_rope.stride(3), r, dst + d,
+                    Acc(1));
+    }
+    return ConstRowMap<Acc>(ws.k.data(), cols, n, Eigen::OuterStride<>(n));
+  }
+
   /// Gathers the q rows of one head into its workspace rows (pre-multiplied by the scale; with
   /// the q_transform hook, transformed before the scale, each row's score constant in hd.qb).
   void load_q(const Head& hd, const SeqInfo& si, const ResolvedSeq& s, Index q0, Index nq) const {
@@ -271,11 +300,15 @@ struct Engine {
       for (Index t = 0; t < nq; ++t) {
         const TQ* src = in.q.ptr(s.q_batch, s.q_off + q0 + t, h, 0);
         Acc* row = hd.q + (gi * nq + t) * g.head_size;
+        const Index d = g.head_size - g.rope_size;
+        if (split())  // [q | q_rope]
+          load_row<Acc>(in.q_rope.ptr(s.q_batch, s.q_off + q0 + t, h, 0), in.q_rope.stride(3),
+                        g.rope_size, row + d, hook ? Acc(1) : scale);
         if (!hook) {
-          load_row<Acc>(src, in.q.stride(3), g.head_size, row, scale);
+          load_row<Acc>(src, in.q.stride(3), d, row, scale);
           continue;
         }
-        load_row<Acc>(src, in.q.stride(3), g.head_size, row, Acc(1));
+        load_row<Acc>(src, in.q.stride(3), d, row, Acc(1));
         if constexpr (kQTransform)
           hd.qb[gi * nq + t] = var.template q_transform<Acc>(si, q0 + t, h, row, g.head_size);
         if (scale != Acc(1)) ArrayMap<Acc>(row, g.head_size) *= scale;

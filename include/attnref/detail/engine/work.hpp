@@ -19,7 +19,10 @@ struct ResolvedSeq {
 
 /// Problem sizes after validation.
 struct Geometry {
+  /// head_size: the width of a score's dot product (split scores: D + R, the q / k heads' D
+  /// followed by the rope part's R).
   Index batch = 0, num_heads = 0, num_kv_heads = 0, group = 1, head_size = 0, v_head_size = 0;
+  Index rope_size = 0;  ///< R of split scores (q_rope / k_rope), else 0
   Index q_tile = 0, kv_tile = 0, kv_split = 0;
   bool kv_head_major = false;  ///< K's head stride exceeds its token stride ([B, N, S, D] caches)
   int threads = 1;             ///< workers (resolved: >= 1)
@@ -33,6 +36,7 @@ struct Geometry {
 template <class TKV>
 struct KvPages {
   std::vector<const TKV*> k, v;  // page starts (token 0, head 0, element 0)
+  std::vector<const TKV*> kr;    // split scores: the k_rope page of each k page (else empty)
   std::vector<Index> first;      // per sequence: index of its first page in k / v
   Index page_size = 1;           // tokens per page
 };
