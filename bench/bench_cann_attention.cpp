@@ -10,6 +10,10 @@
 //   fia_paged/<f16|int8>/B:<B>/KV:<kv>/threads:<T>    the same decode step through
 //                                                     FusedInferAttentionScore (its incremental
 //                                                     branch; int8: antiquant per channel)
+//   fia_mla/bf16/B:<B>/heads:<H>/KV:<kv>/threads:<T>  DeepSeek-style MLA decode through FIA's
+//                                                     rope inputs (512 + 64, one latent head,
+//                                                     128-token shuffled blocks); compare with
+//                                                     mla/decode (ATB's MLA, one 576-wide cache)
 // Compare with prefill/ and decode/ (the engine alone). Counters as there: GFLOPS (useful
 // FLOPs), GBps (K and V bytes read per second).
 
@@ -154,6 +158,47 @@ void ifa(benchmark::State& state, Index batch, Index kv, Index block, int thread
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// DeepSeek-style MLA decode through FusedInferAttentionScore's rope inputs: one query token per
+/// sequence, `heads` query heads on one latent head, q 512 + rope 64, a bf16 paged latent cache
+/// (key = value [blocks, 128, 512], key_rope [blocks, 128, 64]) handed out shuffled.
+void fia_mla(benchmark::State& state, Index batch, Index heads, Index kv, int threads) {
+  using attnref::bfloat16;
+  const Index C = 512, R = 64, bs = 128, per_seq = (kv + bs - 1) / bs, blocks = batch * per_seq;
+  const auto q = random_values<bfloat16>(static_cast<size_t>(batch * heads * C), 1);
+  const auto qr = random_values<bfloat16>(static_cast<size_t>(batch * heads * R), 2);
+  const auto c = random_values<bfloat16>(static_cast<size_t>(blocks * bs * C), 3);
+  const auto kr = random_values<bfloat16>(static_cast<size_t>(blocks * bs * R), 4);
+  std::vector<bfloat16> o(q.size());
+  std::vector<std::int32_t> table(static_cast<size_t>(blocks));
+  for (Index i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(table.begin(), table.end(), std::mt19937(5));
+  attnref::FusedInferAttentionScoreParams p;
+  p.num_heads = heads;
+  p.num_key_value_heads = 1;
+  p.input_layout = "BSND";
+  p.scale_value = 0.0417;  // DeepSeek-V3: 1 / sqrt(192) times its YaRN factor
+  p.block_size = bs;
+  attnref::FusedInferAttentionScoreInputs<bfloat16> in;
+  in.query = StridedView<const bfloat16>(q.data(), {batch, 1, heads, C});
+  in.query_rope = StridedView<const bfloat16>(qr.data(), {batch, 1, heads, R});
+  in.key = {StridedView<const bfloat16>(c.data(), {blocks, bs, C})};
+  in.value = in.key;
+  in.key_rope = StridedView<const bfloat16>(kr.data(), {blocks, bs, R});
+  in.block_table = StridedView<const std::int32_t>(table.data(), {batch, per_seq});
+  in.actual_seq_lengths_kv.assign(static_cast<size_t>(batch), kv);
+  const attnref::FusedInferAttentionScoreOutputs<bfloat16> out{
+      StridedView<bfloat16>(o.data(), {batch, 1, heads, C})};
+  for (auto _ : state) {
+    attnref::fused_infer_attention_score(p, in, out, {threads});
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPS"] = benchmark::Counter(2.0 * batch * heads * kv * double(C + R + C) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBps"] = benchmark::Counter(double(batch * kv) * (C + R) * 2 * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 template <class F>
 void reg(const std::string& name, F f) {
   benchmark::RegisterBenchmark(name.c_str(), f)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -186,6 +231,11 @@ const bool registered = [] {
         ifa<attnref::half, std::int8_t>(st, b, 4096, 128, t, true);
       });
     }
+    for (Index h : {16, 128})
+      reg("fia_mla/bf16/B:1/heads:" + std::to_string(h) + "/KV:4096" + th,
+          [=](benchmark::State& st) { fia_mla(st, 1, h, 4096, t); });
+    reg("fia_mla/bf16/B:8/heads:16/KV:4096" + th,
+        [=](benchmark::State& st) { fia_mla(st, 8, 16, 4096, t); });
   }
   return true;
 }();

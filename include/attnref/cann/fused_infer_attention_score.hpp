@@ -21,9 +21,14 @@
 /// the flag off, softmax_lse is neither checked nor written (the vendor returns it as given).
 ///
 /// Every check runs before anything is written; results never depend on exec.threads. The
-/// features of the V2–V4 parameter set not listed here (separate K / V antiquant, shared
-/// prefix, rope split, query quantization, int4, paged or left-padded KV in the prompt branch,
-/// query left padding) are not implemented yet: their inputs do not exist in these structs.
+/// features of the V2–V4 parameter set not listed here (query quantization, int4, paged or
+/// left-padded KV in the prompt branch, query left padding) are not implemented yet: their
+/// inputs do not exist in these structs.
+///
+/// Rope inputs (query_rope / key_rope, V3+): scale · (q·k + q_rope·k_rope). Head size 512 is
+/// MLA and takes its own plan over the engine whatever Q_S (the vendor's tiling routes it to
+/// its incremental MLA kernel); head size 128 takes the prompt branch (TND, bf16). The rules of
+/// each: cann/detail/fia_rope.hpp.
 ///
 /// learnable_sink (V4's code; TND): out = Σ_j exp(s_j - m)·v_j / (Σ_j exp(s_j - m) + exp(sink_h
 /// - m)), m the row's max over its keys; softmax_lse leaves the sink out (the kernel writes lse
@@ -40,6 +45,7 @@
 #include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/detail/fia_antiquant.hpp"
 #include "attnref/cann/detail/fia_prefix.hpp"
+#include "attnref/cann/detail/fia_rope.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
 #include "attnref/core/dense.hpp"
@@ -119,6 +125,13 @@ struct FusedInferAttentionScoreInputs {
   /// query head joining every row's softmax denominator as exp(sink - max) with no value row;
   /// TND only, head sizes 64 or 128.
   StridedView<const bfloat16> learnable_sink{};
+  /// Split rope inputs (V3+): the query's / key's shape with head size 64, in the query's
+  /// type; the score is scale · (q·k + q_rope·k_rope), V the value alone. Head size 512: MLA
+  /// (a paged latent cache [blockNum, blockSize, 512], key_rope [blockNum, blockSize, 64]);
+  /// head size 128: TND, bf16. key_rope_antiquant_scale: reserved by the vendor, ignored.
+  StridedView<const T> query_rope{};
+  StridedView<const T> key_rope{};
+  StridedView<const T> key_rope_antiquant_scale{};
 
   template <class F>
   void for_each_view(F&& f) {
@@ -138,6 +151,8 @@ struct FusedInferAttentionScoreInputs {
     f("key_shared_prefix", key_shared_prefix), f("value_shared_prefix", value_shared_prefix);
     f("block_table", block_table), f("kv_padding_size", kv_padding_size);
     f("learnable_sink", learnable_sink);
+    f("query_rope", query_rope), f("key_rope", key_rope);
+    f("key_rope_antiquant_scale", key_rope_antiquant_scale);
   }
 };
 
@@ -161,10 +176,12 @@ struct FiaRoute {
   Layout layout = Layout::BSH;
   Index q_s = 0;
   bool incre = false;
+  bool mla = false;  ///< rope inputs with head size 512: the MLA plan (fia_rope.hpp)
 };
 
 template <class T>
-FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<const T>& q) {
+FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<const T>& q,
+                   bool rope) {
   using L = Layout;
   FiaRoute r;
   r.layout = parse_layout(kFia, "params.input_layout", p.input_layout,
@@ -175,13 +192,19 @@ FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<co
   r.q_s = r.layout == L::TND
               ? q.size(0)
               : (r.layout == L::BNSD || r.layout == L::BNSD_BSND ? q.size(2) : q.size(1));
+  // Rope inputs with head size 512 take the MLA plan whatever Q_S (the vendor's tiling); it
+  // checks its own head rules (up to 128 query heads on one kv head).
+  const Index last = q.size(rank - 1), n = static_cast<Index>(p.num_heads);
+  const Index d = r.layout != L::BSH ? last : (n > 0 && last % n == 0 ? last / n : 0);
+  r.mla = rope && d == 512;
+  ATTNREF_CHECK(p.sparse_mode >= 0 && p.sparse_mode <= 4, std::invalid_argument, kFia,
+                "params.sparse_mode", "out of range", "0–4", std::to_string(p.sparse_mode));
+  if (r.mla) return r;
   ATTNREF_CHECK(!(r.layout == L::BNSD_BSND && r.q_s == 1), std::invalid_argument, kFia,
                 "params.input_layout", "BNSD_BSND is not supported when Q_S is 1",
                 "BSH, BSND or BNSD", "BNSD_BSND");
   r.incre = r.layout != L::TND && r.layout != L::BNSD_BSND && r.q_s == 1;
   (void)cann_kv_heads(kFia, p.num_heads, p.num_key_value_heads);  // (before shapes use N)
-  ATTNREF_CHECK(p.sparse_mode >= 0 && p.sparse_mode <= 4, std::invalid_argument, kFia,
-                "params.sparse_mode", "out of range", "0–4", std::to_string(p.sparse_mode));
   return r;
 }
 
@@ -309,6 +332,9 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
   if constexpr (kFloatQ) {
     ATTNREF_CHECK(in.learnable_sink.absent(), std::invalid_argument, kFia, "learnable_sink",
                   "given with a layout other than TND", "input_layout TND", p.input_layout);
+    ATTNREF_CHECK(!fia_has_rope(kFia, in), std::invalid_argument, kFia, "query_rope",
+                  "with head size 128 takes TND (head size 512: MLA)", "input_layout TND",
+                  p.input_layout);
     ATTNREF_CHECK(in.deq_scale1.absent() && in.quant_scale1.absent() && in.deq_scale2.absent(),
                   std::invalid_argument, kFia, "deq_scale1 / quant_scale1 / deq_scale2",
                   "given without int8 query / key / value", "none", shape_str(in.deq_scale1));
@@ -428,6 +454,7 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pi.quant_offset2 = in.quant_offset2;
     PfaProblem<T, TM, TP, TO> pr;
     pr.fn = kFia;
+    if (fia_has_rope(kFia, in)) fia_rope_prompt(kFia, p, in, r.layout, pr.q_rope, pr.k_rope);
     FiaPrefix<T> prefix;  // (the engine's pages point into it until the run ends)
     if (fia_prefix(p, in, r, prefix)) {
       pr.front_keys = prefix.P;
@@ -453,6 +480,25 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
   }
 }
 
+/// MLA (rope inputs, head size 512): its own plan over the engine (fia_rope.hpp).
+template <class T, class TKV, class TM, class TP, class TO>
+void fia_mla(const FusedInferAttentionScoreParams& p,
+             const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
+             const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec,
+             const FiaRoute& r, bool run) {
+  constexpr bool kPlain =
+      std::is_same_v<TKV, T> && !std::is_same_v<T, std::int8_t> && std::is_same_v<TO, T>;
+  ATTNREF_CHECK(kPlain, std::invalid_argument, kFia, "query / key / value",
+                "quantized MLA (int8 key / value or query, int8 output) is not implemented in "
+                "attnref yet",
+                "one floating type for query, key, value and attention_out", "another mix");
+  if constexpr (kPlain) {
+    FiaMla<T, TO> m;
+    fia_mla_prepare(kFia, p, in, out, exec, r.layout, r.q_s, m);
+    if (run) attention(m.e, m.ep, m.eo, m.ex);
+  }
+}
+
 template <class T, class TKV, class TM, class TP, class TO>
 void fia_call(const FusedInferAttentionScoreParams& p,
               const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
@@ -465,7 +511,8 @@ void fia_call(const FusedInferAttentionScoreParams& p,
   FusedInferAttentionScoreOutputs<TO> o = out;
   if (!p.softmax_lse_flag) o.softmax_lse = {};  // neither checked nor written (not even copied)
   dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
-    const FiaRoute r = fia_route(p, din.query);
+    const FiaRoute r = fia_route(p, din.query, fia_has_rope(kFia, din));
+    if (r.mla) return fia_mla(p, din, dout, exec, r, run);
     fia_check_lse(p, r, din.query, dout.softmax_lse);
     if (r.incre)
       fia_incre(p, din, dout, exec, r, run);

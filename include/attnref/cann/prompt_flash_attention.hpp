@@ -351,6 +351,8 @@ struct PfaProblem {
   Index front_keys = 0;
   const KvPages<T>* kv_pages = nullptr;
   StridedView<const T, 4> kv_k{}, kv_v{};
+  /// Split scores (FusedInferAttentionScore's query_rope / key_rope), engine views (none: absent).
+  StridedView<const T, 4> q_rope{}, k_rope{};
 };
 
 /// The quantization scales, then the engine problem, validated against the caller's tensors,
@@ -396,6 +398,8 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
   e.q = pfa_view(in.query.data(), layout, qd);
   e.k = pfa_view(in.key.data(), layout, kd);
   e.v = pfa_view(in.value.data(), layout, vd);
+  e.q_rope = pr.q_rope;
+  e.k_rope = pr.k_rope;
   if (tnd) {
     e.seq.q_cu = pl.lens.q_cu;
     e.seq.kv_cu = pl.lens.kv_cu;
