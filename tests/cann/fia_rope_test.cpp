@@ -283,6 +283,43 @@ TEST(FiaRope, MlaThreadCountsGiveTheSameBits) {
   EXPECT_TRUE(same_bits(a.out, b.out));
 }
 
+// MLA's head-major output layouts (BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD): the same bits as
+// the query's layout, each row moved to [N, B, S, D] (TND: [N, T, D]).
+TEST(FiaRope, MlaHeadMajorOutputsAreTheSameRowsMoved) {
+  for (const MlaCase& c0 : {mla_cases()[1], mla_cases()[2], mla_cases()[5], mla_cases()[6]}) {
+    Mla<bfloat16> m(c0);
+    m.run();
+    const std::string lay = c0.tnd() ? "TND_NTD" : c0.layout + "_NBSD";
+    auto p = m.params();
+    p.input_layout = lay;
+    std::vector<bfloat16> o(m.out.size(), bfloat16(-3.0f));
+    const Index N = c0.N, B = c0.B(), S = c0.qs();
+    const Shape shape = c0.tnd() ? Shape{N, m.T_, kD} : Shape{N, B, S, kD};
+    attnref::fused_infer_attention_score(
+        p, m.inputs(),
+        attnref::FusedInferAttentionScoreOutputs<bfloat16>{StridedView<bfloat16>(o.data(), shape)});
+    bool same = true;
+    for (int b = 0; b < c0.B(); ++b)
+      for (int i = 0; i < c0.ql[static_cast<size_t>(b)]; ++i)
+        for (int h = 0; h < c0.N; ++h) {
+          const size_t row =
+              c0.tnd() ? static_cast<size_t>((h * m.T_ + m.qcu[static_cast<size_t>(b)] + i) * kD)
+                       : static_cast<size_t>(((h * B + b) * S + i) * kD);
+          same =
+              same && std::memcmp(&o[row], &m.out[m.at(b, i, h, kD)], kD * sizeof(bfloat16)) == 0;
+        }
+    EXPECT_TRUE(same) << lay;
+  }
+  // Head-major outputs are MLA's only.
+  Mla<bfloat16> m(mla_cases()[2]);
+  auto p = m.params();
+  p.input_layout = "BSND_NBSD";
+  auto in = m.inputs();
+  in.query_rope = in.key_rope = {};
+  support::expect_rejected([&] { attnref::fused_infer_attention_score(p, in, m.outputs()); },
+                           "params.input_layout takes query_rope with head size 512 (MLA)");
+}
+
 // Head size 128 + 64 (TND, bf16): FIA with the rope views == FIA on 192-wide concatenated q / k
 // heads (value 128), bit for bit, output and softmax_lse, with sparse mode 3; and a learnable
 // sink of -inf on every head changes no bit of the split call.

@@ -738,7 +738,7 @@ TEST(FusedInferAttentionScore, Rejections) {
   prompt_rejected<half>(c, E([&](PCall<half>& x) {
                           x.in.block_table = {table.data(), shp(2, 2)};
                         }),
-                        "block_table");
+                        "key[0].shape not a paged cache for the layout");
   prompt_rejected<half>(c, E([](PCall<half>& x) { x.p.num_heads = 3; }), "params.num_heads");
   std::vector<bfloat16> sink(4, bfloat16(0.5f));
   prompt_rejected<half>(c, E([&](PCall<half>& x) {

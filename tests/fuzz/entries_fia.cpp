@@ -1023,7 +1023,8 @@ std::vector<fuzz::Perturbation<C>> prompt_edits() {
                       c.in.key.push_back(c.in.key[0]);
                       c.in.value.push_back(c.in.value[0]);
                     }),
-      fuzz::edit<C>("block_table with Q_S > 1", true, is_prompt<C>,
+      fuzz::edit<C>("block_table with Q_S > 1 over a key that is not a paged cache", true,
+                    is_prompt<C>,
                     [](C& c, fuzz::Rng&) {
                       c.table.assign(z(c.B), 0);
                       c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, 1});

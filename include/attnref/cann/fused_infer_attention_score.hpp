@@ -21,9 +21,12 @@
 /// the flag off, softmax_lse is neither checked nor written (the vendor returns it as given).
 ///
 /// Every check runs before anything is written; results never depend on exec.threads. The
-/// features of the V2–V4 parameter set not listed here (query quantization, int4, paged or
-/// left-padded KV in the prompt branch, query left padding) are not implemented yet: their
-/// inputs do not exist in these structs.
+/// features of the V2–V4 parameter set not listed here (query quantization, int4, left-padded
+/// or int8 KV in the prompt branch, query left padding) are not implemented yet: their inputs
+/// do not exist in these structs or are rejected.
+///
+/// A paged cache (block_table) in the prompt branch: the vendor's prompt-tiling rules
+/// (cann/detail/fia_paged.hpp); the engine reads the cache in place.
 ///
 /// Rope inputs (query_rope / key_rope, V3+): scale · (q·k + q_rope·k_rope). Head size 512 is
 /// MLA and takes its own plan over the engine whatever Q_S (the vendor's tiling routes it to
@@ -44,6 +47,7 @@
 
 #include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/detail/fia_antiquant.hpp"
+#include "attnref/cann/detail/fia_paged.hpp"
 #include "attnref/cann/detail/fia_prefix.hpp"
 #include "attnref/cann/detail/fia_rope.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
@@ -60,13 +64,15 @@ struct FusedInferAttentionScoreParams {
   double scale_value = 1.0;               ///< scaleValue
   std::int64_t pre_tokens = 2147483647;   ///< preTokens (prompt branch)
   std::int64_t next_tokens = 2147483647;  ///< nextTokens (prompt branch)
-  std::string input_layout = "BSH";       ///< BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND
-  std::int64_t num_key_value_heads = 0;   ///< 0: num_heads
-  std::int64_t sparse_mode = 0;           ///< 0–4 (prompt branch)
-  std::int64_t inner_precise = 1;         ///< 0–3 (incremental branch: 0 or 1)
-  std::int64_t block_size = 0;            ///< paged KV (incremental branch, with block_table)
-  std::int64_t antiquant_mode = 0;        ///< 0 per channel / tensor, 1 per token (Q_S == 1)
-  bool softmax_lse_flag = false;          ///< write softmax_lse
+  /// BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND; MLA also BSH_NBSD, BSND_NBSD, BNSD_NBSD and
+  /// TND_NTD (the output head-major: [N, B, S, D], [N, T, D])
+  std::string input_layout = "BSH";
+  std::int64_t num_key_value_heads = 0;  ///< 0: num_heads
+  std::int64_t sparse_mode = 0;          ///< 0–4 (prompt branch)
+  std::int64_t inner_precise = 1;        ///< 0–3 (incremental branch: 0 or 1)
+  std::int64_t block_size = 0;           ///< paged KV (with block_table)
+  std::int64_t antiquant_mode = 0;       ///< 0 per channel / tensor, 1 per token (Q_S == 1)
+  bool softmax_lse_flag = false;         ///< write softmax_lse
   /// Separate K / V antiquant (Q_S == 1): 0 per channel / tensor, 1 per token, 2 per tensor and
   /// head; key 0 with value 1 (3–5: not implemented).
   std::int64_t key_antiquant_mode = 0;
@@ -119,7 +125,7 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const TKV> key_shared_prefix{};
   StridedView<const TKV> value_shared_prefix{};
   std::vector<std::int64_t> actual_shared_prefix_len{};
-  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq] (Q_S == 1)
+  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq]
   StridedView<const std::int64_t> kv_padding_size{};  ///< one value (Q_S == 1)
   /// V4's learnable sink (in the vendor's code, not its document): bf16 [N], one logit per
   /// query head joining every row's softmax denominator as exp(sink - max) with no value row;
@@ -176,7 +182,8 @@ struct FiaRoute {
   Layout layout = Layout::BSH;
   Index q_s = 0;
   bool incre = false;
-  bool mla = false;  ///< rope inputs with head size 512: the MLA plan (fia_rope.hpp)
+  bool mla = false;          ///< rope inputs with head size 512: the MLA plan (fia_rope.hpp)
+  bool n_major_out = false;  ///< MLA's BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD
 };
 
 template <class T>
@@ -184,7 +191,12 @@ FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<co
                    bool rope) {
   using L = Layout;
   FiaRoute r;
-  r.layout = parse_layout(kFia, "params.input_layout", p.input_layout,
+  // MLA's head-major outputs: "<layout>_NBSD" and TND_NTD read the query in <layout>.
+  std::string in_layout = p.input_layout;
+  for (const char* x : {"BSH_NBSD", "BSND_NBSD", "BNSD_NBSD", "TND_NTD"})
+    if (p.input_layout == x) in_layout = p.input_layout.substr(0, p.input_layout.find('_'));
+  r.n_major_out = in_layout != p.input_layout;
+  r.layout = parse_layout(kFia, "params.input_layout", in_layout,
                           {L::BSH, L::BSND, L::BNSD, L::BNSD_BSND, L::TND});
   const Index rank = r.layout == L::BSH || r.layout == L::TND ? 3 : 4;
   ATTNREF_CHECK(!q.absent() && q.rank() == rank, std::invalid_argument, kFia, "query.shape",
@@ -197,6 +209,9 @@ FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<co
   const Index last = q.size(rank - 1), n = static_cast<Index>(p.num_heads);
   const Index d = r.layout != L::BSH ? last : (n > 0 && last % n == 0 ? last / n : 0);
   r.mla = rope && d == 512;
+  ATTNREF_CHECK(r.mla || !r.n_major_out, std::invalid_argument, kFia, "params.input_layout",
+                "takes query_rope with head size 512 (MLA)", "BSH, BSND, BNSD, BNSD_BSND or TND",
+                p.input_layout);
   ATTNREF_CHECK(p.sparse_mode >= 0 && p.sparse_mode <= 4, std::invalid_argument, kFia,
                 "params.sparse_mode", "out of range", "0–4", std::to_string(p.sparse_mode));
   if (r.mla) return r;
@@ -417,9 +432,6 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
   ATTNREF_CHECK(in.key.size() == 1 && in.value.size() == 1, std::invalid_argument, kFia,
                 "key / value", "tensor lists are taken with Q_S == 1 only", "one tensor each",
                 std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
-  ATTNREF_CHECK(in.block_table.absent(), std::invalid_argument, kFia, "block_table",
-                "a paged cache with Q_S > 1 is not implemented in attnref yet", "none",
-                shape_str(in.block_table));
   ATTNREF_CHECK(in.kv_padding_size.absent(), std::invalid_argument, kFia, "kv_padding_size",
                 "kv left padding with Q_S > 1 is not implemented in attnref yet", "none",
                 shape_str(in.kv_padding_size));
@@ -443,10 +455,13 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pp.inner_precise = p.inner_precise;
     pp.pse_order = p.pse_order;
     pp.quant_block_size = p.quant_block_size;
-    PromptFlashAttentionInputs<T, TM, TP> pi{in.query, in.key[0], in.value[0], in.pse_shift,
+    FiaPaged<T> paged;  // (the engine reads through it until the run ends)
+    const bool pa = fia_paged(kFia, p, in, r.layout, paged);
+    PromptFlashAttentionInputs<T, TM, TP> pi{in.query, pa ? paged.key : in.key[0],
+                                             pa ? paged.value : in.value[0], in.pse_shift,
                                              in.atten_mask};
     pi.actual_seq_lengths = in.actual_seq_lengths;
-    pi.actual_seq_lengths_kv = in.actual_seq_lengths_kv;
+    pi.actual_seq_lengths_kv = pa ? paged.kv_list : in.actual_seq_lengths_kv;
     pi.deq_scale1 = in.deq_scale1;
     pi.quant_scale1 = in.quant_scale1;
     pi.deq_scale2 = in.deq_scale2;
@@ -454,6 +469,7 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pi.quant_offset2 = in.quant_offset2;
     PfaProblem<T, TM, TP, TO> pr;
     pr.fn = kFia;
+    if (pa) pr.paged = &paged.cache;
     if (fia_has_rope(kFia, in)) fia_rope_prompt(kFia, p, in, r.layout, pr.q_rope, pr.k_rope);
     FiaPrefix<T> prefix;  // (the engine's pages point into it until the run ends)
     if (fia_prefix(p, in, r, prefix)) {
@@ -494,7 +510,7 @@ void fia_mla(const FusedInferAttentionScoreParams& p,
                 "one floating type for query, key, value and attention_out", "another mix");
   if constexpr (kPlain) {
     FiaMla<T, TO> m;
-    fia_mla_prepare(kFia, p, in, out, exec, r.layout, r.q_s, m);
+    fia_mla_prepare(kFia, p, in, out, exec, r.layout, r.n_major_out, r.q_s, m);
     if (run) attention(m.e, m.ep, m.eo, m.ex);
   }
 }

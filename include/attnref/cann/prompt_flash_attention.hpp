@@ -353,6 +353,9 @@ struct PfaProblem {
   StridedView<const T, 4> kv_k{}, kv_v{};
   /// Split scores (FusedInferAttentionScore's query_rope / key_rope), engine views (none: absent).
   StridedView<const T, 4> q_rope{}, k_rope{};
+  /// A paged cache the engine reads instead of key / value (FusedInferAttentionScore with
+  /// block_table; key / value then only give the plan its dims), validated by the caller.
+  const PagedKvCache<const T>* paged = nullptr;
 };
 
 /// The quantization scales, then the engine problem, validated against the caller's tensors,
@@ -411,6 +414,13 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
   if (kInt8In) pr.ex.kv_tile = params.quant_block_size;  // P is quantized block by block
   const L out_layout = layout == L::BNSD_BSND ? L::BSND : layout;
   pr.eo.o = pfa_view(out.attention_out.data(), out_layout, od);
+  if (pr.paged != nullptr) {  // a paged cache: per-batch kv lengths through its block table
+    e.k = pr.paged->k;
+    e.v = pr.paged->v;
+    e.block_table = pr.paged->block_table;
+    e.seq.kv = pr.paged->context_lens;
+    e.seq.kv_cu.clear();
+  }
   if (pr.kv_pages != nullptr) {  // the caller's pages (their memory is the caller's to check)
     e.k = pr.kv_k;
     e.v = pr.kv_v;

@@ -5,10 +5,11 @@
 /// Two configurations exist (the vendor's documents and its tiling checks):
 ///   MLA, head size 512 (the vendor's incremental MLA kernel): rope 64, one kv head, Q_N in
 ///     {1, 2, 4, ..., 128}, Q_S 1–16 (TND: per batch), a paged cache with blocks of 16 or 128,
-///     layouts BSH, BSND, BNSD and TND; sparse_mode 0 (no mask) with one query row, 3
-///     (rightDownCausal, the 2048 x 2048 mask) with more (TND: 0 or 3); no softmax_lse, pse,
-///     shared prefix, antiquant, post-quant, kv padding or sink. fia_mla is its plan: the
-///     engine with split scores over the paged cache, the causal mode its only hook.
+///     layouts BSH, BSND, BNSD and TND (with _NBSD / _NTD: the output head-major); sparse_mode 0
+///     (no mask) with one query row, 3 (rightDownCausal, the 2048 x 2048 mask) with more (TND: 0 or
+///     3); no softmax_lse, pse, shared prefix, antiquant, post-quant, kv padding or sink. fia_mla
+///     is its plan: the engine with split scores over the paged cache, the causal mode its only
+///     hook.
 ///   Head size 128 (the prompt branch): rope 64, TND only, bf16, q / k / v head size 128; no
 ///     paged cache, prefix, pse or quantization. fia_prompt passes the rope views to the
 ///     PromptFlashAttention plan.
@@ -135,7 +136,8 @@ struct FiaMla {
 /// nothing written.
 template <class P, class In, class Out, class T, class TO>
 void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
-                     const ExecConfig& exec, Layout layout, Index q_s, FiaMla<T, TO>& m) {
+                     const ExecConfig& exec, Layout layout, bool n_major_out, Index q_s,
+                     FiaMla<T, TO>& m) {
   using L = Layout;
   ATTNREF_CHECK(layout != L::BNSD_BSND, std::invalid_argument, fn, "params.input_layout",
                 "not supported with query_rope and head size 512 (MLA)", "BSH, BSND, BNSD or TND",
@@ -215,10 +217,16 @@ void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
            "blockSize"});
   m.ep.scale = p.scale_value;
   m.ep.causal = causal ? CausalMode::BottomRight : CausalMode::None;
-  m.eo.o = pfa_view(out.attention_out.data(), layout, qd);  // (Dv = D = 512)
-  ATTNREF_CHECK(out.attention_out.shape() == pfa_shape(layout, qd), std::invalid_argument, fn,
-                "attention_out.shape", "mismatch", dims_str(pfa_shape(layout, qd)),
-                shape_str(out.attention_out));
+  // The output: the query's layout, or head-major ([N, B, S, D]; TND: [N, T, D]); Dv = D.
+  const std::vector<Index> want = !n_major_out
+                                      ? pfa_shape(layout, qd)
+                                      : (tnd ? std::vector<Index>{qd[2], qd[1], qd[3]}
+                                             : std::vector<Index>{qd[2], qd[0], qd[1], qd[3]});
+  ATTNREF_CHECK(out.attention_out.shape() == want, std::invalid_argument, fn, "attention_out.shape",
+                "mismatch", dims_str(want), shape_str(out.attention_out));
+  m.eo.o = !n_major_out ? pfa_view(out.attention_out.data(), layout, qd)
+                        : StridedView<TO, 4>(out.attention_out.data(), qd,
+                                             {qd[1] * qd[3], qd[3], qd[0] * qd[1] * qd[3], 1});
   m.ex = exec;
   validate(e, m.ep, m.eo, m.ex);  // the engine's own checks (overlaps); nothing written
 }
