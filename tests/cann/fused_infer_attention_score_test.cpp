@@ -966,6 +966,89 @@ TEST(FusedInferAttentionScore, SeparateAntiquantKeyPerChannelValuePerTokenMatche
   }
 }
 
+// Modes 3 (per token and head), 4 and 5 (per token, and head, with the scales in the paged
+// cache's blocks): each key and value dequantized here with its own (b, head, position) map, or
+// its block's row, then the reference.
+TEST(FusedInferAttentionScore, SeparateAntiquantPerTokenAndHeadModesMatchReference) {
+  for (int mode : {3, 4, 5})
+    for (Store st : {Store::Tensor, Store::List, Store::Paged}) {
+      if (mode >= 4 && st != Store::Paged) continue;
+      ICase c;
+      c.L = {45, 0, 9, 33};
+      c.store = st;
+      c.mask = true;
+      c.seed = static_cast<unsigned>(80 + mode);
+      auto r = build_incre<half, i8>(c);
+      const int KVN = c.kvn, D = c.D, W = c.W(), B = c.B();
+      const int per = st == Store::Paged ? static_cast<int>(r.table.size()) / B : 0;
+      const int nb = B * per + 1, heads = mode == 4 ? 1 : KVN;
+      // The map of (side, b, head, key position): mode 3 by position, 4 / 5 by the key's slot.
+      const auto slot = [&](int b, int t) {
+        return mode == 3 ? b * W + t : r.table[z(b * per + t / c.bs)] * c.bs + t % c.bs;
+      };
+      const auto scale = [&](int side, int b, int h, int t) {
+        return static_cast<float>(0.003 + 0.02 * hv(9 + side, h, slot(b, t), 0));
+      };
+      const auto offset = [&](int side, int b, int h, int t) {
+        return std::round(static_cast<float>(10 * hv(11 + side, h, slot(b, t), 0)) - 5);
+      };
+      std::vector<float> tab[4];  // key scale, key offset, value scale, value offset
+      Shape sh;
+      if (mode == 3) {
+        sh = shp(B, KVN, W);
+        for (int side = 0; side < 2; ++side)
+          for (int b = 0; b < B; ++b)
+            for (int h = 0; h < KVN; ++h)
+              for (int t = 0; t < W; ++t) {
+                tab[2 * side].push_back(scale(side, b, h, t));
+                tab[2 * side + 1].push_back(offset(side, b, h, t));
+              }
+      } else {  // every slot of every block, laid out (block, [head,] row)
+        sh = mode == 4 ? shp(nb, c.bs) : shp(nb, KVN, c.bs);
+        for (int side = 0; side < 2; ++side)
+          for (int blk = 0; blk < nb; ++blk)
+            for (int h = 0; h < heads; ++h)
+              for (int row = 0; row < c.bs; ++row) {
+                const int sl = blk * c.bs + row;
+                tab[2 * side].push_back(static_cast<float>(0.003 + 0.02 * hv(9 + side, h, sl, 0)));
+                tab[2 * side + 1].push_back(
+                    std::round(static_cast<float>(10 * hv(11 + side, h, sl, 0)) - 5));
+              }
+      }
+      auto x = incre_call(r);
+      x.p.key_antiquant_mode = x.p.value_antiquant_mode = mode;
+      x.in.key_antiquant_scale = {tab[0].data(), sh};
+      x.in.key_antiquant_offset = {tab[1].data(), sh};
+      x.in.value_antiquant_scale = {tab[2].data(), sh};
+      x.in.value_antiquant_offset = {tab[3].data(), sh};
+      std::vector<half> out;
+      std::vector<float> lse;
+      run_incre(x, out, lse);
+      Seqs k = r.k, v = r.v;  // dequantized here: (x8 + offset) · scale, per key and head
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < c.L[z(b)]; ++t)
+          for (int h = 0; h < KVN; ++h) {
+            const int hh = mode == 4 ? 0 : h;
+            for (int d = 0; d < D; ++d) {
+              const size_t at = z((t * KVN + h) * D + d);
+              k[z(b)][at] = (k[z(b)][at] + offset(0, b, hh, t)) * double(scale(0, b, hh, t));
+              v[z(b)][at] = (v[z(b)][at] + offset(1, b, hh, t)) * double(scale(1, b, hh, t));
+            }
+          }
+      ref::cann::Ifa pr{c.N, c.kvn, c.D, c.L, c.scale};
+      pr.mask = [&c](int b, int j) { return c.hole(b, j); };
+      Seqs ref_lse;
+      std::vector<double> want;
+      for (const auto& row : ref::cann::ifa(pr, r.q, k, v, &ref_lse))
+        want.insert(want.end(), row.begin(), row.end());
+      EXPECT_TRUE(matches(want, out)) << "mode " << mode << " store " << int(st);
+      std::vector<double> wl;
+      for (const auto& row : ref_lse)
+        for (double l : row) wl.push_back(l == -HUGE_VAL ? double(-3.40e38f) : l);
+      EXPECT_TRUE(lse_close(wl, lse)) << "mode " << mode << " store " << int(st);
+    }
+}
+
 TEST(FusedInferAttentionScore, SeparateAntiquantRejections) {
   ICase c;
   c.L = {12, 7};
@@ -985,7 +1068,13 @@ TEST(FusedInferAttentionScore, SeparateAntiquantRejections) {
     EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](half v) { return dbl(v) == kSentinel; }));
   };
   rejected([](ICall<half, i8>& x) { x.p.key_antiquant_mode = x.p.value_antiquant_mode = 3; },
-           "not implemented in attnref yet");
+           "key_antiquant_scale.shape mismatch (mode 3, per token and head)");
+  rejected(
+      [&](ICall<half, i8>& x) {
+        x.p.key_antiquant_mode = x.p.value_antiquant_mode = 4;
+        x.in.key_antiquant_scale = x.in.value_antiquant_scale = {sc.data(), shp(2, 8)};
+      },
+      "modes 4 and 5 (page-managed scales) take a paged cache");
   rejected([](ICall<half, i8>& x) { x.p.key_antiquant_mode = x.p.value_antiquant_mode = 6; },
            "out of range with Q_S == 1");
   rejected([](ICall<half, i8>& x) { x.p.key_antiquant_mode = 1; }, "not a documented pair");

@@ -43,11 +43,13 @@
 ///       // `row` (the keys c.kv .. c.kv + cols - 1 of one row) and adds P·V to the (already
 ///       // normalised) output. Items are never split; not combinable with quantize_p.
 ///   bool has_kv_dequant() const;                                   // optional, with:
-///   void kv_dequant(const SeqInfo& s, Index kv, KvAffine& k, KvAffine& v) const;
-///       // Per-token dequantization as the keys and values are loaded (IFA's antiquant_mode 1):
-///       // element x of key kv of sequence s is read as (x + k.offset) · k.scale in the compute
-///       // type, its value's as (x + v.offset) · v.scale. Tile by tile, into the engine's O(tile)
-///       // scratch: nothing proportional to the kv length. has_kv_dequant() false: never called.
+///   void kv_dequant(const SeqInfo& s, Index kv, Index kv_head, KvAffine& k, KvAffine& v) const;
+///       // Per-token (and per-head) dequantization as the keys and values are loaded (IFA's
+///       // antiquant_mode 1, FIA's modes 1 and 3–5): element x of key kv, kv head kv_head of
+///       // sequence s is read as (x + k.offset) · k.scale in the compute type, its value's as
+///       // (x + v.offset) · v.scale. Tile by tile, for the heads of the item, into the engine's
+///       // O(tile · heads) scratch: nothing proportional to the kv length. has_kv_dequant()
+///       // false: never called.
 ///
 ///   bool has_q_transform() const;                                  // optional, with:
 ///   template <class Acc> Acc q_transform(const SeqInfo& s, Index q, Index q_head, Acc* row,
@@ -123,8 +125,9 @@ template <class V, class = void>
 struct has_kv_dequant : std::false_type {};
 template <class V>
 struct has_kv_dequant<V, std::void_t<decltype(std::declval<const V&>().kv_dequant(
-                             std::declval<const SeqInfo&>(), Index{}, std::declval<KvAffine&>(),
-                             std::declval<KvAffine&>()))>> : std::true_type {};
+                             std::declval<const SeqInfo&>(), Index{}, Index{},
+                             std::declval<KvAffine&>(), std::declval<KvAffine&>()))>>
+    : std::true_type {};
 
 /// True when V has the optional sink hook.
 template <class V, class = void>

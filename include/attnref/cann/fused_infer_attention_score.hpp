@@ -74,7 +74,7 @@ struct FusedInferAttentionScoreParams {
   std::int64_t antiquant_mode = 0;       ///< 0 per channel / tensor, 1 per token (Q_S == 1)
   bool softmax_lse_flag = false;         ///< write softmax_lse
   /// Separate K / V antiquant (Q_S == 1): 0 per channel / tensor, 1 per token, 2 per tensor and
-  /// head; key 0 with value 1 (3–5: not implemented).
+  /// head, 3 per token and head, 4 / 5 per token (and head) page-managed; key 0 with value 1.
   std::int64_t key_antiquant_mode = 0;
   std::int64_t value_antiquant_mode = 0;
   PseOrder pse_order = PseOrder::ScaleThenAdd;  ///< attnref extension (see PseOrder)
@@ -112,8 +112,10 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const float> antiquant_offset_per_token{};
   /// Separate K / V antiquant (V2+; Q_S == 1, int8 K / V): fp32 for every mode (the vendor's
   /// fp16 / bf16 scales of modes 0 and 2 convert exactly). Mode 0: (1, KV_N, 1, D), (1, KV_N, D),
-  /// (1, KV_N·D) or (1); mode 1: (1, B, S'); mode 2: (KV_N). Offsets optional, both or neither.
-  /// Given, they win over antiquant_scale / antiquant_offset (the vendor's rule).
+  /// (1, KV_N·D) or (1); mode 1: (1, B, S'); mode 2: (KV_N); mode 3: (B, KV_N, S'); mode 4:
+  /// (blockNum, blockSize); mode 5: (blockNum, KV_N, blockSize) (4 and 5 with block_table: a
+  /// key's scale sits where the key does). Offsets optional, both or neither. Given, they win
+  /// over antiquant_scale / antiquant_offset (the vendor's rule).
   StridedView<const float> key_antiquant_scale{};
   StridedView<const float> key_antiquant_offset{};
   StridedView<const float> value_antiquant_scale{};
@@ -404,8 +406,10 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
     ifa_prepare(ip, ii, IncreFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
     FiaAntiquant aq;  // (the variant points into it until the run ends)
     if (sep) {
+      const auto& cache = pr.pl.kv.cache;  // (modes 4 / 5: the paged cache's blocks)
+      const FiaAqPages pg{cache.block_table, &cache.context_lens, cache.k.size(0), cache.k.size(1)};
       aq = fia_antiquant(kFia, p.key_antiquant_mode, p.value_antiquant_mode, in, B, pr.pl.kvn,
-                         pr.pl.D, pr.pl.kv.mask_cols);
+                         pr.pl.D, pr.pl.kv.mask_cols, pg);
       constexpr bool kHalfQ = std::is_same_v<T, half>;
       ATTNREF_CHECK(p.key_antiquant_mode == p.value_antiquant_mode || kHalfQ, std::invalid_argument,
                     kFia, "query", "key per channel with value per token takes an fp16 query",

@@ -49,10 +49,11 @@ struct CannVariant : IoHooks {
   float deq1 = 1.0f;
   const Index* kv_shift = nullptr;  // [batch]
   /// IFA's per-token antiquant (kv_dequant hook): scales (and offsets) [2, tok_batch,
-  /// tok_stride], [0] the keys', [1] the values', indexed by the key's column (col()).
+  /// tok_heads, tok_stride], [0] the keys', [1] the values', indexed by the key's column (col());
+  /// tok_heads 1: one map for every kv head.
   const float* tok_scale = nullptr;
   const float* tok_offset = nullptr;
-  Index tok_batch = 0, tok_stride = 0;
+  Index tok_batch = 0, tok_heads = 1, tok_stride = 0;
   /// FIA's learnable sink: one logit per q head (sink hook); null: none.
   const bfloat16* sinks = nullptr;
 
@@ -62,9 +63,10 @@ struct CannVariant : IoHooks {
   Index col(const Coord& c) const { return kv_shift == nullptr ? c.kv : c.kv + kv_shift[c.batch]; }
 
   bool has_kv_dequant() const { return tok_scale != nullptr; }
-  void kv_dequant(const SeqInfo& s, Index kv, KvAffine& k, KvAffine& v) const {
-    const Index p = s.batch * tok_stride + (kv_shift == nullptr ? kv : kv + kv_shift[s.batch]);
-    const Index pv = tok_batch * tok_stride + p;
+  void kv_dequant(const SeqInfo& s, Index kv, Index kv_head, KvAffine& k, KvAffine& v) const {
+    const Index row = s.batch * tok_heads + (tok_heads == 1 ? 0 : kv_head);
+    const Index p = row * tok_stride + (kv_shift == nullptr ? kv : kv + kv_shift[s.batch]);
+    const Index pv = tok_batch * tok_heads * tok_stride + p;
     k = {tok_scale[p], tok_offset == nullptr ? 0.0f : tok_offset[p]};
     v = {tok_scale[pv], tok_offset == nullptr ? 0.0f : tok_offset[pv]};
   }

@@ -54,8 +54,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const Work
     const bool partial = tm == TileMask::Partial;
     pack_panel(ws, hd, cols);
     // Value rows adjacent in memory (mapped, or converted / dequantized into ws.v).
-    const auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr,
-                           /*dense=*/true);
+    const auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, vmaps(ws, h), /*dense=*/true);
     // A masked position is never read for its row: with a non-finite value in the tile, a
     // partial tile takes the row-by-row product, which skips masked keys (0 · NaN is NaN).
     const bool guarded = partial && !V.allFinite();
@@ -134,7 +133,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     if constexpr (std::is_same_v<Acc, float>) {
       if (dequant()) {  // each head's values dequantized into ws.v, then streamed
         for (Index h = h0; h < h1; ++h) {
-          kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, ws.vdq.data());
+          kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, vmaps(ws, h));
           kernels::small_pv(level, block(ws, it, h, h + 1, rows, cols), partial,
                             dense_rows(ws.v, dv));
         }
@@ -173,7 +172,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     // Quantized P: the tile's product alone (exact), then scaled by each row's factor.
     RowMap<Acc> T(kQuantP ? ws.pv.data() : hd.o, rows, dv, Eigen::OuterStride<>(dv));
     const bool pan = panel(rows);
-    auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, dequant() ? ws.vdq.data() : nullptr, pan);
+    auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, vmaps(ws, h), pan);
     if (partial && !V.allFinite()) {
       if (kQuantP) T.setZero();
       masked_pv(hd, V, T.data(), 0, rows, cols);

@@ -120,7 +120,8 @@ struct Engine {
     std::vector<std::uint8_t> flags;
     std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
     std::vector<const TKV*> kr_row;      // split scores: the tile's k_rope rows
-    std::vector<KvAffine> kdq, vdq;      // kv_dequant: the current tile's per-token maps
+    std::vector<KvAffine> kdq, vdq;      // kv_dequant: the tile's maps, [head - dq_head0][token]
+    Index dq_head0 = 0;                  // kv_dequant: the first kv head of the current item
     AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
     AlignedVector<Acc> kpanel;           // panel kernels: the tile's keys of one head, packed
     // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
@@ -164,9 +165,9 @@ struct Engine {
     ws.krow.resize(static_cast<size_t>(g.kv_tile));
     ws.vrow.resize(static_cast<size_t>(g.kv_tile));
     if (split()) ws.kr_row.resize(static_cast<size_t>(g.kv_tile));
-    if (dequant()) {
-      ws.kdq.resize(static_cast<size_t>(g.kv_tile));
-      ws.vdq.resize(static_cast<size_t>(g.kv_tile));
+    if (dequant()) {  // (an item's heads: all kv heads at most)
+      ws.kdq.resize(static_cast<size_t>(g.kv_tile * g.num_kv_heads));
+      ws.vdq.resize(static_cast<size_t>(g.kv_tile * g.num_kv_heads));
     }
     if (panel(rows)) {
       ws.kpanel.resize(static_cast<size_t>((g.kv_tile + 15) / 16 * 16 * g.head_size));
@@ -203,15 +204,19 @@ struct Engine {
             ws.qb.empty() ? nullptr : ws.qb.data() + k};
   }
 
-  /// Resolves the K and V rows of keys [j0, j0 + cols) of sequence `seq` through its pages
-  /// (and, with the kv_dequant hook, their per-token maps).
-  void tile_rows(Workspace& ws, Index seq, Index j0, Index cols) const {
+  /// Resolves the K and V rows of keys [j0, j0 + cols) of item `it`'s sequence through its
+  /// pages (and, with the kv_dequant hook, the maps of every head of the item).
+  void tile_rows(Workspace& ws, const WorkItem& it, Index j0, Index cols) const {
+    const Index seq = it.seq;
     if constexpr (kKvDequant) {
       if (dequant()) {
         const ResolvedSeq& s = g.seqs[static_cast<size_t>(seq)];
-        for (Index c = 0; c < cols; ++c)
-          var.kv_dequant(SeqInfo{seq, s.q_len, s.kv_len}, j0 + c, ws.kdq[static_cast<size_t>(c)],
-                         ws.vdq[static_cast<size_t>(c)]);
+        ws.dq_head0 = it.head_begin;
+        for (Index h = it.head_begin; h < it.head_end; ++h)
+          for (Index c = 0; c < cols; ++c) {
+            const size_t at = static_cast<size_t>((h - it.head_begin) * g.kv_tile + c);
+            var.kv_dequant(SeqInfo{seq, s.q_len, s.kv_len}, j0 + c, h, ws.kdq[at], ws.vdq[at]);
+          }
       }
     }
     Index page = pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size;
@@ -237,7 +242,7 @@ struct Engine {
       const Index cols = std::min(g.kv_tile, it.kv_end - j0);
       const TileMask tm = var.classify(si, it.q_begin, it.q_end, j0, j0 + cols);
       if (tm == TileMask::All) continue;
-      tile_rows(ws, it.seq, j0, cols);
+      tile_rows(ws, it, j0, cols);
       f(j0, cols, tm);
     }
   }
@@ -276,8 +281,16 @@ struct Engine {
   /// The current tile's keys of kv head h, g.head_size wide (kv_tile; split scores: each row
   /// gathered as [k | k_rope] into ws.k, a copy of O(tile), never of the cache). `dense` as
   /// kv_tile's.
+  /// kv_dequant: the current tile's key / value maps of kv head h (null without the hook).
+  const KvAffine* kmaps(const Workspace& ws, Index h) const {
+    return dequant() ? ws.kdq.data() + (h - ws.dq_head0) * g.kv_tile : nullptr;
+  }
+  const KvAffine* vmaps(const Workspace& ws, Index h) const {
+    return dequant() ? ws.vdq.data() + (h - ws.dq_head0) * g.kv_tile : nullptr;
+  }
+
   ConstRowMap<Acc> key_tile(Workspace& ws, Index h, Index cols, bool dense = false) const {
-    const KvAffine* dq = dequant() ? ws.kdq.data() : nullptr;
+    const KvAffine* dq = kmaps(ws, h);
     if (!split()) return kv_tile(in.k, ws.krow, h, cols, g.head_size, ws.k, dq, dense);
     // (split scores never come with the kv_dequant hook: run_attention rejects the pair)
     const Index d = g.head_size - g.rope_size, r = g.rope_size, n = g.head_size;
