@@ -1,0 +1,613 @@
+// Fuzz entry "fused_infer_attention_score_rope": FusedInferAttentionScore's split rope inputs
+// (query_rope / key_rope, V3+), score = scale·(q·k + q_rope·k_rope) with V the value alone, against
+// the naive reference on concatenated heads (q = [q | q_rope], k = [k | k_rope]).
+// MLA (half or bf16; head size 512 + rope 64, one kv head, N in {1, 2, 4, 8} or 16): BSH / BSND /
+// BNSD with Q_S 1 (sparse_mode 0, no mask) or 2–4, rarely 16 (sparse_mode 3, rightDownCausal, the
+// 2048 x 2048 mask, content never read), TND with per-batch query lengths 0–4, rarely 16
+// (sparse_mode 0 or 3); always a paged cache ([blockNum, blockSize, 512], or [blockNum, 1,
+// blockSize, 512] with a BNSD / TND query; blocks of 16, rarely 128), a shuffled block table (-1
+// past each sequence's blocks), NaN in spare blocks and in rows past each sequence's length; kv
+// lengths per batch (never cumulative), 0 and shorter than Q_S included (a row without keys is
+// exactly 0). Tolerance 1e-4 + rel·|want|, rel 1/128 (bf16) or 1/1024 (half). Head size 128 +
+// rope 64 (bf16, the prompt branch): TND, GQA, cumulative lengths, sparse_mode 0 or 3 (any of
+// PFA's compressed-mask forms), softmax_lse on or off (+inf for a row without keys). Random exec
+// tiling; one or two threads. Perturbations: the rules of cann/detail/fia_rope.hpp (MLA's heads,
+// Q_S, sparse modes, masks, layouts, features, cache shapes and block sizes, block table,
+// lengths; head 128's layout, type and head sizes), each rejection leaving every buffer
+// untouched; a used block-table entry out of range must raise std::out_of_range.
+
+#include <attnref/attnref.hpp>
+#include <limits>
+#include <type_traits>
+
+#include "fuzz/fuzz.hpp"
+#include "reference/naive_attention.hpp"
+#include "support/views.hpp"
+
+namespace fuzz_fia_rope {
+
+using attnref::bfloat16;
+using attnref::half;
+using attnref::StridedView;
+using fuzz::Index;
+using Rng = fuzz::Rng;
+using Shape = std::vector<Index>;
+using i32 = std::int32_t;
+using i64 = std::int64_t;
+
+constexpr Index kR = 64;  // the rope head size
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kOutSentinel = 777.0f;
+constexpr float kLseSentinel = 4321.0f;
+
+size_t z(Index i) { return static_cast<size_t>(i); }
+
+// n normal draws into p, cheaply: 2^16 draws made once, each picked by 16 random bits.
+template <class T>
+void draw_normals(Rng& r, T* p, Index n) {
+  static const std::vector<float> pool = fuzz::Rng(20240611).normals<float>(1 << 16);
+  std::uint64_t bits = 0;
+  for (Index i = 0; i < n; ++i, bits >>= 16) {
+    if (i % 4 == 0) bits = r.g();
+    p[i] = T(pool[bits & 0xffff]);
+  }
+}
+
+// The compressed mask (zeros, never read), twice 2048 x 2048 so that a [2, 2048, 2048] view stays
+// in bounds.
+StridedView<const std::uint8_t> mask_of(const Shape& s) {
+  static const std::vector<std::uint8_t> m(2 * 2048 * 2048, 0);
+  return StridedView<const std::uint8_t>(m.data(), s);
+}
+
+template <class T>
+struct Rope {
+  using Q = T;
+  bool mla = true;  // head size 512 (else the head-128 prompt-branch configuration)
+  std::string layout;
+  Index B = 1, N = 1, KVN = 1, D = 512, S = 0, T1 = 0, T2 = 0;  // S: non-TND Q_S
+  Index bs = 16, nb = 0, mb = 0;             // MLA: block size, blocks, table columns
+  bool rank4 = false;                        // MLA cache [blockNum, 1, blockSize, W]
+  std::vector<Index> q_len, kv_len, q0, k0;  // per batch; q0 / k0: TND offsets (B + 1)
+  std::vector<T> q, qr, k, v, kr, o, junk;   // junk: views the operator must reject or ignore
+  std::vector<float> lse;
+  std::vector<i32> table;
+  attnref::FusedInferAttentionScoreParams p;
+  attnref::FusedInferAttentionScoreInputs<T> in;
+  StridedView<T> out;
+  StridedView<float> lse_out;
+  attnref::ExecConfig ex;
+  bool want_out_of_range = false;  // the perturbation must raise std::out_of_range
+};
+
+// A query-shaped tensor with head size w in the layout (TND: T rows).
+template <class C>
+Shape qshape(const C& c, Index w) {
+  if (c.layout == "TND") return {c.T1, c.N, w};
+  if (c.layout == "BSH") return {c.B, c.S, c.N * w};
+  if (c.layout == "BNSD") return {c.B, c.N, c.S, w};
+  return {c.B, c.S, c.N, w};
+}
+
+// Offset of query-shaped element (b, i, h, 0) with head size w.
+template <class C>
+Index qat(const C& c, Index b, Index i, Index h, Index w) {
+  if (c.layout == "TND") return ((c.q0[z(b)] + i) * c.N + h) * w;
+  if (c.layout == "BNSD") return ((b * c.N + h) * c.S + i) * w;
+  return ((b * c.S + i) * c.N + h) * w;
+}
+
+// Offset of key-side row (b, t, h) of width w: MLA's cache row, or head 128's TND token.
+template <class C>
+Index kat(const C& c, Index b, Index t, Index h, Index w) {
+  if (c.mla) return (c.table[z(b * c.mb + t / c.bs)] * c.bs + t % c.bs) * w;
+  return ((c.k0[z(b)] + t) * c.KVN + h) * w;
+}
+
+template <class C>
+Shape lse_shape(const C& c) {
+  return c.layout == "TND" ? Shape{c.T1, c.N, 1} : Shape{c.B, c.N, c.S, 1};
+}
+
+// A buffer of n (at least 1) elements: x, or normal draws.
+template <class T>
+void fresh(std::vector<T>& v, Index n, T x, Rng* r = nullptr) {
+  v.assign(z(std::max<Index>(1, n)), x);
+  if (r != nullptr) draw_normals(*r, v.data(), n);
+}
+
+std::vector<i64> cumulative(std::vector<Index>& at, const std::vector<Index>& len) {
+  std::vector<i64> out;
+  at.assign(1, 0);
+  for (Index l : len) at.push_back(at.back() + l), out.push_back(at.back());
+  return out;
+}
+
+// Every view of q / qr / k / v / kr: MLA's caches of rank 3 or 4, head 128's TND tensors.
+template <class C>
+void set_views(C& c) {
+  using CT = StridedView<const typename C::Q>;
+  const auto kv = [&](Index w) {
+    return !c.mla    ? Shape{c.T2, c.KVN, w}
+           : c.rank4 ? Shape{c.nb, 1, c.bs, w}
+                     : Shape{c.nb, c.bs, w};
+  };
+  c.in.query = CT(c.q.data(), qshape(c, c.D)), c.in.query_rope = CT(c.qr.data(), qshape(c, kR));
+  c.in.key = {CT(c.k.data(), kv(c.D))}, c.in.value = {CT(c.v.data(), kv(c.D))};
+  c.in.key_rope = CT(c.kr.data(), kv(kR));
+}
+
+// The query (normal draws), the views, output and softmax_lse (sentinels) and the exec config
+// (tiling changes rounding, not semantics).
+template <class C>
+void finish(C& c, Rng& r) {
+  using T = typename C::Q;
+  const Index rows = (c.layout == "TND" ? c.T1 : c.B * c.S) * c.N;
+  fresh(c.q, rows * c.D, T(0.0f), &r), fresh(c.qr, rows * kR, T(0.0f), &r);
+  set_views(c);
+  fresh(c.o, rows * c.D, T(kOutSentinel));
+  c.out = StridedView<T>(c.o.data(), qshape(c, c.D));
+  fresh(c.lse, rows, kLseSentinel);
+  if (c.p.softmax_lse_flag || r.chance(0.4))  // flag off: given (never written) or absent
+    c.lse_out = StridedView<float>(c.lse.data(), lse_shape(c));
+  c.p.num_heads = c.N, c.p.input_layout = c.layout;
+  if (r.chance(0.3)) c.ex.kv_split = r.range(8, 64);
+  if (r.chance(0.8)) c.ex.kv_tile = r.range(8, 64);  // (the default 256: 2 MB of scratch)
+  if (r.chance(0.2)) c.ex.q_tile = r.range(1, 4);
+}
+
+// What a rebuilt MLA case must have (0: drawn as usual): N, non-TND Q_S, block size, a TND batch
+// of that many query rows.
+struct Force {
+  Index n = 0, qs = 0, bs = 0, tnd_len = 0;
+};
+
+template <class C>
+void build_mla(C& c, Rng& r, const Force& f) {
+  using T = typename C::Q;
+  static const char* layouts[] = {"BSH", "BSND", "BNSD", "TND"};
+  static const Index heads[] = {1, 2, 4, 8};
+  c.layout = f.tnd_len ? "TND" : layouts[r.range(0, f.qs ? 2 : 3)];
+  const bool tnd = c.layout == "TND";
+  c.N = f.n ? f.n : r.chance(0.03) ? 16 : heads[r.range(0, 3)];
+  c.B = r.range(1, 3);
+  c.bs = f.bs ? f.bs : r.chance(0.04) ? 128 : 16;
+  c.rank4 = (c.layout == "BNSD" || tnd) && r.chance(0.5);
+  c.S = tnd ? 0 : f.qs ? f.qs : r.chance(0.4) ? 1 : r.chance(0.03) ? 16 : r.range(2, 4);
+  const Index top = c.bs == 128 && r.chance(0.3) ? 160 : 60;
+  for (Index b = 0; b < c.B; ++b) {
+    c.q_len.push_back(!tnd ? c.S : r.chance(0.02) ? 16 : r.range(0, 4));
+    c.kv_len.push_back(r.chance(0.12)   ? 0
+                       : r.chance(0.15) ? r.range(1, 4)
+                                        : r.range(1, r.chance(0.5) ? 24 : top));
+  }
+  if (f.tnd_len) c.q_len[z(r.range(0, c.B - 1))] = f.tnd_len;
+  if (tnd) c.in.actual_seq_lengths = cumulative(c.q0, c.q_len);
+  c.T1 = tnd ? c.q0.back() : 0;
+  Index used = 0, most = 0;  // the pool: shuffled blocks, NaN wherever no sequence owns a row
+  for (Index l : c.kv_len)
+    used += (l + c.bs - 1) / c.bs, most = std::max(most, (l + c.bs - 1) / c.bs);
+  c.mb = std::max<Index>(1, most + r.range(0, 1));
+  c.nb = used + (r.chance(0.7) ? 1 : 2);  // spare blocks: never referenced, NaN
+  std::vector<i32> ids(z(c.nb));
+  for (Index i = 0; i < c.nb; ++i) ids[z(i)] = static_cast<i32>(i);
+  std::shuffle(ids.begin(), ids.end(), r.g);
+  c.table.assign(z(c.B * c.mb), -1);
+  fresh(c.k, c.nb * c.bs * 512, T(kNaN)), fresh(c.v, c.nb * c.bs * 512, T(kNaN));
+  fresh(c.kr, c.nb * c.bs * kR, T(kNaN));
+  Index next = 0;
+  for (Index b = 0; b < c.B; ++b)
+    for (Index t = 0; t < c.kv_len[z(b)]; ++t) {
+      if (t % c.bs == 0) c.table[z(b * c.mb + t / c.bs)] = ids[z(next++)];
+      draw_normals(r, c.k.data() + kat(c, b, t, 0, 512), 512);
+      draw_normals(r, c.v.data() + kat(c, b, t, 0, 512), 512);
+      draw_normals(r, c.kr.data() + kat(c, b, t, 0, kR), kR);
+    }
+  c.in.block_table = StridedView<const i32>(c.table.data(), {c.B, c.mb});
+  c.in.actual_seq_lengths_kv.assign(c.kv_len.begin(), c.kv_len.end());  // (never cumulative)
+  c.p.sparse_mode = tnd ? (r.chance(0.5) ? 3 : 0) : (c.S > 1 ? 3 : 0);
+  if (c.p.sparse_mode == 3) c.in.atten_mask = mask_of({2048, 2048});
+  c.p.num_key_value_heads = c.N == 1 && r.chance(0.2) ? 0 : 1;
+  c.p.scale_value = std::uniform_real_distribution<double>(0.5, 2.0)(r.g) / 24;
+  c.p.block_size = c.bs, c.p.inner_precise = r.range(0, 1);
+  finish(c, r);
+}
+
+// The head-128 configuration (D: 128; others only for the perturbations): TND, GQA, cumulative
+// lengths, sparse_mode 0 or 3, softmax_lse on or off.
+template <class C>
+void build_128(C& c, Rng& r, Index D) {
+  using T = typename C::Q;
+  static const Index heads[] = {1, 2, 4};
+  static const Shape forms[] = {{2048, 2048}, {1, 2048, 2048}, {1, 1, 2048, 2048}};
+  c.mla = false, c.layout = "TND", c.D = D;
+  c.N = heads[r.range(0, 2)];
+  c.KVN = c.N >> r.range(0, c.N == 4 ? 2 : c.N / 2);
+  c.B = r.range(1, 3);
+  for (Index b = 0; b < c.B; ++b) {
+    c.q_len.push_back(r.chance(0.1) ? 0 : r.range(1, 6));
+    c.kv_len.push_back(r.chance(0.12) ? 0 : r.range(1, 20));
+  }
+  c.in.actual_seq_lengths = cumulative(c.q0, c.q_len);
+  c.in.actual_seq_lengths_kv = cumulative(c.k0, c.kv_len);
+  c.T1 = c.q0.back(), c.T2 = c.k0.back();
+  fresh(c.k, c.T2 * c.KVN * D, T(0.0f), &r), fresh(c.kr, c.T2 * c.KVN * kR, T(0.0f), &r);
+  fresh(c.v, c.T2 * c.KVN * D, T(0.0f), &r);
+  c.p.sparse_mode = r.chance(0.5) ? 3 : 0;
+  if (c.p.sparse_mode == 3) c.in.atten_mask = mask_of(forms[r.range(0, 2)]);
+  c.p.num_key_value_heads = c.KVN == c.N && r.chance(0.3) ? 0 : c.KVN;
+  c.p.scale_value = std::uniform_real_distribution<double>(0.5, 2.0)(r.g) / std::sqrt(192.0);
+  c.p.inner_precise = r.range(0, 3), c.p.softmax_lse_flag = r.chance(0.6);
+  finish(c, r);
+}
+
+// bf16: MLA or head 128; half: MLA (head 128 in half is a perturbation).
+template <class C>
+void build(C& c, Rng& r) {
+  (std::is_same_v<typename C::Q, bfloat16> && r.chance(0.3)) ? build_128(c, r, 128)
+                                                             : build_mla(c, r, Force{});
+}
+
+// A perturbation's fresh case: MLA with f, or (d128 > 0) the head-128 one with head size d128.
+template <class C>
+void rebuild(C& c, Rng& r, const Force& f, Index d128 = 0) {
+  c = C{};
+  d128 > 0 ? build_128(c, r, d128) : build_mla(c, r, f);
+}
+
+// ---- The reference ---------------------------------------------------------------------------
+
+// Appends d elements of a from ia, then r of b from ib (a row [x | x_rope]), as doubles.
+template <class X>
+void cat(std::vector<double>& to, const std::vector<X>& a, Index ia, const std::vector<X>& b,
+         Index ib, Index d, Index r = kR) {
+  for (Index e = 0; e < d + r; ++e)
+    to.push_back(static_cast<float>(e < d ? a[z(ia + e)] : b[z(ib + e - d)]));
+}
+
+template <class C>
+std::string verify(const C& c) {
+  const Index D = c.D;
+  ref::Problem pr;
+  pr.num_heads = static_cast<int>(c.N);
+  pr.num_kv_heads = static_cast<int>(c.KVN);
+  pr.head_size = static_cast<int>(D + kR);
+  pr.v_head_size = static_cast<int>(D);
+  pr.scale = c.p.scale_value;
+  pr.causal = c.p.sparse_mode == 3 ? ref::Causal::kBottomRight : ref::Causal::kNone;
+  ref::Seqs qs(z(c.B)), ks(z(c.B)), vs(z(c.B));
+  for (Index b = 0; b < c.B; ++b) {
+    pr.q_len.push_back(static_cast<int>(c.q_len[z(b)]));
+    pr.kv_len.push_back(static_cast<int>(c.kv_len[z(b)]));
+    for (Index i = 0; i < c.q_len[z(b)]; ++i)
+      for (Index h = 0; h < c.N; ++h)
+        cat(qs[z(b)], c.q, qat(c, b, i, h, D), c.qr, qat(c, b, i, h, kR), D);
+    for (Index t = 0; t < c.kv_len[z(b)]; ++t)
+      for (Index h = 0; h < c.KVN; ++h) {
+        cat(ks[z(b)], c.k, kat(c, b, t, h, D), c.kr, kat(c, b, t, h, kR), D);
+        cat(vs[z(b)], c.v, kat(c, b, t, h, D), c.v, 0, D, 0);
+      }
+  }
+  const ref::Result want = ref::attention(pr, qs, ks, vs);
+  const double rel = std::is_same_v<typename C::Q, bfloat16> ? 1.0 / 128 : 1.0 / 1024;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (Index b = 0; b < c.B; ++b) {
+    const Index ql = c.q_len[z(b)];
+    for (Index i = 0; i < ql; ++i)
+      for (Index h = 0; h < c.N; ++h) {
+        const auto where = [&] {
+          return "(b, i, h) (" + std::to_string(b) + ", " + std::to_string(i) + ", " +
+                 std::to_string(h) + ")";
+        };
+        const double l = want.lse[z(b)][z(h * ql + i)];
+        const Index at = qat(c, b, i, h, D);
+        for (Index e = 0; e < D; ++e) {
+          const double g = static_cast<float>(c.o[z(at + e)]);
+          const double w = want.o[z(b)][z((i * c.N + h) * D + e)];
+          const bool ok = l == -inf ? g == 0.0 : std::fabs(g - w) <= 1e-4 + rel * std::fabs(w);
+          if (!ok)
+            return where() + " element " + std::to_string(e) + ": got " + std::to_string(g) +
+                   ", want " + std::to_string(w) + (l == -inf ? " (no visible key)" : "");
+        }
+        if (!c.p.softmax_lse_flag) continue;  // (the flag: TND only)
+        const double got = c.lse[z((c.q0[z(b)] + i) * c.N + h)];
+        const bool ok = l == -inf ? got == inf : std::fabs(got - l) <= 1e-4 * (1 + std::fabs(l));
+        if (!ok)
+          return "softmax_lse " + where() + ": got " + std::to_string(got) + ", want " +
+                 std::to_string(l == -inf ? inf : l);
+      }
+  }
+  if (!c.p.softmax_lse_flag)
+    for (float x : c.lse)
+      if (!(x == kLseSentinel)) return "softmax_lse written with softmax_lse_flag off";
+  return "";
+}
+
+// ---- Perturbations ---------------------------------------------------------------------------
+
+template <class C>
+using Ok = bool (*)(const C&);
+template <class C>
+using Change = void (*)(C&, Rng&);
+
+// Dimension d of v, a view of buf, set to e; buf grows to match (in bounds if wrongly accepted).
+template <class U, class V>
+void bump(std::vector<U>& buf, StridedView<V>& v, int d, Index e) {
+  v = support::resized(v, d, e);
+  buf.resize(std::max(buf.size(), z(std::max<Index>(1, v.numel()))), U(kOutSentinel));
+  v = support::with_data(v, buf.data());
+}
+
+template <class C>
+const std::vector<fuzz::Perturbation<C>>& perturbations() {
+  using T = typename C::Q;
+  using CT = StridedView<const T>;
+  // must: attnref must reject; fine: defined (applicable when ok holds, null: always).
+  const auto must = [](auto n, Ok<C> o, Change<C> f) { return fuzz::edit<C>(n, true, o, f); };
+  const auto fine = [](auto n, Ok<C> o, Change<C> f) { return fuzz::edit<C>(n, false, o, f); };
+  const Ok<C> mla = [](const C& c) { return c.mla; };
+  const Ok<C> h128 = [](const C& c) { return !c.mla; };
+  static const std::vector<fuzz::Perturbation<C>> list{
+      must("query_rope or key_rope missing", nullptr,
+           [](C& c, Rng& r) { (r.chance(0.5) ? c.in.query_rope : c.in.key_rope) = {}; }),
+      // MLA's heads, Q_S and features.
+      must("num_key_value_heads not 1 (MLA)", mla,
+           [](C& c, Rng& r) {
+             static const std::int64_t bad[] = {0, -1, 2, 3, 4};  // (0: N, allowed with N = 1)
+             c.p.num_key_value_heads = bad[r.range(c.N > 1 ? 0 : 1, 4)];
+           }),
+      must("num_heads not a power of two or past 128 (MLA)", mla,
+           [](C& c, Rng& r) {  // (the query of that N: BSH divides its hidden size by N)
+             static const Index odd[] = {3, 5, 6, 12};
+             static const std::int64_t bad[] = {0, -2, 256};
+             if (c.layout == "BSH" || r.chance(0.6)) return rebuild(c, r, {odd[r.range(0, 3)]});
+             c.p.num_heads = bad[r.range(0, 2)];
+           }),
+      must("Q_S, or a TND batch's query rows, 17 or more (MLA)", mla,
+           [](C& c, Rng& r) {
+             const Index n = r.range(1, 2), q = r.range(17, 20);
+             rebuild(c, r, r.chance(0.5) ? Force{n, q} : Force{n, 0, 0, q});
+           }),
+      must("softmax_lse_flag with MLA", mla,
+           [](C& c, Rng&) {
+             c.p.softmax_lse_flag = true;
+             c.lse_out = StridedView<float>(c.lse.data(), lse_shape(c));
+           }),
+      must("pse, sink, kv padding, antiquant, quant scales or a shared prefix with MLA", mla,
+           [](C& c, Rng& r) {
+             const Index rows = c.layout == "TND" ? c.T1 : c.S, cols = c.mb * c.bs,
+                         w = r.range(0, 7);
+             static const float one[1] = {1.0f};  // (read-only memory: a write would crash)
+             static const i64 pad[1] = {0};
+             static const bfloat16 sink[16] = {};
+             c.junk.assign(z(std::max<Index>(c.N * rows * cols, 1024)), T(0.01f));
+             const StridedView<const float> f(one, {1});
+             if (w == 0) c.in.pse_shift = CT(c.junk.data(), {1, c.N, rows, cols});
+             if (w == 1) c.in.learnable_sink = StridedView<const bfloat16>(sink, {c.N});
+             if (w == 2) c.in.kv_padding_size = StridedView<const i64>(pad, {1});
+             if (w == 3) c.in.antiquant_scale = CT(c.junk.data(), {2, 512});
+             if (w == 4)
+               c.in.key_shared_prefix = c.in.value_shared_prefix = CT(c.junk.data(), {1, 1, 512});
+             if (w == 5) c.in.actual_shared_prefix_len = {1};
+             if (w == 6)
+               (r.chance(0.5) ? c.in.key_antiquant_scale : c.in.value_antiquant_scale) = f;
+             if (w == 7) (r.chance(0.5) ? c.in.deq_scale1 : c.in.quant_scale2) = f;
+           }),
+      must("inner_precise 2 or 3 with MLA", mla,
+           [](C& c, Rng& r) { c.p.inner_precise = r.range(2, 3); }),
+      must(
+          "key / value tensor lists (MLA)", mla,
+          [](C& c, Rng&) { c.in.key.push_back(c.in.key[0]), c.in.value.push_back(c.in.value[0]); }),
+      // MLA's sparse modes, masks and layouts.
+      must(
+          "sparse_mode 3 with Q_S 1 (MLA)", [](const C& c) { return c.mla && c.S == 1; },
+          [](C& c, Rng& r) {
+            c.p.sparse_mode = 3;
+            if (r.chance(0.7)) c.in.atten_mask = mask_of({2048, 2048});
+          }),
+      must("sparse_mode 4 (MLA)", mla, [](C& c, Rng&) { c.p.sparse_mode = 4; }),
+      must("sparse_mode 1, 2 or out of range, or 0 with Q_S > 1 (MLA)", mla,
+           [](C& c, Rng& r) {
+             const bool zero = c.S > 1 && r.chance(0.4);
+             if (zero) c.in.atten_mask = {};
+             c.p.sparse_mode = zero ? 0 : r.chance(0.8) ? r.range(1, 2) : r.chance(0.5) ? -1 : 5;
+           }),
+      must(
+          "atten_mask with sparse_mode 0 (MLA)",
+          [](const C& c) { return c.mla && c.p.sparse_mode == 0; },
+          [](C& c, Rng& r) {
+            c.in.atten_mask =
+                mask_of(r.chance(0.7) ? Shape{2048, 2048} : Shape{c.B, 1, 1, c.mb * c.bs});
+          }),
+      must(
+          "atten_mask missing or of another shape with sparse_mode 3",
+          [](const C& c) { return c.p.sparse_mode == 3; },
+          [](C& c, Rng& r) {
+            static const Shape bad[] = {
+                {2048, 2047}, {2047, 2048}, {2, 2048, 2048}, {1, 2048, 2048}, {1, 1, 2048, 2048}};
+            const Index w = r.range(0, c.mla ? 5 : 3);  // head 128 takes PFA's rank-3 / 4 forms
+            c.in.atten_mask = w == 0 ? StridedView<const std::uint8_t>{} : mask_of(bad[w - 1]);
+          }),
+      must(
+          "BNSD_BSND layout with MLA",
+          [](const C& c) { return c.mla && (c.layout == "BSND" || c.layout == "BNSD"); },
+          [](C& c, Rng&) { c.p.input_layout = "BNSD_BSND"; }),
+      // Rope shapes (both configurations).
+      must("query_rope or key_rope of head size 32", nullptr,
+           [](C& c, Rng& r) {
+             auto& x = r.chance(0.5) ? c.in.query_rope : c.in.key_rope;
+             const bool bsh = &x == &c.in.query_rope && c.layout == "BSH";
+             x = support::resized(x, x.rank() - 1, bsh ? c.N * 32 : 32);
+           }),
+      must("query_rope or key_rope of another batch, length, heads or blocks", nullptr,
+           [](C& c, Rng& r) {
+             const bool q = r.chance(0.5);
+             auto& x = q ? c.in.query_rope : c.in.key_rope;
+             const int d = static_cast<int>(r.range(0, x.rank() - 2));
+             bump(q ? c.qr : c.kr, x, d, x.size(d) + 1);
+           }),
+      // MLA's cache, block table and lengths.
+      must("key_rope or value of other blocks (MLA)", mla,
+           [](C& c, Rng& r) {
+             auto& x = r.chance(0.5) ? c.in.value[0] : c.in.key_rope;
+             const bool fewer = r.chance(0.6);
+             x = support::resized(x, fewer ? 0 : x.rank() - 2, fewer ? c.nb - 1 : c.bs / 2);
+           }),
+      must(
+          "rank-4 cache with a BSH or BSND query (MLA)",
+          [](const C& c) { return c.mla && (c.layout == "BSH" || c.layout == "BSND"); },
+          [](C& c, Rng&) { c.rank4 = true, set_views(c); }),
+      must("cache block size not 16 or 128 (MLA)", mla,
+           [](C& c, Rng& r) {
+             static const Index bad[] = {32, 64, 8, 48};
+             rebuild(c, r, {0, 0, bad[r.range(0, 3)]});
+           }),
+      must("params.block_size differs from the cache's (MLA)", mla,
+           [](C& c, Rng& r) {
+             static const std::int64_t other[] = {0, -16, 32};
+             c.p.block_size = r.chance(0.5) ? (c.bs == 16 ? 128 : 16) : other[r.range(0, 2)];
+           }),
+      must("block_table missing or of another shape (MLA)", mla,
+           [](C& c, Rng& r) {
+             const Index w = r.range(0, 2);
+             if (w == 0) c.in.block_table = {};
+             if (w == 1) bump(c.table, c.in.block_table, 0, c.B + 1);
+             if (w == 2) c.in.block_table = StridedView<const i32>(c.table.data(), {c.B * c.mb});
+           }),
+      must(
+          "a block_table entry a sequence uses out of [0, blockNum) (MLA)",
+          [](const C& c) {
+            return c.mla && *std::max_element(c.kv_len.begin(), c.kv_len.end()) > 0;
+          },
+          [](C& c, Rng& r) {
+            Index b = r.range(0, c.B - 1);
+            while (c.kv_len[z(b)] == 0) b = (b + 1) % c.B;
+            const i32 bad[] = {-1, static_cast<i32>(c.nb), static_cast<i32>(c.nb + 7),
+                               std::numeric_limits<i32>::max(), std::numeric_limits<i32>::min()};
+            c.table[z(b * c.mb + r.range(0, (c.kv_len[z(b)] - 1) / c.bs))] = bad[r.range(0, 4)];
+            c.want_out_of_range = true;
+          }),
+      must("actual_seq_lengths_kv empty, short, negative or past the block table (MLA)", mla,
+           [](C& c, Rng& r) {
+             auto& kv = c.in.actual_seq_lengths_kv;
+             const Index w = r.range(0, 3), b = r.range(0, c.B - 1);
+             if (w == 1) kv[z(b)] = c.mb * c.bs + r.range(1, 3);
+             if (w == 2) kv[z(b)] = -r.range(1, 3);
+             if (w == 0 || w == 3) kv.resize(w == 3 && c.B == 3 ? 2 : 0);
+           }),
+      must(
+          "actual_seq_lengths missing, decreasing or not ending at T (MLA TND)",
+          [](const C& c) { return c.mla && c.layout == "TND"; },
+          [](C& c, Rng& r) {
+            auto& a = c.in.actual_seq_lengths;
+            const Index w = r.range(0, 3);
+            if (w == 0) a.clear();
+            if (w == 1) a.back() += r.range(1, 2);
+            if (w >= 2) a[0] = w == 2 ? a.back() + 1 : -1;
+          }),
+      // The head-128 configuration's rules.
+      must("head-128 rope with layout BSND", h128,
+           [](C& c, Rng&) {
+             c.p.input_layout = "BSND";
+             c.in.query = CT(c.q.data(), {1, c.T1, c.N, c.D});
+             c.in.query_rope = CT(c.qr.data(), {1, c.T1, c.N, kR});
+             c.in.key = {CT(c.k.data(), {1, c.T2, c.KVN, c.D})};
+             c.in.value = {CT(c.v.data(), {1, c.T2, c.KVN, c.D})};
+             c.in.key_rope = CT(c.kr.data(), {1, c.T2, c.KVN, kR});
+             c.out = StridedView<T>(c.o.data(), {1, c.T1, c.N, c.D});
+             if (c.p.softmax_lse_flag)  // BSND's form: the rope rule must be what rejects
+               c.lse_out = StridedView<float>(c.lse.data(), {1, c.N, c.T1, 1});
+           }),
+      must(
+          "head-128 rope with half data", [](const C&) { return std::is_same_v<T, half>; },
+          [](C& c, Rng& r) { rebuild(c, r, {}, 128); }),
+      must("rope with query / key / value head size 64, 96 or 256 (TND)", nullptr,
+           [](C& c, Rng& r) {
+             static const Index d[] = {64, 96, 256};
+             rebuild(c, r, {}, d[r.range(0, 2)]);
+           }),
+      must("value head size 64 with rope (head 128)", h128,
+           [](C& c, Rng&) { c.in.value[0] = support::resized(c.in.value[0], 2, 64); }),
+      must("pse_shift with rope (head 128)", h128,
+           [](C& c, Rng&) {
+             c.junk.assign(z(std::max<Index>(1, c.N * c.T1 * c.T2)), T(0.01f));
+             c.in.pse_shift = CT(c.junk.data(), {1, c.N, c.T1, c.T2});
+           }),
+      // Outputs.
+      must("attention_out of another shape", nullptr,
+           [](C& c, Rng& r) {
+             const int d = static_cast<int>(r.range(0, c.out.rank() - 1));
+             bump(c.o, c.out, d, c.out.size(d) + 1);
+           }),
+      must(
+          "attention_out overlapping the query", [](const C& c) { return c.out.numel() > 0; },
+          [](C& c, Rng&) { c.out = StridedView<T>(c.q.data(), c.out.shape()); }),
+      // Unusual but defined.
+      fine("key_rope_antiquant_scale given (reserved, ignored)", nullptr,
+           [](C& c, Rng& r) {
+             c.junk.assign(z(kR), T(1e4f));
+             c.in.key_rope_antiquant_scale = CT(c.junk.data(), {r.chance(0.5) ? kR : 1});
+           }),
+      fine("garbage in block_table past each sequence's blocks (MLA)", mla,
+           [](C& c, Rng& r) {
+             for (Index b = 0; b < c.B; ++b)
+               for (Index j = (c.kv_len[z(b)] + c.bs - 1) / c.bs; j < c.mb; ++j)
+                 c.table[z(b * c.mb + j)] = r.chance(0.3) ? std::numeric_limits<i32>::max()
+                                                          : static_cast<i32>(r.range(-999, 999));
+           }),
+      fine("actual_seq_lengths_kv longer than the batch (MLA; the rest ignored)", mla,
+           [](C& c, Rng& r) {
+             for (Index i = r.range(1, 2); i > 0; --i)
+               c.in.actual_seq_lengths_kv.push_back(r.range(0, 5000));
+           }),
+  };
+  return list;
+}
+
+template <class C>
+void restride_inputs(C& c, support::Restrider& r) {
+  c.in.for_each_view([&](const std::string& name, auto& view) {
+    if (name != "atten_mask") r(name, view);  // 4 M elements, content not read
+  });
+}
+
+template <class C>
+void invoke(C& c, bool run, int threads) {
+  attnref::ExecConfig ex = c.ex;
+  ex.threads = threads;
+  const attnref::FusedInferAttentionScoreOutputs<typename C::Q> o{c.out, c.lse_out};
+  run ? attnref::fused_infer_attention_score(c.p, c.in, o, ex)
+      : attnref::validate(c.p, c.in, o, ex);
+}
+
+template <class C>
+void validate_only(C& c) {
+  invoke(c, false, 0);
+}
+
+template <class T>
+void run_t(fuzz::Run& run, std::uint64_t seed) {
+  using C = Rope<T>;
+  fuzz::run_case(
+      run, seed, perturbations<C>(), build<C>,
+      fuzz::Named{"fused_infer_attention_score_rope", "fused_infer_attention_score"},
+      [seed](C& c) {
+        try {
+          invoke(c, true, static_cast<int>(seed % 2 + 1));
+        } catch (const std::invalid_argument& e) {
+          if (!c.want_out_of_range) throw;
+          throw std::runtime_error(std::string("std::invalid_argument, not std::out_of_range: ") +
+                                   e.what());
+        }
+      },
+      verify<C>, &C::q, &C::qr, &C::k, &C::v, &C::kr, &C::o, &C::lse, &C::table, &C::junk);
+}
+
+// Cases 2k and 2k + 1 (one and two threads) share a type: half, then bf16.
+void run(fuzz::Run& run, std::uint64_t seed) {
+  seed / 2 % 2 == 0 ? run_t<half>(run, seed) : run_t<bfloat16>(run, seed);
+}
+
+const fuzz::Register reg("fused_infer_attention_score_rope", run);
+
+}  // namespace fuzz_fia_rope
