@@ -917,6 +917,25 @@ TEST(FusedInferAttentionScore, SeparateAntiquantPerHeadEqualsItsPerChannelExpans
   EXPECT_TRUE(same_bits(incre_out(a), incre_out(b)));
 }
 
+// An incremental call's output and lse against the reference on dequantized K / V (the
+// masked holes of the case; lse of an empty batch -3.40e38).
+template <class T>
+void expect_incre_reference(const ICase& c, const Seqs& q, const Seqs& k, const Seqs& v,
+                            const std::vector<T>& out, const std::vector<float>& lse,
+                            const std::string& label) {
+  ref::cann::Ifa pr{c.N, c.kvn, c.D, c.L, c.scale};
+  pr.mask = [&c](int b, int j) { return c.hole(b, j); };
+  Seqs ref_lse;
+  std::vector<double> want;
+  for (const auto& row : ref::cann::ifa(pr, q, k, v, &ref_lse))
+    want.insert(want.end(), row.begin(), row.end());
+  EXPECT_TRUE(matches(want, out)) << label;
+  std::vector<double> wl;
+  for (const auto& row : ref_lse)
+    for (double l : row) wl.push_back(l == -HUGE_VAL ? double(-3.40e38f) : l);
+  EXPECT_TRUE(lse_close(wl, lse)) << label;
+}
+
 TEST(FusedInferAttentionScore, SeparateAntiquantKeyPerChannelValuePerTokenMatchesReference) {
   for (Store st : {Store::Tensor, Store::List, Store::Paged}) {
     ICase c;
@@ -952,17 +971,7 @@ TEST(FusedInferAttentionScore, SeparateAntiquantKeyPerChannelValuePerTokenMatche
           k[z(b)][at] = (k[z(b)][at] + ko[z(ch)]) * double(ks[z(ch)]);
           v[z(b)][at] = (v[z(b)][at] + vo[tok]) * double(vs[tok]);
         }
-    ref::cann::Ifa pr{c.N, c.kvn, c.D, c.L, c.scale};
-    pr.mask = [&c](int b, int j) { return c.hole(b, j); };
-    Seqs ref_lse;
-    std::vector<double> want;
-    for (const auto& row : ref::cann::ifa(pr, r.q, k, v, &ref_lse))
-      want.insert(want.end(), row.begin(), row.end());
-    EXPECT_TRUE(matches(want, out)) << "store " << int(st);
-    std::vector<double> wl;
-    for (const auto& row : ref_lse)
-      for (double l : row) wl.push_back(l == -HUGE_VAL ? double(-3.40e38f) : l);
-    EXPECT_TRUE(lse_close(wl, lse));
+    expect_incre_reference(c, r.q, k, v, out, lse, "store " + std::to_string(int(st)));
   }
 }
 
@@ -1035,17 +1044,8 @@ TEST(FusedInferAttentionScore, SeparateAntiquantPerTokenAndHeadModesMatchReferen
               v[z(b)][at] = (v[z(b)][at] + offset(1, b, hh, t)) * double(scale(1, b, hh, t));
             }
           }
-      ref::cann::Ifa pr{c.N, c.kvn, c.D, c.L, c.scale};
-      pr.mask = [&c](int b, int j) { return c.hole(b, j); };
-      Seqs ref_lse;
-      std::vector<double> want;
-      for (const auto& row : ref::cann::ifa(pr, r.q, k, v, &ref_lse))
-        want.insert(want.end(), row.begin(), row.end());
-      EXPECT_TRUE(matches(want, out)) << "mode " << mode << " store " << int(st);
-      std::vector<double> wl;
-      for (const auto& row : ref_lse)
-        for (double l : row) wl.push_back(l == -HUGE_VAL ? double(-3.40e38f) : l);
-      EXPECT_TRUE(lse_close(wl, lse)) << "mode " << mode << " store " << int(st);
+      expect_incre_reference(c, r.q, k, v, out, lse,
+                             "mode " + std::to_string(mode) + " store " + std::to_string(int(st)));
     }
 }
 
