@@ -321,8 +321,9 @@ TEST(FiaRope, MlaHeadMajorOutputsAreTheSameRowsMoved) {
 }
 
 // Head size 128 + 64 (TND, bf16): FIA with the rope views == FIA on 192-wide concatenated q / k
-// heads (value 128), bit for bit, output and softmax_lse, with sparse mode 3; and a learnable
-// sink of -inf on every head changes no bit of the split call.
+// heads (value 128), bit for bit, output and softmax_lse, with sparse mode 3; a learnable sink
+// of -inf on every head changes no bit of the split call; NTD_TND (the inputs [N, T, D]) gives
+// the same bits.
 TEST(FiaRope, Rope128EqualsConcatenatedHeadsBitForBit) {
   const std::vector<std::int64_t> qcu{3, 20, 20, 29}, kcu{5, 22, 22, 40};
   const Index T1 = 29, T2 = 40, N = 4, KVN = 2, D = 128, W = D + kR;
@@ -369,8 +370,8 @@ TEST(FiaRope, Rope128EqualsConcatenatedHeadsBitForBit) {
                                              StridedView<bfloat16>(o.data(), {T1, N, D}),
                                              StridedView<float>(lse.data(), {T1, N, 1})});
   };
-  std::vector<bfloat16> o_split, o_cat, o_sink;
-  std::vector<float> l_split, l_cat, l_sink;
+  std::vector<bfloat16> o_split, o_cat, o_sink, o_ntd;
+  std::vector<float> l_split, l_cat, l_sink, l_ntd;
   run(true, false, o_split, l_split);
   run(false, false, o_cat, l_cat);
   run(true, true, o_sink, l_sink);
@@ -378,6 +379,38 @@ TEST(FiaRope, Rope128EqualsConcatenatedHeadsBitForBit) {
   EXPECT_TRUE(same_bits(l_split, l_cat));
   EXPECT_TRUE(same_bits(o_split, o_sink));
   EXPECT_TRUE(same_bits(l_split, l_sink));
+  // NTD_TND: the same inputs stored [N, T, D] (the outputs stay TND's), bit for bit.
+  const auto ntd = [](const std::vector<bfloat16>& x, Index T, Index H, Index W) {
+    std::vector<bfloat16> y(x.size());
+    for (Index t = 0; t < T; ++t)
+      for (Index h = 0; h < H; ++h)
+        for (Index e = 0; e < W; ++e)
+          y[static_cast<size_t>((h * T + t) * W + e)] = x[static_cast<size_t>((t * H + h) * W + e)];
+    return y;
+  };
+  const auto qn2 = ntd(qn, T1, N, D), qr2 = ntd(qr, T1, N, kR), kn2 = ntd(kn, T2, KVN, D),
+             kr2 = ntd(kr, T2, KVN, kR), v2 = ntd(v, T2, KVN, D);
+  {
+    attnref::FusedInferAttentionScoreInputs<bfloat16> in;
+    in.query = StridedView<const bfloat16>(qn2.data(), {N, T1, D});
+    in.key = {StridedView<const bfloat16>(kn2.data(), {KVN, T2, D})};
+    in.value = {StridedView<const bfloat16>(v2.data(), {KVN, T2, D})};
+    in.query_rope = StridedView<const bfloat16>(qr2.data(), {N, T1, kR});
+    in.key_rope = StridedView<const bfloat16>(kr2.data(), {KVN, T2, kR});
+    in.actual_seq_lengths = qcu;
+    in.actual_seq_lengths_kv = kcu;
+    in.atten_mask = StridedView<const std::uint8_t>(mask.data(), {2048, 2048});
+    auto pn = p;
+    pn.input_layout = "NTD_TND";
+    o_ntd.assign(o_split.size(), bfloat16(-3.0f));
+    l_ntd.assign(l_split.size(), -3.0f);
+    attnref::fused_infer_attention_score(pn, in,
+                                         attnref::FusedInferAttentionScoreOutputs<bfloat16>{
+                                             StridedView<bfloat16>(o_ntd.data(), {T1, N, D}),
+                                             StridedView<float>(l_ntd.data(), {T1, N, 1})});
+  }
+  EXPECT_TRUE(same_bits(o_split, o_ntd));
+  EXPECT_TRUE(same_bits(l_split, l_ntd));
   // Batch 2 has no query rows, batch 0 three: every written row differs from the sentinel.
   EXPECT_EQ(std::count(l_split.begin(), l_split.end(), -3.0f), 0);
 }
@@ -536,6 +569,9 @@ TEST(FiaRope, MlaRejections) {
         in.actual_seq_lengths = {1, 18, 18, 22};
       },
       "out of range (cumulative, at most 16 query rows a batch with MLA)");
+  expect_rejected(
+      tnd, [](Params& p, Inputs&, auto&) { p.input_layout = "NTD_TND"; },
+      "NTD_TND does not take MLA");
   expect_rejected(
       tnd, [](Params&, Inputs& in, auto&) { in.actual_seq_lengths.clear(); },
       "actual_seq_lengths required with TND");

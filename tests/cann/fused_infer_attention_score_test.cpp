@@ -731,6 +731,8 @@ TEST(FusedInferAttentionScore, Rejections) {
   prompt_rejected<half>(c, E([](PCall<half>& x) { x.lse = {}; }), "softmax_lse.shape");
   prompt_rejected<half>(c, E([](PCall<half>& x) { x.p.sparse_mode = 5; }), "params.sparse_mode");
   prompt_rejected<half>(c, E([](PCall<half>& x) { x.p.input_layout = "NTD_TND"; }),
+                        "query.shape rank mismatch for the layout");
+  prompt_rejected<half>(c, E([](PCall<half>& x) { x.p.input_layout = "NBSD"; }),
                         "params.input_layout");
   prompt_rejected<half>(c, E([](PCall<half>& x) { x.in.key.push_back(x.in.key[0]); }),
                         "tensor lists are taken with Q_S == 1 only");

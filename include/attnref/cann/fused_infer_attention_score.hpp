@@ -64,8 +64,9 @@ struct FusedInferAttentionScoreParams {
   double scale_value = 1.0;               ///< scaleValue
   std::int64_t pre_tokens = 2147483647;   ///< preTokens (prompt branch)
   std::int64_t next_tokens = 2147483647;  ///< nextTokens (prompt branch)
-  /// BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND; MLA also BSH_NBSD, BSND_NBSD, BNSD_NBSD and
-  /// TND_NTD (the output head-major: [N, B, S, D], [N, T, D])
+  /// BSH, BSND, BNSD, BNSD_BSND (Q_S > 1), TND, NTD_TND (inputs [N, T, D], outputs TND's; not
+  /// MLA); MLA also BSH_NBSD, BSND_NBSD, BNSD_NBSD and TND_NTD (the output head-major:
+  /// [N, B, S, D], [N, T, D])
   std::string input_layout = "BSH";
   std::int64_t num_key_value_heads = 0;  ///< 0: num_heads
   std::int64_t sparse_mode = 0;          ///< 0–4 (prompt branch)
@@ -528,6 +529,25 @@ void fia_call(const FusedInferAttentionScoreParams& p,
                 "fused_infer_attention_score key / value: the query's type, or int8 with a "
                 "half / bfloat16 / float query (antiquant)");
   check_exec(kFia, exec);
+  if (p.input_layout == "NTD_TND") {  // NTD inputs seen as TND; the outputs are TND's
+    FusedInferAttentionScoreParams tp = p;
+    tp.input_layout = "TND";
+    auto t = in;
+    t.query = ntd_as_tnd(kFia, "query", in.query);
+    t.query_rope = ntd_as_tnd(kFia, "query_rope", in.query_rope);
+    if (in.block_table.absent()) {  // (a paged cache has no layout)
+      for (size_t i = 0; i < in.key.size(); ++i)
+        t.key[i] = ntd_as_tnd(kFia, "key[" + std::to_string(i) + "]", in.key[i]);
+      for (size_t i = 0; i < in.value.size(); ++i)
+        t.value[i] = ntd_as_tnd(kFia, "value[" + std::to_string(i) + "]", in.value[i]);
+      t.key_rope = ntd_as_tnd(kFia, "key_rope", in.key_rope);
+    }
+    ATTNREF_CHECK(in.query_rope.absent() || in.query.absent() || in.query.size(2) != 512,
+                  std::invalid_argument, kFia, "params.input_layout",
+                  "NTD_TND does not take MLA (head size 512 with rope)", "TND or TND_NTD",
+                  p.input_layout);
+    return fia_call(tp, t, out, exec, run);
+  }
   FusedInferAttentionScoreOutputs<TO> o = out;
   if (!p.softmax_lse_flag) o.softmax_lse = {};  // neither checked nor written (not even copied)
   dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {

@@ -89,6 +89,17 @@ inline std::vector<Index> pfa_shape(Layout layout, const std::array<Index, 4>& d
   }
 }
 
+/// An NTD tensor [N, T, D] seen as TND [T, N, D]: the two strides swapped, nothing copied
+/// (FusedInferAttentionScore's NTD_TND).
+template <class T>
+StridedView<T> ntd_as_tnd(const char* fn, const std::string& arg, const StridedView<T>& v) {
+  if (v.absent()) return v;
+  ATTNREF_CHECK(v.rank() == 3, std::invalid_argument, fn, arg + ".shape",
+                "rank mismatch for the layout", "rank 3 ([N, T, D], NTD_TND)", shape_str(v));
+  return StridedView<T>(v.data(), {v.size(1), v.size(0), v.size(2)},
+                        {v.stride(1), v.stride(0), v.stride(2)});
+}
+
 inline Index pfa_clamp_tokens(std::int64_t v) {
   return static_cast<Index>(std::clamp<std::int64_t>(v, -2147483648LL, 2147483647LL));
 }
