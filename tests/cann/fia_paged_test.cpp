@@ -340,6 +340,9 @@ TEST(FiaPaged, Rejections) {
         in.atten_mask = {};
       },
       "params.sparse_mode not supported with TND and a paged cache");
+  expect_rejected(
+      tnd, [](Params& p, Inputs&, Problem&) { p.sparse_mode = 4; },
+      "params.sparse_mode 4 with TND is not implemented in attnref yet");
   Case t0 = cases().back();
   std::vector<std::uint8_t> m(2048 * 2048, 0);
   expect_rejected(

@@ -13,11 +13,19 @@
 // The V2 features: pse_shift in both branches (added after scaling; NaN where no row may read
 // it); int8 K/V dequantized as (x8 + offset)·scale by the combined antiquant (antiquant_mode 0
 // in the query's type, every listed shape; antiquant_mode 1 per token) or the separate K / V
-// antiquant (modes 0, 1, 2 and key 0 / value 1 with a half query), per-token columns past a
+// antiquant (modes 0–5 and key 0 / value 1 with a half query), per-token columns past a
 // batch's keys NaN; the shared prefix in both branches (BSH / BSND / BNSD, and BNSD_BSND with
 // Q_S > 1): the reference puts prefix rows [0, P) in front of every sequence's keys (mask, pse
 // and per-token columns [0, P) are the prefix's, causal anchors at the end of prefix + keys), the
-// rows past P NaN. Every rejection the headers document for these features is a perturbation.
+// rows past P NaN. The separate antiquant's per-token modes 3 (B, KV_N, W), 4 (blockNum,
+// blockSize) and 5 (blockNum, KV_N, blockSize) (4 and 5 over a paged cache: a key's scale in its
+// block and row): the reference dequantizes each key / value by its (batch, head, position) scale,
+// NaN in every slot no used key maps to. Paged K/V with Q_S > 1 (every prompt layout; caches
+// [blockNum, bs, KV_N·D] or, BNSD / BNSD_BSND / TND, [blockNum, KV_N, bs, D]; blocks of 128 or 256,
+// kv lengths up to a few hundred, per batch even with TND; masks and pse covering ceil(longest /
+// bs)·bs keys): the reference reads key t of batch b from the block the table names, NaN in every
+// row no sequence owns. Every rejection the headers document for these features is a
+// perturbation.
 
 #include <attnref/attnref.hpp>
 #include <cfloat>
@@ -42,7 +50,7 @@ constexpr float kOutSentinel = 777.0f;
 constexpr double kIncreEmpty = static_cast<double>(-3.40e38f);  // an incremental batch, no keys
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-enum Store { kTensor, kList, kPaged };  // the incremental branch's K/V
+enum Store { kTensor, kList, kPaged };  // the K/V (kList: Q_S == 1 only)
 // int8 K/V's antiquant: antiquant_scale (antiquant_mode 0), antiquant_scale_per_token
 // (antiquant_mode 1), or the separate key_ / value_antiquant_* tensors.
 enum Aq { kNoAq, kCombined, kCombinedToken, kSeparate };
@@ -85,9 +93,11 @@ double dbl(X x) {
 }
 
 // One side's (key's or value's) dequantization as the reference applies it: (x8 + offset)·scale,
-// per channel (index h·D + e) or per token (index b·W + position). Offset empty: none.
+// per channel (index h·D + e) or per token (index (b·heads + head)·W + position; heads 1: every kv
+// head alike). Offset empty: none.
 struct Deq {
   bool token = false;
+  Index heads = 1;
   std::vector<double> scale, offset;
 };
 
@@ -244,25 +254,25 @@ void build_pse(C& c, fuzz::Rng& r, Index s1, Index cols) {
 }
 
 // One side's antiquant values into sc / off (offsets: when `offsets`) and the reference's map d:
-// per token [B][W] (NaN past each batch's prefix + keys), or `groups` values over the KV_N·D
+// per token [B][heads][W] (NaN past each batch's prefix + keys), or `groups` values over the KV_N·D
 // channels (1: per tensor, KV_N: per head, KV_N·D: per channel); `round`: to the query's type.
 template <class C>
 void draw_side(C& c, fuzz::Rng& r, bool token, Index groups, bool offsets, bool round,
-               std::vector<float>& sc, std::vector<float>& off, Deq& d) {
+               std::vector<float>& sc, std::vector<float>& off, Deq& d, Index heads = 1) {
   using T = typename C::Q;
   const auto q = [round](float x) { return round ? static_cast<float>(T(x)) : x; };
-  const Index n = token ? c.B * c.W : groups;
+  const Index n = token ? c.B * heads * c.W : groups;
   sc.clear(), off.clear();
   for (Index i = 0; i < n; ++i) {
     sc.push_back(q(uniform(r, 0.004f, 0.024f)));
     if (offsets) off.push_back(q(uniform(r, -8.0f, 8.0f)));
   }
-  d = Deq{token, {}, {}};
+  d = Deq{token, heads, {}, {}};
   if (token) {
-    for (Index b = 0; b < c.B; ++b)
-      for (Index t = c.P + c.kv_len[z(b)]; t < c.W; ++t) {
-        sc[z(b * c.W + t)] = kNaN;
-        if (offsets) off[z(b * c.W + t)] = kNaN;
+    for (Index bh = 0; bh < c.B * heads; ++bh)
+      for (Index t = c.P + c.kv_len[z(bh / heads)]; t < c.W; ++t) {
+        sc[z(bh * c.W + t)] = kNaN;
+        if (offsets) off[z(bh * c.W + t)] = kNaN;
       }
     d.scale.assign(sc.begin(), sc.end());
     d.offset.assign(off.begin(), off.end());
@@ -275,11 +285,24 @@ void draw_side(C& c, fuzz::Rng& r, bool token, Index groups, bool offsets, bool 
   }
 }
 
+// Modes 4 / 5: the map of (batch, head, position) `dense` ([B][heads][W]) moved to the paged
+// cache's slots (block, [head,] row) of each key, NaN in every slot no key maps to.
+template <class C>
+void page_side(const C& c, Index heads, const std::vector<double>& dense, std::vector<float>& to) {
+  to.assign(z(c.nb * heads * c.bs), kNaN);
+  for (Index b = 0; b < c.B; ++b)
+    for (Index t = 0; t < c.kv_len[z(b)]; ++t)
+      for (Index h = 0; h < heads; ++h)
+        to[z((c.table[z(b * c.mb + t / c.bs)] * heads + h) * c.bs + t % c.bs)] =
+            static_cast<float>(dense[z((b * heads + h) * c.W + t)]);
+}
+
 // One side of the separate K / V antiquant (fp32): mode 0 (1, KV_N, 1, D), (1, KV_N, D),
-// (1, KV_N·D) or (1); mode 1 (1, B, W); mode 2 (KV_N).
+// (1, KV_N·D) or (1); mode 1 (1, B, W); mode 2 (KV_N); mode 3 (B, KV_N, W); modes 4 / 5 (paged
+// cache) (blockNum, blockSize) / (blockNum, KV_N, blockSize), each key's scale where the key lives.
 template <class C>
 void separate_side(C& c, fuzz::Rng& r, bool value, std::int64_t mode, bool offsets) {
-  const Index kvn = c.KVN, D = c.D;
+  const Index kvn = c.KVN, D = c.D, heads = mode == 3 || mode == 5 ? kvn : 1;
   std::vector<Index> s{1, c.B, c.W};
   Index groups = kvn * D;
   if (mode == 2) {
@@ -288,10 +311,19 @@ void separate_side(C& c, fuzz::Rng& r, bool value, std::int64_t mode, bool offse
     const std::vector<std::vector<Index>> shapes{{1, kvn, 1, D}, {1, kvn, D}, {1, kvn * D}, {1}};
     s = shapes[z(r.range(0, 3))];
     if (s.size() == 1) groups = 1;
+  } else if (mode >= 3) {
+    s = mode == 3   ? std::vector<Index>{c.B, kvn, c.W}
+        : mode == 4 ? std::vector<Index>{c.nb, c.bs}
+                    : std::vector<Index>{c.nb, kvn, c.bs};
   }
   std::vector<float>& sc = value ? c.vs : c.ks;
   std::vector<float>& off = value ? c.vo : c.ko;
-  draw_side(c, r, mode == 1, groups, offsets, false, sc, off, value ? c.dv : c.dk);
+  Deq& d = value ? c.dv : c.dk;
+  draw_side(c, r, mode == 1 || mode >= 3, groups, offsets, false, sc, off, d, heads);
+  if (mode >= 4) {
+    page_side(c, heads, d.scale, sc);
+    if (offsets) page_side(c, heads, d.offset, off);
+  }
   (value ? c.in.value_antiquant_scale : c.in.key_antiquant_scale) =
       StridedView<const float>(sc.data(), s);
   if (offsets)
@@ -301,7 +333,8 @@ void separate_side(C& c, fuzz::Rng& r, bool value, std::int64_t mode, bool offse
 
 // int8 K/V's scales (offsets in 60 % of the cases): combined per channel / per tensor in the
 // query's type (antiquant_mode 0, every listed shape), combined per token (antiquant_mode 1,
-// fp32 (2, B, W)), or separate (modes 0 / 0, 1 / 1, 2 / 2, and 0 / 1 with a half query).
+// fp32 (2, B, W)), or separate (modes 0 / 0 to 3 / 3, 0 / 1 with a half query; half the paged
+// cases 4 / 4 or 5 / 5).
 template <class C>
 void build_antiquant(C& c, fuzz::Rng& r) {
   using T = typename C::Q;
@@ -333,12 +366,69 @@ void build_antiquant(C& c, fuzz::Rng& r) {
     if (offsets)
       c.in.antiquant_offset_per_token = StridedView<const float>(c.tok_o.data(), {2, c.B, c.W});
   } else {
-    const Index pair = r.range(0, std::is_same_v<T, half> ? 3 : 2);  // 3: key 0, value 1
-    c.p.key_antiquant_mode = pair == 3 ? 0 : pair;
-    c.p.value_antiquant_mode = pair == 3 ? 1 : pair;
+    const bool paged = c.store == kPaged && r.chance(0.5);
+    const Index pair = paged            ? r.range(4, 5)
+                       : r.chance(0.25) ? 3
+                                        : r.range(0, std::is_same_v<T, half> ? 4 : 3);
+    c.p.key_antiquant_mode = !paged && pair == 4 ? 0 : pair;  // (4 unpaged: key 0, value 1)
+    c.p.value_antiquant_mode = !paged && pair == 4 ? 1 : pair;
     separate_side(c, r, false, c.p.key_antiquant_mode, offsets);
     separate_side(c, r, true, c.p.value_antiquant_mode, offsets);
   }
+}
+
+// Element offset of (block, row, head h, element e) in a paged cache of head size w:
+// [nb, bs, KV_N·w], or (paged4) [nb, KV_N, bs, w].
+template <class C>
+Index paged_at(const C& c, Index blk, Index row, Index h, Index e, Index w) {
+  return c.paged4 ? ((blk * c.KVN + h) * c.bs + row) * w + e
+                  : ((blk * c.bs + row) * c.KVN + h) * w + e;
+}
+
+template <class C>
+std::vector<Index> cache_shape(const C& c, Index w) {
+  return c.paged4 ? std::vector<Index>{c.nb, c.KVN, c.bs, w}
+                  : std::vector<Index>{c.nb, c.bs, c.KVN * w};
+}
+
+// The key / value views over the paged cache (head sizes D and Dv).
+template <class C>
+void set_paged_views(C& c) {
+  using K = typename C::KV;
+  c.in.key = {StridedView<const K>(c.k.data(), cache_shape(c, c.D))};
+  c.in.value = {StridedView<const K>(c.v.data(), cache_shape(c, c.Dv))};
+}
+
+// A paged cache of blocks of bs rows (both branches): each sequence's keys in shuffled blocks,
+// one or two spare blocks, poison in every row no sequence owns; the table [B, mb] padded with -1
+// (mb: the longest sequence's blocks, sometimes one more).
+template <class C>
+void build_paged(C& c, fuzz::Rng& r, Index bs, bool four) {
+  using K = typename C::KV;
+  c.store = kPaged, c.bs = bs, c.paged4 = four, c.mb = 0;
+  Index used = 0;
+  for (Index l : c.kv_len) used += (l + bs - 1) / bs, c.mb = std::max(c.mb, (l + bs - 1) / bs);
+  c.mb = std::max<Index>(1, c.mb + r.range(0, 1));
+  c.nb = used + r.range(1, 2);
+  std::vector<std::int32_t> ids(z(c.nb));
+  for (Index i = 0; i < c.nb; ++i) ids[z(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(ids.begin(), ids.end(), r.g);
+  c.table.assign(z(c.B * c.mb), -1);
+  c.k.assign(z(c.nb * bs * c.KVN * c.D), poison<K>());
+  c.v.assign(z(c.nb * bs * c.KVN * c.Dv), poison<K>());
+  Index next = 0;
+  for (Index b = 0; b < c.B; ++b)
+    for (Index t = 0; t < c.kv_len[z(b)]; ++t) {
+      if (t % bs == 0) c.table[z(b * c.mb + t / bs)] = ids[z(next++)];
+      const Index blk = c.table[z(b * c.mb + t / bs)];
+      for (Index h = 0; h < c.KVN; ++h) {
+        for (Index e = 0; e < c.D; ++e) c.k[z(paged_at(c, blk, t % bs, h, e, c.D))] = one<K>(r);
+        for (Index e = 0; e < c.Dv; ++e) c.v[z(paged_at(c, blk, t % bs, h, e, c.Dv))] = one<K>(r);
+      }
+    }
+  set_paged_views(c);
+  c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, c.mb});
+  c.p.block_size = bs;
 }
 
 // The incremental branch's keys and values: one tensor, one tensor per batch (each its own S), or
@@ -370,41 +460,8 @@ void incre_kv(C& c, fuzz::Rng& r, bool lens) {
       c.in.value.emplace_back(c.v.data() + c.kv_base[z(b)],
                               shape(c.layout, 1, c.kv_s[z(b)], c.KVN, c.D));
     }
-  } else {
-    c.bs = (C::kQuant ? 32 : 16) * r.range(1, 2);  // int8: a multiple of 32
-    c.paged4 = c.layout == "BNSD" && r.chance(0.5);
-    Index used = 0;
-    for (Index l : c.kv_len) {
-      used += (l + c.bs - 1) / c.bs;
-      c.mb = std::max(c.mb, (l + c.bs - 1) / c.bs);
-    }
-    c.mb = std::max<Index>(1, c.mb + r.range(0, 1));
-    c.nb = used + r.range(1, 2);
-    std::vector<std::int32_t> ids(z(c.nb));
-    for (Index i = 0; i < c.nb; ++i) ids[z(i)] = static_cast<std::int32_t>(i);
-    std::shuffle(ids.begin(), ids.end(), r.g);
-    c.table.assign(z(c.B * c.mb), -1);
-    c.k.assign(z(c.nb * c.bs * W), poison<K>());
-    c.v.assign(c.k.size(), poison<K>());
-    Index next = 0;
-    for (Index b = 0; b < c.B; ++b)
-      for (Index t = 0; t < c.kv_len[z(b)]; ++t) {
-        if (t % c.bs == 0) c.table[z(b * c.mb + t / c.bs)] = ids[z(next++)];
-        const Index blk = c.table[z(b * c.mb + t / c.bs)];
-        for (Index h = 0; h < c.KVN; ++h)
-          for (Index e = 0; e < c.D; ++e) {
-            const Index at = c.paged4 ? ((blk * c.KVN + h) * c.bs + t % c.bs) * c.D + e
-                                      : ((blk * c.bs + t % c.bs) * c.KVN + h) * c.D + e;
-            c.k[z(at)] = one<K>(r);
-            c.v[z(at)] = one<K>(r);
-          }
-      }
-    const std::vector<Index> cs =
-        c.paged4 ? std::vector<Index>{c.nb, c.KVN, c.bs, c.D} : std::vector<Index>{c.nb, c.bs, W};
-    c.in.key.emplace_back(c.k.data(), cs);
-    c.in.value.emplace_back(c.v.data(), cs);
-    c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, c.mb});
-    c.p.block_size = c.bs;
+  } else {  // int8: blocks of a multiple of 32
+    build_paged(c, r, (C::kQuant ? 32 : 16) * r.range(1, 2), c.layout == "BNSD" && r.chance(0.5));
   }
 }
 
@@ -451,7 +508,10 @@ void build_prompt(C& c, fuzz::Rng& r) {
   const char* layouts[] = {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"};
   c.layout = layouts[r.range(0, 4)];
   const bool tnd = c.layout == "TND";
-  c.Dv = c.layout == "BSH" ? c.D : r.range(1, 24);  // BSH: H = N * D for q, k and v alike
+  // A paged cache (blocks of 128, sometimes 256): the value's head size D, except with TND.
+  const bool paged = r.chance(tnd ? 0.4 : 0.25);
+  const Index bs = r.chance(0.8) ? 128 : 256;
+  c.Dv = c.layout == "BSH" || (paged && !tnd) ? c.D : r.range(1, 24);  // BSH: H = N * D
   c.p.inner_precise = r.range(0, 3);
   if (tnd && r.chance(0.3)) {  // V4's learnable sink: one bf16 logit per query head
     c.D = c.Dv = r.chance(0.5) ? 64 : 128;
@@ -459,9 +519,10 @@ void build_prompt(C& c, fuzz::Rng& r) {
     for (Index h = 0; h < c.N; ++h) c.sink.push_back(bfloat16(2 * r.normal()));
     c.in.learnable_sink = StridedView<const bfloat16>(c.sink.data(), {c.N});
   }
-  for (Index b = 0; b < c.B; ++b) {
+  for (Index b = 0; b < c.B; ++b) {  // paged: sometimes past a block (a few hundred at most)
     c.q_len.push_back(r.chance(0.1) ? 0 : r.range(1, 6));
-    c.kv_len.push_back(r.chance(0.15) ? 0 : r.range(1, 20));
+    const Index top = paged && c.sink.empty() && r.chance(0.3) ? (r.chance(0.2) ? 300 : 180) : 20;
+    c.kv_len.push_back(r.chance(0.15) ? 0 : r.range(1, top));
   }
   Index sq = 0, skv = 0;
   for (Index b = 0; b < c.B; ++b) {
@@ -469,14 +530,22 @@ void build_prompt(C& c, fuzz::Rng& r) {
     skv = tnd ? skv + c.kv_len[z(b)] : std::max(skv, c.kv_len[z(b)]);
   }
   c.S1 = tnd ? sq : std::max<Index>(2, sq + r.range(0, 1));  // Q_S > 1 (TND: any T)
-  c.S2 = tnd ? skv : skv + r.range(0, 1);
-  if (tnd || r.chance(0.6)) {
+  // Paged: the key extent of masks and pse, ceil(longest / bs)·bs.
+  c.S2 = paged ? (max_of(c.kv_len) + bs - 1) / bs * bs : tnd ? skv : skv + r.range(0, 1);
+  if (tnd || paged || r.chance(0.6)) {  // paged: kv lengths per batch, even with TND
     std::int64_t qa = 0, ka = 0;
     for (Index b = 0; b < c.B; ++b) {
       qa = tnd ? qa + c.q_len[z(b)] : c.q_len[z(b)];
-      ka = tnd ? ka + c.kv_len[z(b)] : c.kv_len[z(b)];
+      ka = tnd && !paged ? ka + c.kv_len[z(b)] : c.kv_len[z(b)];
       c.in.actual_seq_lengths.push_back(qa);
       c.in.actual_seq_lengths_kv.push_back(ka);
+    }
+    const bool same =
+        std::all_of(c.kv_len.begin(), c.kv_len.end(), [&](Index l) { return l == c.kv_len[0]; });
+    if (paged && !tnd && same && r.chance(0.3)) c.in.actual_seq_lengths_kv.resize(1);
+    if (paged && !tnd && r.chance(0.3)) {  // no query lengths: every batch spans S1
+      c.in.actual_seq_lengths.clear();
+      c.q_len.assign(z(c.B), c.S1);
     }
   } else {  // no lengths: every batch spans the extents
     c.q_len.assign(z(c.B), c.S1);
@@ -488,15 +557,19 @@ void build_prompt(C& c, fuzz::Rng& r) {
   }
   const Index bb = tnd ? 1 : c.B;
   c.q = draw<T>(r, bb * c.S1 * c.N * c.D);
-  c.k = draw<T>(r, bb * c.S2 * c.KVN * c.D);
-  c.v = draw<T>(r, bb * c.S2 * c.KVN * c.Dv);
   c.o.assign(z(bb * c.S1 * c.N * c.Dv), T(kOutSentinel));
   c.in.query = StridedView<const T>(c.q.data(), shape(c.layout, c.B, c.S1, c.N, c.D));
-  c.in.key.emplace_back(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
-  c.in.value.emplace_back(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.Dv));
+  if (paged) {  // 4-D caches with BNSD, BNSD_BSND and TND
+    build_paged(c, r, bs, c.layout != "BSH" && c.layout != "BSND" && r.chance(0.5));
+  } else {
+    c.k = draw<T>(r, bb * c.S2 * c.KVN * c.D);
+    c.v = draw<T>(r, bb * c.S2 * c.KVN * c.Dv);
+    c.in.key.emplace_back(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
+    c.in.value.emplace_back(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.Dv));
+  }
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
   c.out = StridedView<T>(c.o.data(), shape(ol, c.B, c.S1, c.N, c.Dv));
-  if (!tnd && r.chance(0.3)) build_prefix(c, r);
+  if (!tnd && !paged && r.chance(0.3)) build_prefix(c, r);
   // The sparse mode: TND takes 0 without a mask or 3.
   c.p.sparse_mode = tnd ? (r.chance(0.5) ? 3 : 0) : r.range(0, 4);
   const std::int64_t sm = c.p.sparse_mode;
@@ -536,7 +609,7 @@ void poison_padding(C& c) {
   using T = typename C::Q;
   using K = typename C::KV;
   const bool tnd = c.layout == "TND";
-  if (tnd || (c.incre && c.store == kPaged)) return;
+  if (tnd) return;
   const bool list = c.incre && c.store == kList;
   for (Index b = 0; b < c.B; ++b) {
     if (!c.incre)
@@ -544,6 +617,7 @@ void poison_padding(C& c) {
         for (Index h = 0; h < c.N; ++h)
           for (Index e = 0; e < c.D; ++e)
             c.q[z(offset(c.layout, b, s, h, e, c.S1, c.N, c.D))] = poison<T>();
+    if (c.store == kPaged) continue;
     const Index S = list ? c.kv_s[z(b)] : c.S2;
     for (Index t = c.kv_len[z(b)]; t < S; ++t)
       for (Index h = 0; h < c.KVN; ++h) {
@@ -627,15 +701,11 @@ bool excluded(const C& c, Index b, Index i, Index j) {
 }
 
 // Element offset of key / value element (b, t, h, e) of the batch's own rows (prompt: t within
-// batch b, TND: from its first token t0).
+// batch b, TND: from its first token t0; paged: wherever the block table puts it).
 template <class C>
 Index kv_offset(const C& c, Index b, Index t, Index h, Index e, Index w, Index t0) {
+  if (c.store == kPaged) return paged_at(c, c.table[z(b * c.mb + t / c.bs)], t % c.bs, h, e, w);
   if (!c.incre) return offset(c.layout, b, t0 + t, h, e, c.S2, c.KVN, w);
-  if (c.store == kPaged) {
-    const Index blk = c.table[z(b * c.mb + t / c.bs)], row = t % c.bs;
-    return c.paged4 ? ((blk * c.KVN + h) * c.bs + row) * c.D + e
-                    : ((blk * c.bs + row) * c.KVN + h) * c.D + e;
-  }
   if (c.store == kList)
     return c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, c.kv_s[z(b)], c.KVN, c.D);
   return offset(c.layout, b, t, h, e, c.S2, c.KVN, c.D);
@@ -651,7 +721,7 @@ double kv_at(const C& c, bool value, Index b, Index t, Index h, Index e, Index t
               : dbl((value ? c.v : c.k)[z(kv_offset(c, b, t - c.P, h, e, w, t0))]);
   if constexpr (!C::kQuant) return x;
   const Deq& d = value ? c.dv : c.dk;
-  const size_t i = z(d.token ? b * c.W + t : h * c.D + e);
+  const size_t i = z(d.token ? (b * d.heads + (d.heads == 1 ? 0 : h)) * c.W + t : h * c.D + e);
   return (x + (d.offset.empty() ? 0.0 : d.offset[i])) * d.scale[i];
 }
 
@@ -783,8 +853,16 @@ bool is_prompt(const C& c) {
   return !c.incre;
 }
 template <class C>
-bool is_paged(const C& c) {
-  return c.incre && c.store == kPaged;
+bool is_paged(const C& c) {  // either branch
+  return c.store == kPaged;
+}
+template <class C>
+bool is_paged_prompt(const C& c) {
+  return !c.incre && c.store == kPaged;
+}
+template <class C>
+bool is_paged_tnd(const C& c) {
+  return c.store == kPaged && c.layout == "TND";
 }
 template <class C>
 bool has_flag(const C& c) {
@@ -874,6 +952,23 @@ void int8_probe(C& c, fuzz::Rng&) {
   c.p8.assign(z(2 * c.KVN * std::max(c.D, c.Dv)), 1);
 }
 
+// One of `list`, at random.
+template <class X>
+const X& pick(fuzz::Rng& r, const std::vector<X>& list) {
+  return list[z(r.range(0, static_cast<Index>(list.size()) - 1))];
+}
+
+// The key's, the value's or both separate scales (and offsets, when given) of shape s over s0.
+template <class C>
+void set_separate_scale(C& c, fuzz::Rng& r, const float* s0, const std::vector<Index>& s) {
+  const Index side = r.range(0, 2);  // 0: key, 1: value, 2: both
+  const StridedView<const float> v(s0, s);
+  if (side != 1) c.in.key_antiquant_scale = v;
+  if (side != 0) c.in.value_antiquant_scale = v;
+  if (side != 1 && !c.ko.empty()) c.in.key_antiquant_offset = v;
+  if (side != 0 && !c.vo.empty()) c.in.value_antiquant_offset = v;
+}
+
 // Per-token scale columns too few for the prefix + keys: one less than the positions read.
 template <class C>
 std::vector<Index> short_token_shape(const C& c, Index sides) {
@@ -942,7 +1037,7 @@ std::vector<fuzz::Perturbation<C>> common_edits() {
           }),
       fuzz::edit<C>("unknown layout", true, nullptr,
                     [](C& c, fuzz::Rng& r) {
-                      const char* bad[] = {"SBH", "NTD_TND",  "bsnd",    "BSND ",
+                      const char* bad[] = {"SBH", "NTD_BSND", "bsnd",    "BSND ",
                                            "",    "BSH_BNSD", "TND_NTD", "NSD"};
                       c.p.input_layout = bad[r.range(0, 7)];
                     }),
@@ -1023,18 +1118,21 @@ std::vector<fuzz::Perturbation<C>> prompt_edits() {
                       c.in.key.push_back(c.in.key[0]);
                       c.in.value.push_back(c.in.value[0]);
                     }),
-      fuzz::edit<C>("block_table with Q_S > 1 over a key that is not a paged cache", true,
-                    is_prompt<C>,
-                    [](C& c, fuzz::Rng&) {
-                      c.table.assign(z(c.B), 0);
-                      c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, 1});
-                      c.p.block_size = 16;
-                    }),
-      fuzz::edit<C>("kv_padding_size with Q_S > 1", true, is_prompt<C>,
-                    [](C& c, fuzz::Rng&) {
-                      static const std::int64_t pad[1] = {0};
-                      c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
-                    }),
+      fuzz::edit<C>(
+          "block_table with Q_S > 1 over a key that is not a paged cache", true,
+          [](const C& c) { return !c.incre && c.store != kPaged; },
+          [](C& c, fuzz::Rng&) {
+            c.table.assign(z(c.B), 0);
+            c.in.block_table = StridedView<const std::int32_t>(c.table.data(), {c.B, 1});
+            c.p.block_size = 16;
+          }),
+      fuzz::edit<C>(
+          "kv_padding_size with Q_S > 1", true,
+          [](const C& c) { return !c.incre && c.store != kPaged; },
+          [](C& c, fuzz::Rng&) {
+            static const std::int64_t pad[1] = {0};
+            c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
+          }),
       fuzz::edit<C>(
           "actual_seq_lengths past S1", true,
           [](const C& c) {
@@ -1045,8 +1143,9 @@ std::vector<fuzz::Perturbation<C>> prompt_edits() {
           }),
       fuzz::edit<C>(
           "TND lengths not ending at T", true, [](const C& c) { return c.layout == "TND"; },
-          [](C& c, fuzz::Rng& r) {
-            (r.chance(0.5) ? c.in.actual_seq_lengths : c.in.actual_seq_lengths_kv).back() += 1;
+          [](C& c, fuzz::Rng& r) {  // (paged: the kv lengths are per batch)
+            const bool kv = c.store != kPaged && r.chance(0.5);
+            (kv ? c.in.actual_seq_lengths_kv : c.in.actual_seq_lengths).back() += 1;
           }),
       fuzz::edit<C>(
           "TND with a user mask", true, [](const C& c) { return c.layout == "TND"; },
@@ -1156,7 +1255,8 @@ std::vector<fuzz::Perturbation<C>> incre_edits() {
           }),
       fuzz::edit<C>("block_size differs from the cache", true, is_paged<C>,
                     [](C& c, fuzz::Rng& r) {
-                      c.p.block_size = r.chance(0.5) ? c.bs + 16 : (r.chance(0.5) ? 0 : -16);
+                      const Index other = c.bs + (c.incre ? 16 : 128);  // (prompt: valid too)
+                      c.p.block_size = r.chance(0.5) ? other : (r.chance(0.5) ? 0 : -16);
                     }),
       fuzz::edit<C>("paged without kv lengths", true, is_paged<C>,
                     [](C& c, fuzz::Rng&) { c.in.actual_seq_lengths_kv.clear(); }),
@@ -1175,6 +1275,15 @@ std::vector<fuzz::Perturbation<C>> incre_edits() {
             c.in.key.push_back(c.in.key[0]);
             c.in.value.push_back(c.in.value[0]);
           }),
+      fuzz::edit<C>("garbage in block_table past each sequence's blocks (paged, never read)", false,
+                    is_paged<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      for (Index b = 0; b < c.B; ++b)
+                        for (Index j = (c.kv_len[z(b)] + c.bs - 1) / c.bs; j < c.mb; ++j)
+                          c.table[z(b * c.mb + j)] =
+                              r.chance(0.3) ? std::numeric_limits<std::int32_t>::min()
+                                            : static_cast<std::int32_t>(r.range(-999, 999));
+                    }),
   };
 }
 // pse_shift: the shapes the branches reject.
@@ -1290,8 +1399,9 @@ template <class C>
 std::vector<fuzz::Perturbation<C>> separate_edits() {
   return {
       fuzz::edit<C>("separate antiquant modes 3–5 on one side only", true, is_separate<C>,
-                    [](C& c, fuzz::Rng& r) {
-                      const std::int64_t m = r.range(3, 5);
+                    [](C& c, fuzz::Rng& r) {  // (another mode than the other side's)
+                      std::int64_t m = r.range(3, 5);
+                      if (m == c.p.key_antiquant_mode) m = 3 + (m - 2) % 3;
                       (r.chance(0.5) ? c.p.key_antiquant_mode : c.p.value_antiquant_mode) = m;
                     }),
       fuzz::edit<C>("separate antiquant mode outside 0–5", true, is_separate<C>,
@@ -1356,15 +1466,55 @@ std::vector<fuzz::Perturbation<C>> separate_edits() {
             if (!c.ko.empty()) c.in.key_antiquant_offset = StridedView<const float>(c.ko.data(), s);
           }),
       fuzz::edit<C>(
-          "separate per-token key and value scales of different widths", true,
+          "separate per-token key and value scales of different widths (modes 1, 3)", true,
           [](const C& c) {
-            return c.aq == kSeparate && c.p.key_antiquant_mode == 1 &&
-                   c.p.value_antiquant_mode == 1;
+            const std::int64_t m = c.p.key_antiquant_mode;
+            return c.aq == kSeparate && (m == 1 || m == 3) && c.p.value_antiquant_mode == m;
           },
           [](C& c, fuzz::Rng&) {  // the key's one column wider
-            const float* s = spare(c, c.B * (c.W + 1));
-            c.in.key_antiquant_scale = StridedView<const float>(s, {1, c.B, c.W + 1});
+            const float* s = spare(c, c.B * c.KVN * (c.W + 1));
+            c.in.key_antiquant_scale = c.p.key_antiquant_mode == 1
+                                           ? StridedView<const float>(s, {1, c.B, c.W + 1})
+                                           : StridedView<const float>(s, {c.B, c.KVN, c.W + 1});
             if (!c.ko.empty()) c.in.key_antiquant_offset = c.in.key_antiquant_scale;
+          }),
+      fuzz::edit<C>(
+          "separate mode 3 scale of a wrong shape", true,
+          [](const C& c) { return c.aq == kSeparate && c.p.key_antiquant_mode == 3; },
+          [](C& c, fuzz::Rng& r) {
+            const Index B = c.B, kvn = c.KVN, W = c.W, cols = incre_cols(c);
+            std::vector<std::vector<Index>> bad{
+                {B + 1, kvn, W}, {B, kvn + 1, W}, {B * kvn, W}, {B, kvn, W, 1}};
+            if (cols > 0) bad.push_back({B, kvn, cols - 1});
+            if (B != 1 || kvn != 1) bad.push_back({1, B, W});  // (mode 1's)
+            set_separate_scale(c, r, spare(c, (B + 1) * (kvn + 1) * W), pick(r, bad));
+          }),
+      fuzz::edit<C>(
+          "separate modes 4 / 5 without block_table", true,
+          [](const C& c) { return c.aq == kSeparate && c.store != kPaged; },
+          [](C& c, fuzz::Rng& r) {
+            const std::int64_t m = r.range(4, 5);
+            c.p.key_antiquant_mode = c.p.value_antiquant_mode = m;
+            const float* s = spare(c, 2 * c.KVN * 32);
+            const StridedView<const float> v(
+                s, m == 4 ? std::vector<Index>{2, 32} : std::vector<Index>{2, c.KVN, 32});
+            c.in.key_antiquant_scale = c.in.value_antiquant_scale = v;
+            if (!c.ko.empty()) c.in.key_antiquant_offset = c.in.value_antiquant_offset = v;
+          }),
+      fuzz::edit<C>(
+          "separate mode 4 / 5 scale of another block count, block size or head count", true,
+          [](const C& c) { return c.aq == kSeparate && c.p.key_antiquant_mode >= 4; },
+          [](C& c, fuzz::Rng& r) {
+            const bool five = c.p.key_antiquant_mode == 5;
+            const Index nb = c.nb, bs = c.bs, kvn = c.KVN;
+            std::vector<std::vector<Index>> bad{
+                {nb + 1, bs}, {nb - 1, bs}, {nb, bs + 1}, {nb, bs / 2}, {nb, 1, bs}};  // mode 4's
+            if (five) {
+              for (auto& s : bad) s.insert(s.begin() + 1, kvn);
+              bad.back() = {nb, kvn + 1, bs};
+              bad.push_back({nb, bs});
+            }
+            set_separate_scale(c, r, spare(c, (nb + 1) * (kvn + 1) * (bs + 1)), pick(r, bad));
           }),
       fuzz::edit<C>(
           "separate key 0 / value 1 with a bf16 query", true,
@@ -1391,6 +1541,94 @@ std::vector<fuzz::Perturbation<C>> separate_edits() {
                       c.tok_s.assign(z(2 * c.B * c.W), 1e4f);
                       c.in.antiquant_scale_per_token =
                           StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
+                    }),
+  };
+}
+
+// Paged K/V with Q_S > 1 (the rules of cann/detail/fia_paged.hpp; the paged edits of both branches
+// are in incre_edits).
+template <class C>
+std::vector<fuzz::Perturbation<C>> paged_prompt_edits() {
+  using T = typename C::Q;
+  using K = typename C::KV;  // (T: the prompt branch's)
+  return {
+      fuzz::edit<C>("paged cache (Q_S > 1) with blocks of 64, 100 or 1152", true,
+                    is_paged_prompt<C>,
+                    [](C& c, fuzz::Rng& r) {  // params.block_size the cache's
+                      c.bs = pick(r, std::vector<Index>{64, 100, 1152});
+                      c.p.block_size = c.bs;
+                      const Index n = c.nb * c.bs * c.KVN;
+                      c.k.resize(std::max(c.k.size(), z(n * c.D)), poison<K>());
+                      c.v.resize(std::max(c.v.size(), z(n * c.Dv)), poison<K>());
+                      set_paged_views(c);
+                    }),
+      fuzz::edit<C>(
+          "4-D paged cache with BSH or BSND (Q_S > 1)", true,
+          [](const C& c) {
+            return is_paged_prompt(c) && (c.layout == "BSH" || c.layout == "BSND");
+          },
+          [](C& c, fuzz::Rng&) {
+            c.paged4 = true;
+            set_paged_views(c);
+          }),
+      fuzz::edit<C>("paged value with fewer blocks than the key (Q_S > 1)", true,
+                    is_paged_prompt<C>,
+                    [](C& c, fuzz::Rng&) {
+                      std::vector<Index> s = cache_shape(c, c.Dv);
+                      s[0] -= 1;
+                      c.in.value.assign(1, StridedView<const K>(c.v.data(), s));
+                    }),
+      fuzz::edit<C>("paged key / value head size differs from the query's (Q_S > 1)", true,
+                    is_paged_prompt<C>,
+                    [](C& c, fuzz::Rng& r) {  // (TND: the value's is its own)
+                      const bool value = c.layout != "TND" && r.chance(0.5);
+                      std::vector<K>& x = value ? c.v : c.k;
+                      const Index w = (value ? c.Dv : c.D) + (r.chance(0.5) ? 1 : -1);
+                      x.resize(std::max(x.size(), z(c.nb * c.bs * c.KVN * w)), poison<K>());
+                      (value ? c.in.value : c.in.key)
+                          .assign(1, StridedView<const K>(x.data(), cache_shape(c, w)));
+                    }),
+      fuzz::edit<C>("kv_padding_size with a paged cache (Q_S > 1)", true, is_paged_prompt<C>,
+                    [](C& c, fuzz::Rng&) {
+                      static const std::int64_t pad[1] = {0};
+                      c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
+                    }),
+      fuzz::edit<C>(
+          "int8 query / key / value with a paged cache (Q_S > 1)", true,
+          [](const C& c) { return std::is_same_v<T, half> && is_paged_prompt(c); }, int8_probe<C>),
+      fuzz::edit<C>(
+          "atten_mask or pse_shift covering the keys, not the paged S2 (Q_S > 1)", true,
+          [](const C& c) { return is_paged_prompt(c) && c.S2 > 0 && (c.user_mask || has_pse(c)); },
+          [](C& c, fuzz::Rng& r) {  // the longest sequence's keys (or S2 - 1: a whole block)
+            const Index longest = max_of(c.kv_len);
+            const Index w = longest % c.bs != 0 ? longest : c.S2 - 1;
+            if (c.user_mask && (!has_pse(c) || r.chance(0.5)))
+              c.in.atten_mask = StridedView<const std::uint8_t>(c.mask.data(), {c.m_b, c.m_s1, w});
+            else
+              c.in.pse_shift = StridedView<const T>(c.pse.data(), {c.pse_b, c.N, c.pse_s1, w});
+          }),
+      fuzz::edit<C>("TND paged kv lengths cumulative-looking, not one per batch", true,
+                    is_paged_tnd<C>,
+                    [](C& c, fuzz::Rng& r) {  // B + 1 values from 0, or the last B - 1
+                      std::vector<std::int64_t> cu{0};
+                      for (Index l : c.kv_len) cu.push_back(cu.back() + l);
+                      if (c.B > 1 && r.chance(0.5)) cu.erase(cu.begin(), cu.begin() + 2);
+                      c.in.actual_seq_lengths_kv = cu;
+                    }),
+      fuzz::edit<C>(
+          "TND paged with sparse_mode 1, 2 or 4 (4: not implemented)", true, is_paged_tnd<C>,
+          [](C& c, fuzz::Rng& r) {
+            c.p.sparse_mode = r.range(1, 3) == 3 ? 4 : r.range(1, 2);
+            c.in.atten_mask = StridedView<const std::uint8_t>(compressed_mask(), {2048, 2048});
+          }),
+      fuzz::edit<C>("TND paged with sparse_mode 0 and a mask", true, is_paged_tnd<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      c.p.sparse_mode = 0;
+                      c.mask.assign(z(std::max<Index>(1, c.S1 * c.S2)), 0);
+                      c.in.atten_mask =
+                          r.chance(0.5)
+                              ? StridedView<const std::uint8_t>(compressed_mask(), {2048, 2048})
+                              : StridedView<const std::uint8_t>(c.mask.data(), {c.S1, c.S2});
                     }),
   };
 }
@@ -1425,7 +1663,7 @@ std::vector<fuzz::Perturbation<C>> prefix_edits() {
           "shared prefix with int8 query / key / value", true,
           [](const C& c) {
             return std::is_same_v<typename C::Q, half> && !C::kQuant && !c.incre &&
-                   c.layout != "TND";
+                   c.layout != "TND" && c.store != kPaged;
           },
           int8_probe<C>),
       fuzz::edit<C>("shared prefix of another batch, heads, head size or length", true,
@@ -1471,7 +1709,7 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
     std::vector<fuzz::Perturbation<C>> all;
     for (auto&& group :
          {lse_edits<C>(), common_edits<C>(), prompt_edits<C>(), incre_edits<C>(), pse_edits<C>(),
-          antiquant_edits<C>(), separate_edits<C>(), prefix_edits<C>()})
+          antiquant_edits<C>(), separate_edits<C>(), prefix_edits<C>(), paged_prompt_edits<C>()})
       all.insert(all.end(), group.begin(), group.end());
     return all;
   }();
@@ -1487,7 +1725,7 @@ void restride_inputs(C& c, support::Restrider& r) {
 }
 
 // The int8-query probe's call: int8 query / key / value of the configuration's shapes with their
-// per-tensor scales, and a prefix of two rows.
+// per-tensor scales, and a prefix of two rows (paged: the block table instead).
 void call_int8(Fia<half, half>& c, bool run, int threads) {
   static const float unit[1] = {1.0f};
   const std::string pl = prefix_layout(c);
@@ -1495,8 +1733,12 @@ void call_int8(Fia<half, half>& c, bool run, int threads) {
   in.query = StridedView<const i8>(c.q8.data(), c.in.query.shape());
   in.key = {StridedView<const i8>(c.k8.data(), c.in.key[0].shape())};
   in.value = {StridedView<const i8>(c.v8.data(), c.in.value[0].shape())};
-  in.key_shared_prefix = StridedView<const i8>(c.p8.data(), shape(pl, 1, 2, c.KVN, c.D));
-  in.value_shared_prefix = StridedView<const i8>(c.p8.data(), shape(pl, 1, 2, c.KVN, c.Dv));
+  if (c.store == kPaged) {
+    in.block_table = c.in.block_table;
+  } else {
+    in.key_shared_prefix = StridedView<const i8>(c.p8.data(), shape(pl, 1, 2, c.KVN, c.D));
+    in.value_shared_prefix = StridedView<const i8>(c.p8.data(), shape(pl, 1, 2, c.KVN, c.Dv));
+  }
   in.atten_mask = c.in.atten_mask;
   in.actual_seq_lengths = c.in.actual_seq_lengths;
   in.actual_seq_lengths_kv = c.in.actual_seq_lengths_kv;

@@ -8,11 +8,13 @@
 // blockSize, 512] with a BNSD / TND query; blocks of 16, rarely 128), a shuffled block table (-1
 // past each sequence's blocks), NaN in spare blocks and in rows past each sequence's length; kv
 // lengths per batch (never cumulative), 0 and shorter than Q_S included (a row without keys is
-// exactly 0). Tolerance 1e-4 + rel·|want|, rel 1/128 (bf16) or 1/1024 (half). Head size 128 +
-// rope 64 (bf16, the prompt branch): TND, GQA, cumulative lengths, sparse_mode 0 or 3 (any of
-// PFA's compressed-mask forms), softmax_lse on or off (+inf for a row without keys). Random exec
-// tiling; one or two threads. Perturbations: the rules of cann/detail/fia_rope.hpp (MLA's heads,
-// Q_S, sparse modes, masks, layouts, features, cache shapes and block sizes, block table,
+// exactly 0); a quarter of the cases write the head-major output of BSH_NBSD / BSND_NBSD /
+// BNSD_NBSD ([N, B, S, D]) or TND_NTD ([N, T, D]), the query read in the base layout. Tolerance
+// 1e-4 + rel·|want|, rel 1/128 (bf16) or 1/1024 (half). Head size 128 + rope 64 (bf16, the
+// prompt branch): TND, GQA, cumulative lengths, sparse_mode 0 or 3 (any of PFA's compressed-mask
+// forms), softmax_lse on or off (+inf for a row without keys). Random exec tiling; one or two
+// threads. Perturbations: the rules of cann/detail/fia_rope.hpp (MLA's heads, Q_S, sparse modes,
+// masks, layouts and head-major outputs, features, cache shapes and block sizes, block table,
 // lengths; head 128's layout, type and head sizes), each rejection leaving every buffer
 // untouched; a used block-table entry out of range must raise std::out_of_range.
 
@@ -68,6 +70,7 @@ struct Rope {
   Index B = 1, N = 1, KVN = 1, D = 512, S = 0, T1 = 0, T2 = 0;  // S: non-TND Q_S
   Index bs = 16, nb = 0, mb = 0;             // MLA: block size, blocks, table columns
   bool rank4 = false;                        // MLA cache [blockNum, 1, blockSize, W]
+  bool nmajor = false;                       // MLA's head-major output: *_NBSD, TND_NTD
   std::vector<Index> q_len, kv_len, q0, k0;  // per batch; q0 / k0: TND offsets (B + 1)
   std::vector<T> q, qr, k, v, kr, o, junk;   // junk: views the operator must reject or ignore
   std::vector<float> lse;
@@ -95,6 +98,29 @@ Index qat(const C& c, Index b, Index i, Index h, Index w) {
   if (c.layout == "TND") return ((c.q0[z(b)] + i) * c.N + h) * w;
   if (c.layout == "BNSD") return ((b * c.N + h) * c.S + i) * w;
   return ((b * c.S + i) * c.N + h) * w;
+}
+
+// The output's shape and the offset of its row (b, i, h): the query's, or head-major (*_NBSD
+// [N, B, S, D], TND_NTD [N, T, D]).
+template <class C>
+Shape oshape(const C& c, bool nmajor) {
+  if (!nmajor) return qshape(c, c.D);
+  return c.layout == "TND" ? Shape{c.N, c.T1, c.D} : Shape{c.N, c.B, c.S, c.D};
+}
+template <class C>
+Index oat(const C& c, Index b, Index i, Index h) {
+  if (!c.nmajor) return qat(c, b, i, h, c.D);
+  if (c.layout == "TND") return (h * c.T1 + c.q0[z(b)] + i) * c.D;
+  return ((h * c.B + b) * c.S + i) * c.D;
+}
+
+// The head-major layout of the query's (*_NBSD, TND_NTD), the output of its shape (base_out, a
+// perturbation: of the base layout's).
+template <class C>
+void head_major(C& c, bool base_out = false) {
+  c.nmajor = true;
+  c.p.input_layout = c.layout == "TND" ? "TND_NTD" : c.layout + "_NBSD";
+  c.out = StridedView<typename C::Q>(c.o.data(), oshape(c, !base_out));
 }
 
 // Offset of key-side row (b, t, h) of width w: MLA's cache row, or head 128's TND token.
@@ -211,6 +237,7 @@ void build_mla(C& c, Rng& r, const Force& f) {
   c.p.scale_value = std::uniform_real_distribution<double>(0.5, 2.0)(r.g) / 24;
   c.p.block_size = c.bs, c.p.inner_precise = r.range(0, 1);
   finish(c, r);
+  if (r.chance(0.25)) head_major(c);
 }
 
 // The head-128 configuration (D: 128; others only for the perturbations): TND, GQA, cumulative
@@ -295,25 +322,23 @@ std::string verify(const C& c) {
     const Index ql = c.q_len[z(b)];
     for (Index i = 0; i < ql; ++i)
       for (Index h = 0; h < c.N; ++h) {
-        const auto where = [&] {
-          return "(b, i, h) (" + std::to_string(b) + ", " + std::to_string(i) + ", " +
-                 std::to_string(h) + ")";
-        };
+        const std::string where = "(b, i, h) (" + std::to_string(b) + ", " + std::to_string(i) +
+                                  ", " + std::to_string(h) + ")";
         const double l = want.lse[z(b)][z(h * ql + i)];
-        const Index at = qat(c, b, i, h, D);
+        const Index at = oat(c, b, i, h);
         for (Index e = 0; e < D; ++e) {
           const double g = static_cast<float>(c.o[z(at + e)]);
           const double w = want.o[z(b)][z((i * c.N + h) * D + e)];
           const bool ok = l == -inf ? g == 0.0 : std::fabs(g - w) <= 1e-4 + rel * std::fabs(w);
           if (!ok)
-            return where() + " element " + std::to_string(e) + ": got " + std::to_string(g) +
+            return where + " element " + std::to_string(e) + ": got " + std::to_string(g) +
                    ", want " + std::to_string(w) + (l == -inf ? " (no visible key)" : "");
         }
         if (!c.p.softmax_lse_flag) continue;  // (the flag: TND only)
         const double got = c.lse[z((c.q0[z(b)] + i) * c.N + h)];
         const bool ok = l == -inf ? got == inf : std::fabs(got - l) <= 1e-4 * (1 + std::fabs(l));
         if (!ok)
-          return "softmax_lse " + where() + ": got " + std::to_string(got) + ", want " +
+          return "softmax_lse " + where + ": got " + std::to_string(got) + ", want " +
                  std::to_string(l == -inf ? inf : l);
       }
   }
@@ -428,6 +453,15 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
             const Index w = r.range(0, c.mla ? 5 : 3);  // head 128 takes PFA's rank-3 / 4 forms
             c.in.atten_mask = w == 0 ? StridedView<const std::uint8_t>{} : mask_of(bad[w - 1]);
           }),
+      must("a head-major layout (*_NBSD, TND_NTD) without rope or with head size 128", nullptr,
+           [](C& c, Rng&) {
+             head_major(c);  // (head 128: TND_NTD)
+             if (c.mla) c.in.query_rope = c.in.key_rope = {};
+           }),
+      must(
+          "a head-major layout with an output of the base layout's shape",
+          [](const C& c) { return c.mla && oshape(c, true) != oshape(c, false); },
+          [](C& c, Rng&) { head_major(c, true); }),
       must(
           "BNSD_BSND layout with MLA",
           [](const C& c) { return c.mla && (c.layout == "BSND" || c.layout == "BNSD"); },
