@@ -212,6 +212,20 @@ struct Validatable : std::false_type {};
 template <class C>
 struct Validatable<C, std::void_t<decltype(validate_only(std::declval<C&>()))>> : std::true_type {};
 
+/// Runs `call`; when `want_out_of_range` (the perturbation corrupts index data), an
+/// std::invalid_argument becomes a defect (an exception of another type than the two classify()
+/// accepts), so the harness sees index errors reported as std::out_of_range.
+template <class F>
+void call_expecting_range(bool want_out_of_range, F&& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& e) {
+    if (!want_out_of_range) throw;
+    throw std::runtime_error(std::string("std::invalid_argument, not std::out_of_range: ") +
+                             e.what());
+  }
+}
+
 /// A defect found beside classify(), counted and reported the same way.
 inline void add_defect(Run& run, const std::string& entry, std::uint64_t seed,
                        const std::string& label, const std::string& defect) {
