@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "fuzz/fuzz.hpp"
+#include "reference/cann_flash_attention.hpp"
 #include "reference/naive_attention.hpp"
 #include "support/views.hpp"
 
@@ -676,28 +677,29 @@ bool masked(const C& c, Index b, Index i, Index j) {
   return c.mask[z((mb * c.m_s1 + i) * c.m_s2 + j)] != 0;
 }
 
-// Key j of row i excluded by the prompt branch's sparse mode (the band), not by the user mask;
-// the prefix is part of the keys (the causal anchor is the end of prefix + keys).
+// The prompt branch's band (sparse modes 0–4 with pre / next tokens) as the reference states
+// it (ref::cann::Pfa::excluded), the prefix part of the keys (the causal anchor is the end of
+// prefix + keys); not the user mask. The incremental branch has none.
 template <class C>
-bool excluded(const C& c, Index b, Index i, Index j) {
-  if (c.incre) return false;
+ref::cann::Pfa band(const C& c) {
   const auto clamp = [](std::int64_t x) {
     return std::clamp<std::int64_t>(x, -2147483648LL, 2147483647LL);
   };
-  const std::int64_t d = j - i, off = kv_eff(c, b) - c.q_len[z(b)];
-  const std::int64_t pre = clamp(c.p.pre_tokens), next = clamp(c.p.next_tokens);
-  switch (c.p.sparse_mode) {
-    case 0:
-      return c.user_mask && (d < -pre || d > next);
-    case 2:
-      return d > 0;
-    case 3:
-      return d > off;
-    case 4:
-      return d - off < -pre || d - off > next;
-    default:
-      return false;
+  ref::cann::Pfa bd;
+  bd.sparse_mode = static_cast<int>(c.p.sparse_mode);
+  bd.pre = clamp(c.p.pre_tokens);
+  bd.next = clamp(c.p.next_tokens);
+  bd.has_mask = c.user_mask;
+  for (Index b = 0; b < c.B; ++b) {
+    bd.q_len.push_back(static_cast<int>(c.q_len[z(b)]));
+    bd.kv_len.push_back(static_cast<int>(kv_eff(c, b)));
   }
+  return bd;
+}
+
+template <class C>
+bool excluded(const C& c, const ref::cann::Pfa& bd, Index b, Index i, Index j) {
+  return !c.incre && bd.excluded(static_cast<int>(b), static_cast<int>(i), static_cast<int>(j));
 }
 
 // Element offset of key / value element (b, t, h, e) of the batch's own rows (prompt: t within
@@ -737,7 +739,9 @@ ref::Problem ref_problem(const C& c, ref::Seqs& q, ref::Seqs& k, ref::Seqs& v,
   pr.head_size = static_cast<int>(c.D);
   pr.v_head_size = static_cast<int>(c.Dv);
   pr.scale = c.p.scale_value;
-  pr.hidden = [&c](int b, int, int i, int j) { return excluded(c, b, i, j) || masked(c, b, i, j); };
+  pr.hidden = [&c, bd = band(c)](int b, int, int i, int j) {
+    return excluded(c, bd, b, i, j) || masked(c, b, i, j);
+  };
   if (c.pse_b > 0)
     pr.bias = [&c](int b, int h, int i, int j) {
       const Index pb = c.pse_b == 1 ? 0 : b;
@@ -789,6 +793,7 @@ std::string verify(const C& c) {
   const ref::Problem pr = ref_problem(c, q, k, v, q0);
   const ref::Result want = ref::attention(pr, q, k, v);
   const bool fill = c.incre || (c.p.inner_precise & 2) == 0;  // masked keys scored, not excluded
+  const ref::cann::Pfa bd = band(c);
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
   const bool flag = c.p.softmax_lse_flag;
   for (Index b = 0; b < c.B; ++b) {
@@ -799,7 +804,7 @@ std::string verify(const C& c) {
       bool all_masked = true;
       if (s < lq)
         for (Index j = 0; j < lk; ++j)
-          if (!excluded(c, b, s, j)) ++visible, all_masked = all_masked && masked(c, b, s, j);
+          if (!excluded(c, bd, b, s, j)) ++visible, all_masked = all_masked && masked(c, b, s, j);
       const bool mean = fill && visible > 0 && all_masked;
       for (Index h = 0; h < c.N; ++h) {
         std::vector<double> got, w;
@@ -810,7 +815,7 @@ std::string verify(const C& c) {
           double x = 0;  // padded rows: 0
           if (mean) {
             for (Index j = 0; j < lk; ++j)
-              if (!excluded(c, b, s, j)) x += v[z(b)][z((j * c.KVN + h / g) * c.Dv + e)];
+              if (!excluded(c, bd, b, s, j)) x += v[z(b)][z((j * c.KVN + h / g) * c.Dv + e)];
             x /= static_cast<double>(visible);
           } else if (s < lq) {
             x = want.o[z(b)][z((s * c.N + h) * c.Dv + e)];
