@@ -20,10 +20,11 @@
 /// values the vendor's kernels write; the documents say only "inf marks invalid rows"). With
 /// the flag off, softmax_lse is neither checked nor written (the vendor returns it as given).
 ///
+/// int4 key / value (TKV int32, eight values per word): cann/detail/fia_int4.hpp.
 /// Every check runs before anything is written; results never depend on exec.threads. The
-/// features of the V2–V4 parameter set not listed here (query quantization, int4, left-padded
-/// or int8 KV in the prompt branch, query left padding) are not implemented yet: their inputs
-/// do not exist in these structs or are rejected.
+/// features of the V2–V4 parameter set not listed here (query quantization, left-padded or
+/// int8 KV in the prompt branch, query left padding, NZ caches) are not implemented yet: their
+/// inputs do not exist in these structs or are rejected.
 ///
 /// A paged cache (block_table) in the prompt branch: the vendor's prompt-tiling rules
 /// (cann/detail/fia_paged.hpp); the engine reads the cache in place.
@@ -47,6 +48,7 @@
 
 #include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/detail/fia_antiquant.hpp"
+#include "attnref/cann/detail/fia_int4.hpp"
 #include "attnref/cann/detail/fia_paged.hpp"
 #include "attnref/cann/detail/fia_prefix.hpp"
 #include "attnref/cann/detail/fia_rope.hpp"
@@ -83,7 +85,8 @@ struct FusedInferAttentionScoreParams {
 };
 
 /// T: half or bfloat16 (float: attnref extension), or int8 (the prompt branch's int8 path).
-/// TKV: T, or int8 with a floating T (antiquant, incremental branch). TM: bool, int8 or uint8.
+/// TKV: T, or int8 with a floating T (antiquant, incremental branch), or int32 with a floating T:
+/// int4 packed eight to a word (cann/detail/fia_int4.hpp). TM: bool, int8 or uint8.
 /// TP: the pse type (T; half with int8 data).
 template <class T, class TKV = T, class TM = std::uint8_t,
           class TP = typename detail::pfa_pse<T>::type>
@@ -525,40 +528,52 @@ void fia_call(const FusedInferAttentionScoreParams& p,
               const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
               const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec, bool run) {
   static_assert(std::is_same_v<TKV, T> ||
-                    (std::is_same_v<TKV, std::int8_t> && !std::is_same_v<T, std::int8_t>),
-                "fused_infer_attention_score key / value: the query's type, or int8 with a "
-                "half / bfloat16 / float query (antiquant)");
+                    ((std::is_same_v<TKV, std::int8_t> ||
+                      std::is_same_v<TKV, std::int32_t>)&&!std::is_same_v<T, std::int8_t>),
+                "fused_infer_attention_score key / value: the query's type, or int8 / int4 "
+                "(int32) with a half / bfloat16 / float query (antiquant)");
   check_exec(kFia, exec);
-  if (p.input_layout == "NTD_TND") {  // NTD inputs seen as TND; the outputs are TND's
-    FusedInferAttentionScoreParams tp = p;
-    tp.input_layout = "TND";
-    auto t = in;
-    t.query = ntd_as_tnd(kFia, "query", in.query);
-    t.query_rope = ntd_as_tnd(kFia, "query_rope", in.query_rope);
-    if (in.block_table.absent()) {  // (a paged cache has no layout)
-      for (size_t i = 0; i < in.key.size(); ++i)
-        t.key[i] = ntd_as_tnd(kFia, "key[" + std::to_string(i) + "]", in.key[i]);
-      for (size_t i = 0; i < in.value.size(); ++i)
-        t.value[i] = ntd_as_tnd(kFia, "value[" + std::to_string(i) + "]", in.value[i]);
-      t.key_rope = ntd_as_tnd(kFia, "key_rope", in.key_rope);
-    }
-    ATTNREF_CHECK(in.query_rope.absent() || in.query.absent() || in.query.size(2) != 512,
-                  std::invalid_argument, kFia, "params.input_layout",
-                  "NTD_TND does not take MLA (head size 512 with rope)", "TND or TND_NTD",
-                  p.input_layout);
-    return fia_call(tp, t, out, exec, run);
-  }
   FusedInferAttentionScoreOutputs<TO> o = out;
   if (!p.softmax_lse_flag) o.softmax_lse = {};  // neither checked nor written (not even copied)
-  dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
-    const FiaRoute r = fia_route(p, din.query, fia_has_rope(kFia, din));
-    if (r.mla) return fia_mla(p, din, dout, exec, r, run);
-    fia_check_lse(p, r, din.query, dout.softmax_lse);
-    if (r.incre)
-      fia_incre(p, din, dout, exec, r, run);
-    else
-      fia_prompt(p, din, dout, exec, r, run);
-  });
+  if constexpr (std::is_same_v<TKV, std::int32_t>) {  // int4: unpacked, then the int8 call
+    FiaInt4Buffers bufs;
+    using In8 = FusedInferAttentionScoreInputs<T, std::int8_t, TM, TP>;
+    return dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
+      const FiaRoute r = p.input_layout == "NTD_TND"
+                             ? FiaRoute{}  // (rejected: Q_S > 1)
+                             : fia_route(p, din.query, fia_has_rope(kFia, din));
+      fia_call(p, fia_int4_inputs<In8>(kFia, p, din, r, bufs), dout, exec, run);
+    });
+  } else {
+    if (p.input_layout == "NTD_TND") {  // NTD inputs seen as TND; the outputs are TND's
+      FusedInferAttentionScoreParams tp = p;
+      tp.input_layout = "TND";
+      auto t = in;
+      t.query = ntd_as_tnd(kFia, "query", in.query);
+      t.query_rope = ntd_as_tnd(kFia, "query_rope", in.query_rope);
+      if (in.block_table.absent()) {  // (a paged cache has no layout)
+        for (size_t i = 0; i < in.key.size(); ++i)
+          t.key[i] = ntd_as_tnd(kFia, "key[" + std::to_string(i) + "]", in.key[i]);
+        for (size_t i = 0; i < in.value.size(); ++i)
+          t.value[i] = ntd_as_tnd(kFia, "value[" + std::to_string(i) + "]", in.value[i]);
+        t.key_rope = ntd_as_tnd(kFia, "key_rope", in.key_rope);
+      }
+      ATTNREF_CHECK(in.query_rope.absent() || in.query.absent() || in.query.size(2) != 512,
+                    std::invalid_argument, kFia, "params.input_layout",
+                    "NTD_TND does not take MLA (head size 512 with rope)", "TND or TND_NTD",
+                    p.input_layout);
+      return fia_call(tp, t, out, exec, run);
+    }
+    dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
+      const FiaRoute r = fia_route(p, din.query, fia_has_rope(kFia, din));
+      if (r.mla) return fia_mla(p, din, dout, exec, r, run);
+      fia_check_lse(p, r, din.query, dout.softmax_lse);
+      if (r.incre)
+        fia_incre(p, din, dout, exec, r, run);
+      else
+        fia_prompt(p, din, dout, exec, r, run);
+    });
+  }
 }
 
 }  // namespace detail
