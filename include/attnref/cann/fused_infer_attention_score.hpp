@@ -49,7 +49,9 @@
 #include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/detail/fia_antiquant.hpp"
 #include "attnref/cann/detail/fia_int4.hpp"
+#include "attnref/cann/detail/fia_mla_quant.hpp"
 #include "attnref/cann/detail/fia_paged.hpp"
+#include "attnref/cann/detail/fia_parts.hpp"
 #include "attnref/cann/detail/fia_prefix.hpp"
 #include "attnref/cann/detail/fia_rope.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
@@ -80,11 +82,27 @@ struct FusedInferAttentionScoreParams {
   /// head, 3 per token and head, 4 / 5 per token (and head) page-managed; key 0 with value 1.
   std::int64_t key_antiquant_mode = 0;
   std::int64_t value_antiquant_mode = 0;
+  /// V4: 3 (per token and head) with dequant_scale_query: MLA's full quantization (int8 query and
+  /// NZ caches, cann/detail/fia_mla_quant.hpp); 0 otherwise.
+  std::int64_t query_quant_mode = 0;
   PseOrder pse_order = PseOrder::ScaleThenAdd;  ///< attnref extension (see PseOrder)
   int quant_block_size = 128;  ///< attnref extension: the int8 path's P block (PFA's)
 };
 
-/// T: half or bfloat16 (float: attnref extension), or int8 (the prompt branch's int8 path).
+namespace detail {
+/// The rope inputs' type: the query's, bfloat16 with an int8 query (MLA's full quantization).
+template <class T>
+struct fia_rope_type {
+  using type = T;
+};
+template <>
+struct fia_rope_type<std::int8_t> {
+  using type = bfloat16;
+};
+}  // namespace detail
+
+/// T: half or bfloat16 (float: attnref extension), or int8 (the prompt branch's int8 path; MLA's
+/// full quantization).
 /// TKV: T, or int8 with a floating T (antiquant, incremental branch), or int32 with a floating T:
 /// int4 packed eight to a word (cann/detail/fia_int4.hpp). TM: bool, int8 or uint8.
 /// TP: the pse type (T; half with int8 data).
@@ -141,9 +159,13 @@ struct FusedInferAttentionScoreInputs {
   /// type; the score is scale · (q·k + q_rope·k_rope), V the value alone. Head size 512: MLA
   /// (a paged latent cache [blockNum, blockSize, 512], key_rope [blockNum, blockSize, 64]);
   /// head size 128: TND, bf16. key_rope_antiquant_scale: reserved by the vendor, ignored.
-  StridedView<const T> query_rope{};
-  StridedView<const T> key_rope{};
-  StridedView<const T> key_rope_antiquant_scale{};
+  /// With an int8 query (MLA's full quantization): bf16.
+  StridedView<const typename detail::fia_rope_type<T>::type> query_rope{};
+  StridedView<const typename detail::fia_rope_type<T>::type> key_rope{};
+  StridedView<const typename detail::fia_rope_type<T>::type> key_rope_antiquant_scale{};
+  /// V4's query dequant scale (MLA's full quantization, query_quant_mode 3): fp32, one per query
+  /// row and head: [B, S, N] (BSH, BSND and their _NBSD forms) or [T, N] (TND, TND_NTD).
+  StridedView<const float> dequant_scale_query{};
 
   template <class F>
   void for_each_view(F&& f) {
@@ -165,6 +187,7 @@ struct FusedInferAttentionScoreInputs {
     f("learnable_sink", learnable_sink);
     f("query_rope", query_rope), f("key_rope", key_rope);
     f("key_rope_antiquant_scale", key_rope_antiquant_scale);
+    f("dequant_scale_query", dequant_scale_query);
   }
 };
 
@@ -180,17 +203,6 @@ struct FusedInferAttentionScoreOutputs {
 };
 
 namespace detail {
-
-inline constexpr const char* kFia = "fused_infer_attention_score";
-
-/// The branch of a call: the layout, Q_S (TND: T) and whether it is incremental.
-struct FiaRoute {
-  Layout layout = Layout::BSH;
-  Index q_s = 0;
-  bool incre = false;
-  bool mla = false;          ///< rope inputs with head size 512: the MLA plan (fia_rope.hpp)
-  bool n_major_out = false;  ///< MLA's BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD
-};
 
 template <class T>
 FiaRoute fia_route(const FusedInferAttentionScoreParams& p, const StridedView<const T>& q,
@@ -241,101 +253,6 @@ void fia_check_lse(const FusedInferAttentionScoreParams& p, const FiaRoute& r,
   ATTNREF_CHECK(!lse.absent() && lse.shape() == want, std::invalid_argument, kFia,
                 "softmax_lse.shape", "mismatch (softmax_lse_flag is set)", dims_str(want),
                 shape_str(lse));
-}
-
-/// The engine's view of softmax_lse, [B, N, S] (TND: [1, N, T]), over the dense stand-in.
-inline StridedView<float, 3> fia_lse_view(float* p, const FiaRoute& r, Index B, Index n) {
-  if (r.layout == Layout::TND) return StridedView<float, 3>(p, {1, n, r.q_s}, {r.q_s * n, 1, n});
-  return StridedView<float, 3>(p, {B, n, r.q_s}, {n * r.q_s, r.q_s, 1});
-}
-
-/// Rows the engine left without a key (lse -inf) get `invalid`.
-inline void fia_invalid_rows(const StridedView<float, 3>& lse, float invalid) {
-  for (Index b = 0; b < lse.size(0); ++b)
-    for (Index h = 0; h < lse.size(1); ++h)
-      for (Index i = 0; i < lse.size(2); ++i)
-        if (lse(b, h, i) == -std::numeric_limits<float>::infinity()) lse(b, h, i) = invalid;
-}
-
-/// The learnable sink, checked (the vendor's rules: TND, query and value head size 64 or 128,
-/// one value per query head, a floating query) and bound to the prompt branch's variant.
-template <class TM, class TP>
-void fia_sink(const FusedInferAttentionScoreParams& p, const StridedView<const bfloat16>& sink,
-              const FiaRoute& r, const PfaPlan& pl, CannVariant<TM, TP>& var) {
-  if (sink.absent()) return;
-  ATTNREF_CHECK(r.layout == Layout::TND, std::invalid_argument, kFia, "learnable_sink",
-                "given with a layout other than TND", "input_layout TND", p.input_layout);
-  ATTNREF_CHECK((pl.D == 64 || pl.D == 128) && pl.Dv == pl.D, std::invalid_argument, kFia,
-                "learnable_sink", "given with a head size other than 64 or 128",
-                "query and value head size 64 or 128",
-                std::to_string(pl.D) + " and " + std::to_string(pl.Dv));
-  ATTNREF_CHECK(sink.rank() == 1 && sink.size(0) == pl.n, std::invalid_argument, kFia,
-                "learnable_sink.shape", "mismatch", "[" + std::to_string(pl.n) + "]",
-                shape_str(sink));
-  ATTNREF_CHECK(!var.int8_scores, std::invalid_argument, kFia, "learnable_sink",
-                "given with int8 query / key / value", "a bf16 / fp16 query", "int8");
-  var.sinks = sink.data();
-}
-
-/// Separate antiquant given or not: its modes need its scales, and its scales int8 K / V in the
-/// incremental branch (`allowed`).
-template <class In>
-bool fia_check_separate(const FusedInferAttentionScoreParams& p, const In& in, bool allowed,
-                        const char* why) {
-  const bool sep = fia_separate_antiquant(in);
-  ATTNREF_CHECK(
-      sep || (p.key_antiquant_mode == 0 && p.value_antiquant_mode == 0), std::invalid_argument,
-      kFia, "params.key_antiquant_mode / value_antiquant_mode",
-      "nonzero without key_antiquant_scale / value_antiquant_scale", "0 / 0",
-      std::to_string(p.key_antiquant_mode) + " / " + std::to_string(p.value_antiquant_mode));
-  ATTNREF_CHECK(!sep || allowed, std::invalid_argument, kFia,
-                "key_antiquant_scale / value_antiquant_scale", why, "none",
-                shape_str(in.key_antiquant_scale));
-  return sep;
-}
-
-/// The shared prefix, checked, and its pages over the dense stand-ins; false when the call has
-/// none (or uses none of its rows: then it is the call without it).
-template <class T, class TKV, class TM, class TP>
-bool fia_prefix(const FusedInferAttentionScoreParams& p,
-                const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in, const FiaRoute& r,
-                FiaPrefix<TKV>& f) {
-  const auto& pk = in.key_shared_prefix;
-  const auto& pv = in.value_shared_prefix;
-  const std::string none = "none";
-  if (pk.absent() && pv.absent()) {
-    ATTNREF_CHECK(in.actual_shared_prefix_len.empty(), std::invalid_argument, kFia,
-                  "actual_shared_prefix_len", "given without key_shared_prefix", none,
-                  std::to_string(in.actual_shared_prefix_len.size()) + " values");
-    return false;
-  }
-  const auto reject = [&](bool bad, const char* what, const char* expected,
-                          const std::string& got) {
-    ATTNREF_CHECK(!bad, std::invalid_argument, kFia, "key_shared_prefix", what, expected, got);
-  };
-  reject(pk.absent() || pv.absent(), "given without value_shared_prefix (or the reverse)", "both",
-         shape_str(pk) + " and " + shape_str(pv));
-  reject(r.layout == Layout::TND, "not supported with TND", "BSH, BSND, BNSD or BNSD_BSND", "TND");
-  reject(!in.block_table.absent(), "not supported with a paged cache", "no block_table",
-         shape_str(in.block_table));
-  reject(!in.kv_padding_size.absent(), "not supported with kv left padding", "no kv_padding_size",
-         shape_str(in.kv_padding_size));
-  reject(in.key.size() != 1 || in.value.size() != 1, "not supported with tensor lists",
-         "one key / value tensor", std::to_string(in.key.size()) + " tensors");
-  reject(std::is_same_v<T, std::int8_t>, "not supported with int8 query / key / value",
-         "a floating query", "int8");
-  const Index kvn = p.num_key_value_heads == 0 ? static_cast<Index>(p.num_heads)
-                                               : static_cast<Index>(p.num_key_value_heads);
-  const Layout kl = r.layout == Layout::BNSD_BSND ? Layout::BNSD : r.layout;
-  const auto kd = pfa_dims(kFia, "key[0]", in.key[0], kl, kvn);
-  const auto vd = pfa_dims(kFia, "value[0]", in.value[0], kl, kvn);
-  const auto pkd = pfa_dims(kFia, "key_shared_prefix", pk, kl, kvn);
-  const auto pvd = pfa_dims(kFia, "value_shared_prefix", pv, kl, kvn);
-  f.P = fia_prefix_len(kFia, in.actual_shared_prefix_len, pkd, pvd, kd, vd);
-  if (f.P == 0) return false;
-  fia_prefix_pages(f, pfa_view(in.key[0].data(), kl, kd), pfa_view(in.value[0].data(), kl, vd),
-                   pfa_view(pk.data(), kl, pkd), pfa_view(pv.data(), kl, pvd));
-  return true;
 }
 
 /// The incremental branch: IncreFlashAttention's plan, with the kv lengths from
@@ -432,11 +349,17 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
                 const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
                 const FusedInferAttentionScoreOutputs<TO>& out, const ExecConfig& exec,
                 const FiaRoute& r, bool run) {
-  constexpr bool kSameKv = std::is_same_v<TKV, T>;
-  ATTNREF_CHECK(kSameKv, std::invalid_argument, kFia, "key / value",
+  constexpr bool kPfaOut =
+      std::is_same_v<TO, std::int8_t> ||
+      std::is_same_v<TO, std::conditional_t<std::is_same_v<T, std::int8_t>, half, T>>;
+  constexpr bool kSameKv = std::is_same_v<TKV, T> && kPfaOut;
+  ATTNREF_CHECK((std::is_same_v<TKV, T>), std::invalid_argument, kFia, "key / value",
                 "int8 key / value with a floating query and Q_S > 1 (prompt-branch antiquant) "
                 "is not implemented in attnref yet",
                 "the query's type", "int8");
+  ATTNREF_CHECK(kPfaOut, std::invalid_argument, kFia, "attention_out",
+                "a bf16 output with an int8 query is MLA's full quantization only",
+                "half or int8 with an int8 query", "bfloat16");
   ATTNREF_CHECK(in.key.size() == 1 && in.value.size() == 1, std::invalid_argument, kFia,
                 "key / value", "tensor lists are taken with Q_S == 1 only", "one tensor each",
                 std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
@@ -478,7 +401,13 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     PfaProblem<T, TM, TP, TO> pr;
     pr.fn = kFia;
     if (pa) pr.paged = &paged.cache;
-    if (fia_has_rope(kFia, in)) fia_rope_prompt(kFia, p, in, r.layout, pr.q_rope, pr.k_rope);
+    if (fia_has_rope(kFia, in)) {
+      ATTNREF_CHECK((!std::is_same_v<T, std::int8_t>), std::invalid_argument, kFia, "query_rope",
+                    "with an int8 query takes head size 512 (MLA full quantization)",
+                    "head size 512", "another head size");
+      if constexpr (!std::is_same_v<T, std::int8_t>)
+        fia_rope_prompt(kFia, p, in, r.layout, pr.q_rope, pr.k_rope);
+    }
     FiaPrefix<T> prefix;  // (the engine's pages point into it until the run ends)
     if (fia_prefix(p, in, r, prefix)) {
       pr.front_keys = prefix.P;
@@ -512,11 +441,25 @@ void fia_mla(const FusedInferAttentionScoreParams& p,
              const FiaRoute& r, bool run) {
   constexpr bool kPlain =
       std::is_same_v<TKV, T> && !std::is_same_v<T, std::int8_t> && std::is_same_v<TO, T>;
-  ATTNREF_CHECK(kPlain, std::invalid_argument, kFia, "query / key / value",
-                "quantized MLA (int8 key / value or query, int8 output) is not implemented in "
-                "attnref yet",
+  constexpr bool kFullQuant =
+      std::is_same_v<T, std::int8_t> && std::is_same_v<TKV, T> && std::is_same_v<TO, bfloat16>;
+  ATTNREF_CHECK(kPlain || kFullQuant, std::invalid_argument, kFia, "query / key / value",
+                "quantized MLA other than the full quantization (int8 query, key and value with "
+                "a bf16 output) is not implemented in attnref yet",
                 "one floating type for query, key, value and attention_out", "another mix");
+  if constexpr (kFullQuant) {
+    FiaMlaQuantData d;  // (the stand-ins: they live until the run ends)
+    FiaMla<bfloat16, bfloat16> m;
+    CannQuantVariant<TM, bfloat16> var;
+    fia_mla_quant_prepare<FusedInferAttentionScoreInputs<bfloat16, bfloat16, TM, bfloat16>>(
+        kFia, p, in, out, exec, r.layout, r.n_major_out, r.q_s, d, m, var);
+    if (run) attention_with(var, m.e, m.ep, m.eo, m.ex);
+  }
   if constexpr (kPlain) {
+    ATTNREF_CHECK(in.dequant_scale_query.absent() && p.query_quant_mode == 0, std::invalid_argument,
+                  kFia, "dequant_scale_query / params.query_quant_mode",
+                  "query quantization takes an int8 query (MLA full quantization)", "none / 0",
+                  shape_str(in.dequant_scale_query) + " / " + std::to_string(p.query_quant_mode));
     FiaMla<T, TO> m;
     fia_mla_prepare(kFia, p, in, out, exec, r.layout, r.n_major_out, r.q_s, m);
     if (run) attention(m.e, m.ep, m.eo, m.ex);
@@ -567,6 +510,12 @@ void fia_call(const FusedInferAttentionScoreParams& p,
     dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
       const FiaRoute r = fia_route(p, din.query, fia_has_rope(kFia, din));
       if (r.mla) return fia_mla(p, din, dout, exec, r, run);
+      ATTNREF_CHECK(
+          din.dequant_scale_query.absent() && p.query_quant_mode == 0, std::invalid_argument, kFia,
+          "dequant_scale_query / params.query_quant_mode",
+          "query quantization exists for MLA only (int8 query, head size 512 with rope)",
+          "none / 0",
+          shape_str(din.dequant_scale_query) + " / " + std::to_string(p.query_quant_mode));
       fia_check_lse(p, r, din.query, dout.softmax_lse);
       if (r.incre)
         fia_incre(p, din, dout, exec, r, run);

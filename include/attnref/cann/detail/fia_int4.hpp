@@ -149,6 +149,7 @@ In8 fia_int4_as_int8(const char* fn, const In4& in, Index words, FiaInt4Buffers&
   r.query_rope = in.query_rope;
   r.key_rope = in.key_rope;
   r.key_rope_antiquant_scale = in.key_rope_antiquant_scale;
+  r.dequant_scale_query = in.dequant_scale_query;
   return r;
 }
 
@@ -157,8 +158,11 @@ In8 fia_int4_as_int8(const char* fn, const In4& in, Index words, FiaInt4Buffers&
 template <class In8, class Params, class In4, class Route>
 In8 fia_int4_inputs(const char* fn, const Params& p, const In4& in, const Route& r,
                     FiaInt4Buffers& bufs) {
-  const Index n = static_cast<Index>(p.num_heads), last = in.query.size(in.query.rank() - 1);
-  const Index d = !r.incre ? 0 : r.layout == Layout::BSH ? last / n : last;
+  Index d = 0;  // the query's head size (its rank is checked only when the route ran)
+  if (r.incre) {
+    const Index n = static_cast<Index>(p.num_heads), last = in.query.size(in.query.rank() - 1);
+    d = r.layout == Layout::BSH ? last / n : last;
+  }
   fia_int4_rules(fn, in, r.q_s, r.incre, r.mla, d, p.key_antiquant_mode, p.value_antiquant_mode);
   const Index kvn = cann_kv_heads(fn, p.num_heads, p.num_key_value_heads);
   return fia_int4_as_int8<In8>(fn, in, (r.layout == Layout::BSH ? kvn * d : d) / 8, bufs);

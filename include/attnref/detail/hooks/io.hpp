@@ -2,6 +2,7 @@
 /// The query and output hooks the operators share (the engine's q_transform, o_transform and
 /// quantize_o, attention/variant.hpp): one place for the algebra of
 ///   qScale           q[e] -> round(q[e] · q_scale) to the query's data type (ATB qScale)
+///   row scale        q[e] -> q[e] · q_row_scale[row, head] (FIA's MLA full quantization)
 ///   key dequant      per channel c = kv_head · D + e (kv_head: q_head / group, or the
 ///                    sequence's index modulo batch_heads), keys read as (k8 + k_offset[c]) ·
 ///                    k_scale[c] without touching the cache: the scale folds into q (q'[e] = q[e] ·
@@ -32,6 +33,11 @@ struct IoHooks {
   std::vector<float> k_scale;         ///< [kv_heads · D] or empty
   std::vector<double> k_offset;       ///< [kv_heads · D] or empty
   float bias_scale = 1.0f;            ///< multiplies the offset term (the engine's score scale)
+  /// A factor per query row and head (FIA's MLA full quantization: dqQ · dqK), element
+  /// q_row_base[batch] + q · q_row_heads + q_head; null: none.
+  const float* q_row_scale = nullptr;
+  std::vector<Index> q_row_base;
+  Index q_row_heads = 0;
   // o_transform
   std::vector<float> v_scale, v_offset;  ///< [kv_heads · Dv] or empty
   bool zero_empty = false;               ///< rows of sequences without keys are 0
@@ -55,10 +61,17 @@ struct IoHooks {
     round_q = [](float x) { return static_cast<float>(TQ(x)); };
   }
 
-  bool has_q_transform() const { return q_scale != 1.0f || !k_scale.empty(); }
+  bool has_q_transform() const {
+    return q_scale != 1.0f || !k_scale.empty() || q_row_scale != nullptr;
+  }
   template <class Acc>
-  Acc q_transform(const SeqInfo& s, Index, Index q_head, Acc* row, Index d) const {
+  Acc q_transform(const SeqInfo& s, Index q, Index q_head, Acc* row, Index d) const {
     const Index c0 = kv_head(s, q_head) * d;
+    if (q_row_scale != nullptr) {
+      const float f =
+          q_row_scale[q_row_base[static_cast<size_t>(s.batch)] + q * q_row_heads + q_head];
+      for (Index e = 0; e < d; ++e) row[e] = static_cast<Acc>(static_cast<float>(row[e]) * f);
+    }
     double acc = 0.0;
     for (Index e = 0; e < d; ++e) {
       float v = static_cast<float>(row[e]);

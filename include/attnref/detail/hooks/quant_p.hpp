@@ -12,6 +12,9 @@
 ///                          clamp(rint(fp16(P̂ / r))), factor vd[h] · r; offline P8 =
 ///                          clamp(rint(fp16(P̂ · ps[h]))), factor vd[h]
 ///   PromptFlash (§7)       l += Σ P̂; P8 = clamp(rint(P̂ · quant_scale1)); factor deq_scale2
+///   MlaFullQuant (§7.1)    l += Σ P̂; pmax = (this block's max P̂) + 2^-52; P8 = rint(fp16(P̂ ·
+///                          (127 / pmax))) (in [0, 127]); factor fp16(pmax) · factor (FIA's
+///                          MLA full quantization: dqV / 127)
 ///
 /// (vd: the per-head value descale, ps: the per-head P scale; offline PagedAttention and PFA
 /// multiply by their scale rather than divide, as their goldens do; clamp to [-128, 127], rint
@@ -33,13 +36,13 @@
 namespace attnref::detail {
 
 struct PQuantStep {
-  enum class Form { SelfAttention, PagedAttention, PromptFlash };
+  enum class Form { SelfAttention, PagedAttention, PromptFlash, MlaFullQuant };
   Form form = Form::SelfAttention;
   bool online = true;
   StridedView<const float, 1> v_descale{};  ///< [heads] (SelfAttention, PagedAttention)
   StridedView<const float, 1> p_scale{};    ///< [heads], offline (SelfAttention, PagedAttention)
   float scale1 = 1.0f;                      ///< PromptFlash: quant_scale1
-  float factor = 1.0f;                      ///< PromptFlash: deq_scale2
+  float factor = 1.0f;                      ///< PromptFlash: deq_scale2; MlaFullQuant: dqV / 127
 
   template <class Acc>
   Acc quantize_p(const Coord& c, Acc* row, Index cols, Acc& row_state, Acc& sum) const {
@@ -48,6 +51,8 @@ struct PQuantStep {
         return self_attention(c, row, cols, row_state, sum);
       case Form::PagedAttention:
         return paged_attention(c, row, cols, sum);
+      case Form::MlaFullQuant:
+        return mla_full_quant(row, cols, sum);
       case Form::PromptFlash:
         break;
     }
@@ -62,6 +67,24 @@ struct PQuantStep {
   }
 
  private:
+  /// FIA's MLA full quantization: the block's own max (plus 2^-52) maps to 127, P̂ unrounded in
+  /// the sum, fp16(pmax) in the factor.
+  template <class Acc>
+  Acc mla_full_quant(Acc* row, Index cols, Acc& sum) const {
+    float mx = 0.0f, sm = 0.0f;
+    for (Index j = 0; j < cols; ++j) {
+      mx = std::max(mx, static_cast<float>(row[j]));
+      sm += static_cast<float>(row[j]);
+    }
+    sum = static_cast<Acc>(sm);
+    const float pmax = mx + 2.220446049250313e-16f;
+    const float q = 127.0f / pmax;
+    for (Index j = 0; j < cols; ++j)
+      row[j] = static_cast<Acc>(
+          std::nearbyint(static_cast<float>(half(static_cast<float>(row[j]) * q))));
+    return static_cast<Acc>(static_cast<float>(half(pmax)) * factor);
+  }
+
   /// amax: the row's running max of P̂ over its blocks (online).
   template <class Acc>
   Acc self_attention(const Coord& c, Acc* row, Index cols, Acc& amax, Acc& sum) const {
