@@ -37,7 +37,6 @@ constexpr float kOutSentinel = 777.0f;
 
 enum Store { kTensor, kList };
 
-
 size_t z(Index i) { return static_cast<size_t>(i); }
 
 template <class T>

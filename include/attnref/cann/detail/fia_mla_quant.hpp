@@ -173,7 +173,7 @@ void fia_mla_quant_prepare(const char* fn, const P& p, const In& in, const Out& 
   var.form = PQuantStep::Form::MlaFullQuant;
   var.factor = dqv * (1.0f / 127.0f);
   m.ep.causal = CausalMode::None;  // (the variant's band)
-  m.ex.kv_tile = 512;  // the kernel's block of keys
+  m.ex.kv_tile = 512;              // the kernel's block of keys
 }
 
 }  // namespace attnref::detail
