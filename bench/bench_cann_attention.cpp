@@ -162,6 +162,26 @@ void ifa(benchmark::State& state, Index batch, Index kv, Index block, int thread
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// Times an MLA decode call of FusedInferAttentionScore into `o` ([batch, 1, heads, 512]):
+/// GFLOPS of the two products (512 + 64 wide, then 512), GBps of `bytes` cache bytes per call.
+template <class In>
+void time_mla(benchmark::State& state, const attnref::FusedInferAttentionScoreParams& p,
+              const In& in, std::vector<attnref::bfloat16>& o, Index batch, Index heads, Index kv,
+              int threads, double bytes) {
+  const attnref::FusedInferAttentionScoreOutputs<attnref::bfloat16> out{
+      StridedView<attnref::bfloat16>(o.data(), {batch, 1, heads, 512})};
+  for (auto _ : state) {
+    attnref::fused_infer_attention_score(p, in, out, {threads});
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2.0 * batch * heads * kv * (512.0 + 64 + 512) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBps"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 /// DeepSeek-style MLA decode through FusedInferAttentionScore's rope inputs: one query token per
 /// sequence, `heads` query heads on one latent head, q 512 + rope 64, a bf16 paged latent cache
 /// (key = value [blocks, 128, 512], key_rope [blocks, 128, 64]) handed out shuffled.
@@ -190,17 +210,7 @@ void fia_mla(benchmark::State& state, Index batch, Index heads, Index kv, int th
   in.key_rope = StridedView<const bfloat16>(kr.data(), {blocks, bs, R});
   in.block_table = StridedView<const std::int32_t>(table.data(), {batch, per_seq});
   in.actual_seq_lengths_kv.assign(static_cast<size_t>(batch), kv);
-  const attnref::FusedInferAttentionScoreOutputs<bfloat16> out{
-      StridedView<bfloat16>(o.data(), {batch, 1, heads, C})};
-  for (auto _ : state) {
-    attnref::fused_infer_attention_score(p, in, out, {threads});
-    benchmark::DoNotOptimize(o.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOPS"] = benchmark::Counter(2.0 * batch * heads * kv * double(C + R + C) * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GBps"] = benchmark::Counter(double(batch * kv) * (C + R) * 2 * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  time_mla(state, p, in, o, batch, heads, kv, threads, double(batch * kv) * (C + R) * 2);
 }
 
 /// fia_mla in V4's full quantization: int8 query with a per-row-and-head scale, int8 NZ latent
@@ -235,17 +245,7 @@ void fia_mla_quant(benchmark::State& state, Index batch, Index heads, Index kv, 
   in.value_antiquant_scale = StridedView<const float>(dqv.data(), {1});
   in.block_table = StridedView<const std::int32_t>(table.data(), {batch, per_seq});
   in.actual_seq_lengths_kv.assign(static_cast<size_t>(batch), kv);
-  const attnref::FusedInferAttentionScoreOutputs<bfloat16> out{
-      StridedView<bfloat16>(o.data(), {batch, 1, heads, C})};
-  for (auto _ : state) {
-    attnref::fused_infer_attention_score(p, in, out, {threads});
-    benchmark::DoNotOptimize(o.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOPS"] = benchmark::Counter(2.0 * batch * heads * kv * double(C + R + C) * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GBps"] = benchmark::Counter(double(batch * kv) * (C + R * 2) * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  time_mla(state, p, in, o, batch, heads, kv, threads, double(batch * kv) * (C + R * 2));
 }
 
 template <class F>
