@@ -53,6 +53,7 @@
 #include "attnref/cann/detail/fia_paged.hpp"
 #include "attnref/cann/detail/fia_parts.hpp"
 #include "attnref/cann/detail/fia_prefix.hpp"
+#include "attnref/cann/detail/fia_prompt_aq.hpp"
 #include "attnref/cann/detail/fia_rope.hpp"
 #include "attnref/cann/incre_flash_attention.hpp"
 #include "attnref/cann/prompt_flash_attention.hpp"
@@ -80,6 +81,7 @@ struct FusedInferAttentionScoreParams {
   bool softmax_lse_flag = false;         ///< write softmax_lse
   /// Separate K / V antiquant (Q_S == 1): 0 per channel / tensor, 1 per token, 2 per tensor and
   /// head, 3 per token and head, 4 / 5 per token (and head) page-managed; key 0 with value 1.
+  /// Q_S > 1 (bf16): 0 / 0 or 1 / 1 (cann/detail/fia_prompt_aq.hpp).
   std::int64_t key_antiquant_mode = 0;
   std::int64_t value_antiquant_mode = 0;
   /// V4: 3 (per token and head) with dequant_scale_query: MLA's full quantization (int8 query and
@@ -103,7 +105,7 @@ struct fia_rope_type<std::int8_t> {
 
 /// T: half or bfloat16 (float: attnref extension), or int8 (the prompt branch's int8 path; MLA's
 /// full quantization).
-/// TKV: T, or int8 with a floating T (antiquant, incremental branch), or int32 with a floating T:
+/// TKV: T, or int8 with a floating T (antiquant; Q_S > 1: bf16), or int32 with a floating T:
 /// int4 packed eight to a word (cann/detail/fia_int4.hpp). TM: bool, int8 or uint8.
 /// TP: the pse type (T; half with int8 data).
 template <class T, class TKV = T, class TM = std::uint8_t,
@@ -132,12 +134,12 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const T> antiquant_offset{};
   StridedView<const float> antiquant_scale_per_token{};
   StridedView<const float> antiquant_offset_per_token{};
-  /// Separate K / V antiquant (V2+; Q_S == 1, int8 K / V): fp32 for every mode (the vendor's
-  /// fp16 / bf16 scales of modes 0 and 2 convert exactly). Mode 0: (1, KV_N, 1, D), (1, KV_N, D),
-  /// (1, KV_N·D) or (1); mode 1: (1, B, S'); mode 2: (KV_N); mode 3: (B, KV_N, S'); mode 4:
-  /// (blockNum, blockSize); mode 5: (blockNum, KV_N, blockSize) (4 and 5 with block_table: a
-  /// key's scale sits where the key does). Offsets optional, both or neither. Given, they win
-  /// over antiquant_scale / antiquant_offset (the vendor's rule).
+  /// Separate K / V antiquant (V2+; int8 K / V; Q_S > 1: fia_prompt_aq.hpp's shapes): fp32 for
+  /// every mode (the vendor's fp16 / bf16 scales of modes 0 and 2 convert exactly). Mode 0: (1,
+  /// KV_N, 1, D), (1, KV_N, D), (1, KV_N·D) or (1); mode 1: (1, B, S'); mode 2: (KV_N); mode 3: (B,
+  /// KV_N, S'); mode 4: (blockNum, blockSize); mode 5: (blockNum, KV_N, blockSize) (4 and 5 with
+  /// block_table: a key's scale sits where the key does). Offsets optional, both or neither. Given,
+  /// they win over antiquant_scale / antiquant_offset (the vendor's rule).
   StridedView<const float> key_antiquant_scale{};
   StridedView<const float> key_antiquant_offset{};
   StridedView<const float> value_antiquant_scale{};
@@ -343,7 +345,8 @@ void fia_incre(const FusedInferAttentionScoreParams& p,
   }
 }
 
-/// The prompt branch: PromptFlashAttention's plan (one key / value tensor, not paged).
+/// The prompt branch: PromptFlashAttention's plan (one key / value tensor; int8 key / value with
+/// a bf16 query: fia_prompt_aq.hpp).
 template <class T, class TKV, class TM, class TP, class TO>
 void fia_prompt(const FusedInferAttentionScoreParams& p,
                 const FusedInferAttentionScoreInputs<T, TKV, TM, TP>& in,
@@ -352,11 +355,7 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
   constexpr bool kPfaOut =
       std::is_same_v<TO, std::int8_t> ||
       std::is_same_v<TO, std::conditional_t<std::is_same_v<T, std::int8_t>, half, T>>;
-  constexpr bool kSameKv = std::is_same_v<TKV, T> && kPfaOut;
-  ATTNREF_CHECK((std::is_same_v<TKV, T>), std::invalid_argument, kFia, "key / value",
-                "int8 key / value with a floating query and Q_S > 1 (prompt-branch antiquant) "
-                "is not implemented in attnref yet",
-                "the query's type", "int8");
+  constexpr bool kAq = !std::is_same_v<TKV, T>;  // int8 key / value, a floating query
   ATTNREF_CHECK(kPfaOut, std::invalid_argument, kFia, "attention_out",
                 "a bf16 output with an int8 query is MLA's full quantization only",
                 "half or int8 with an int8 query", "bfloat16");
@@ -370,27 +369,29 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
                             in.antiquant_scale_per_token.absent() &&
                             in.antiquant_offset_per_token.absent();
   ATTNREF_CHECK(no_antiquant, std::invalid_argument, kFia, "antiquant_scale / antiquant_offset",
-                "given with floating-point key / value", "none", shape_str(in.antiquant_scale));
-  (void)fia_check_separate(p, in, false,
-                           "separate K / V antiquant with Q_S > 1 is not implemented in attnref "
-                           "yet");
-  if constexpr (kSameKv) {
-    PromptFlashAttentionParams pp;
-    pp.num_heads = p.num_heads;
-    pp.scale_value = p.scale_value;
-    pp.pre_tokens = p.pre_tokens;
-    pp.next_tokens = p.next_tokens;
-    pp.input_layout = p.input_layout;
-    pp.num_key_value_heads = p.num_key_value_heads;
-    pp.sparse_mode = p.sparse_mode;
-    pp.inner_precise = p.inner_precise;
-    pp.pse_order = p.pse_order;
-    pp.quant_block_size = p.quant_block_size;
+                kAq ? "with Q_S > 1 (the combined scales) is not implemented in attnref yet"
+                    : "given with floating-point key / value",
+                "none", shape_str(in.antiquant_scale));
+  (void)fia_check_separate(p, in, kAq, "given with floating-point key / value");
+  if constexpr (kAq) fia_prompt_aq_rules<T, TO>(kFia, p, in, r.layout, r.q_s);
+  if constexpr (kPfaOut) {
+    const PromptFlashAttentionParams pp = fia_pfa_params(p);
     FiaPaged<T> paged;  // (the engine reads through it until the run ends)
-    const bool pa = fia_paged(kFia, p, in, r.layout, paged);
-    PromptFlashAttentionInputs<T, TM, TP> pi{in.query, pa ? paged.key : in.key[0],
-                                             pa ? paged.value : in.value[0], in.pse_shift,
-                                             in.atten_mask};
+    bool pa = false;
+    PromptFlashAttentionInputs<T, TM, TP> pi{in.query, {}, {}, in.pse_shift, in.atten_mask};
+    const T unread{};  // int8 key / value: the plan's stand-ins (zero strides, never read)
+    if constexpr (kAq) {
+      const auto stand_in = [&unread](const StridedView<const TKV>& v) {
+        return StridedView<const T>(&unread, v.shape(),
+                                    std::vector<Index>(static_cast<size_t>(v.rank()), 0));
+      };
+      pi.key = stand_in(in.key[0]);
+      pi.value = stand_in(in.value[0]);
+    } else {
+      pa = fia_paged(kFia, p, in, r.layout, paged);
+      pi.key = pa ? paged.key : in.key[0];
+      pi.value = pa ? paged.value : in.value[0];
+    }
     pi.actual_seq_lengths = in.actual_seq_lengths;
     pi.actual_seq_lengths_kv = pa ? paged.kv_list : in.actual_seq_lengths_kv;
     pi.deq_scale1 = in.deq_scale1;
@@ -398,30 +399,40 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pi.deq_scale2 = in.deq_scale2;
     pi.quant_scale2 = in.quant_scale2;
     pi.quant_offset2 = in.quant_offset2;
-    PfaProblem<T, TM, TP, TO> pr;
+    PfaProblem<T, TM, TP, TO, TKV> pr;
     pr.fn = kFia;
-    if (pa) pr.paged = &paged.cache;
+    if constexpr (kAq)
+      pr.kv_key = in.key[0], pr.kv_value = in.value[0];
+    else if (pa)
+      pr.paged = &paged.cache;
     if (fia_has_rope(kFia, in)) {
       ATTNREF_CHECK((!std::is_same_v<T, std::int8_t>), std::invalid_argument, kFia, "query_rope",
                     "with an int8 query takes head size 512 (MLA full quantization)",
                     "head size 512", "another head size");
-      if constexpr (!std::is_same_v<T, std::int8_t>)
+      if constexpr (!std::is_same_v<T, std::int8_t> && !kAq)
         fia_rope_prompt(kFia, p, in, r.layout, pr.q_rope, pr.k_rope);
     }
     FiaPrefix<T> prefix;  // (the engine's pages point into it until the run ends)
-    if (fia_prefix(p, in, r, prefix)) {
-      pr.front_keys = prefix.P;
-      pr.kv_pages = &prefix.pages;
-      pr.kv_k = prefix.k;
-      pr.kv_v = prefix.v;
-    }
-    const Index n = static_cast<Index>(p.num_heads);
-    if (p.softmax_lse_flag)
-      pr.eo.lse = fia_lse_view(out.softmax_lse.data(), r, in.query.size(0), n);
+    if constexpr (!kAq)
+      if (fia_prefix(p, in, r, prefix)) {
+        pr.front_keys = prefix.P;
+        pr.kv_pages = &prefix.pages;
+        pr.kv_k = prefix.k;
+        pr.kv_v = prefix.v;
+      }
+    const Index n = static_cast<Index>(p.num_heads), B = in.query.size(0);
+    // (int8 key / value: the rows' lse, to zero those without a visible key)
+    std::vector<float> rows_lse(kAq && !p.softmax_lse_flag ? B * n * r.q_s : 0);
+    if (p.softmax_lse_flag || kAq)
+      pr.eo.lse =
+          fia_lse_view(p.softmax_lse_flag ? out.softmax_lse.data() : rows_lse.data(), r, B, n);
     pfa_prepare(pp, pi, PromptFlashAttentionOutputs<TO>{out.attention_out}, exec, pr);
+    FiaAntiquant aq;  // (the variant points into it until the run ends)
+    if constexpr (kAq) fia_prompt_aq_bind(kFia, p, in, pr, aq);
     fia_sink(p, in.learnable_sink, r, pr.pl, pr.var);
     if (!run) return;
     pfa_run(pr);
+    if constexpr (kAq) fia_prompt_aq_empty_rows(pr);
     if (!p.softmax_lse_flag) return;
     const float inf = std::numeric_limits<float>::infinity();
     fia_invalid_rows(pr.eo.lse, inf);

@@ -334,14 +334,17 @@ using PfaVariant = std::conditional_t<std::is_same_v<T, std::int8_t>, CannQuantV
 
 /// A validated PromptFlashAttention call, ready to run: the plan, the engine problem, its hooks
 /// and its execution config (filled in place, never copied).
-template <class T, class TM, class TP, class TO>
+/// TKV: the engine's key / value type, T, or int8 with a floating T (FusedInferAttentionScore's
+/// antiquant with Q_S > 1: kv_key / kv_value hold the int8 tensors, key / value only give the
+/// plan its dims).
+template <class T, class TM, class TP, class TO, class TKV = T>
 struct PfaProblem {
   PfaProblem() = default;
   PfaProblem(const PfaProblem&) = delete;
   PfaProblem& operator=(const PfaProblem&) = delete;
   PfaPlan pl;
   PfaVariant<T, TM, TP> var{};
-  AttentionInputs<T> e;
+  AttentionInputs<T, TKV> e;
   AttentionParams ep;
   AttentionOutputs<TO> eo;
   ExecConfig ex;
@@ -349,21 +352,25 @@ struct PfaProblem {
   /// Keys a caller puts in front of every sequence (FusedInferAttentionScore's shared prefix),
   /// and the pages and views the engine then reads instead of key / value (null: none).
   Index front_keys = 0;
-  const KvPages<T>* kv_pages = nullptr;
-  StridedView<const T, 4> kv_k{}, kv_v{};
+  const KvPages<TKV>* kv_pages = nullptr;
+  StridedView<const TKV, 4> kv_k{}, kv_v{};
   /// Split scores (FusedInferAttentionScore's query_rope / key_rope), engine views (none: absent).
-  StridedView<const T, 4> q_rope{}, k_rope{};
+  StridedView<const T, 4> q_rope{};
+  StridedView<const TKV, 4> k_rope{};
+  /// int8 key / value with a floating query (TKV int8), in the query's layout.
+  StridedView<const TKV> kv_key{}, kv_value{};
   /// A paged cache the engine reads instead of key / value (FusedInferAttentionScore with
   /// block_table; key / value then only give the plan its dims), validated by the caller.
-  const PagedKvCache<const T>* paged = nullptr;
+  const PagedKvCache<const TKV>* paged = nullptr;
 };
 
 /// The quantization scales, then the engine problem, validated against the caller's tensors,
 /// with the int8 path's P step or none.
-template <class T, class TM, class TP, class TO>
+template <class T, class TM, class TP, class TO, class TKV>
 void pfa_engine_problem(const PromptFlashAttentionParams& params,
                         const PromptFlashAttentionInputs<T, TM, TP>& in,
-                        const PromptFlashAttentionOutputs<TO>& out, PfaProblem<T, TM, TP, TO>& pr) {
+                        const PromptFlashAttentionOutputs<TO>& out,
+                        PfaProblem<T, TM, TP, TO, TKV>& pr) {
   using detail::shape_str;
   constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
@@ -399,8 +406,13 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
   // The engine problem.
   auto& e = pr.e;
   e.q = pfa_view(in.query.data(), layout, qd);
-  e.k = pfa_view(in.key.data(), layout, kd);
-  e.v = pfa_view(in.value.data(), layout, vd);
+  if constexpr (std::is_same_v<TKV, T>) {
+    e.k = pfa_view(in.key.data(), layout, kd);
+    e.v = pfa_view(in.value.data(), layout, vd);
+  } else {
+    e.k = pfa_view(pr.kv_key.data(), layout, kd);
+    e.v = pfa_view(pr.kv_value.data(), layout, vd);
+  }
   e.q_rope = pr.q_rope;
   e.k_rope = pr.k_rope;
   if (tnd) {
@@ -441,11 +453,11 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
 
 /// Validate and plan into `pr` (dense arguments): every check of prompt_flash_attention, nothing
 /// written; pfa_run runs it.
-template <class T, class TM, class TP, class TO>
+template <class T, class TM, class TP, class TO, class TKV>
 void pfa_prepare(const PromptFlashAttentionParams& params,
                  const PromptFlashAttentionInputs<T, TM, TP>& in,
                  const PromptFlashAttentionOutputs<TO>& out, const ExecConfig& exec,
-                 PfaProblem<T, TM, TP, TO>& pr) {
+                 PfaProblem<T, TM, TP, TO, TKV>& pr) {
   constexpr bool kInt8In = std::is_same_v<T, std::int8_t>;
   constexpr bool kInt8Out = std::is_same_v<TO, std::int8_t>;
   static_assert(
@@ -475,8 +487,8 @@ void pfa_prepare(const PromptFlashAttentionParams& params,
 }
 
 /// Padded query rows 0, then the engine.
-template <class T, class TM, class TP, class TO>
-void pfa_run(const PfaProblem<T, TM, TP, TO>& pr) {
+template <class T, class TM, class TP, class TO, class TKV>
+void pfa_run(const PfaProblem<T, TM, TP, TO, TKV>& pr) {
   const PfaPlan& pl = pr.pl;
   if (!pl.tnd)
     for (Index b = 0; b < pl.lens.B; ++b)

@@ -1,0 +1,137 @@
+#pragma once
+/// FusedInferAttentionScore's separate K / V antiquant with Q_S > 1 (the prompt branch; the
+/// vendor's documents for V2–V4): int8 key / value read as (x8 + offset) · scale with a bf16
+/// query and a bf16 output, through PromptFlashAttention's plan with the engine's int8 K/V load
+/// path (no dequantized copy). Not part of the API.
+///
+/// The rules (the documents' list for Q_S > 1): Q_S <= 16; query and output bf16; layouts BSH,
+/// BSND, BNSD, BNSD_BSND (TND: not listed, rejected); key_antiquant_mode == value_antiquant_mode,
+/// 0 per channel ((KV_N, D), (KV_N, 1, D) or (KV_N·D)) or 1 per token ((B, S'), S' covering the
+/// longest kv length); offsets optional, both or neither; not with the combined antiquant
+/// fields, a paged cache, tensor lists, kv left padding, a shared prefix or rope inputs. The
+/// vendor passes per-channel scales in bf16; attnref takes fp32 for every mode.
+/// Rows without a visible key are 0, as everywhere in the prompt branch (with a value offset the
+/// output map would otherwise turn them into offset · scale).
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attnref/cann/detail/common.hpp"
+#include "attnref/cann/detail/fia_antiquant.hpp"
+#include "attnref/cann/detail/layouts.hpp"
+#include "attnref/cann/prompt_flash_attention.hpp"
+#include "attnref/core/error.hpp"
+#include "attnref/core/types.hpp"
+#include "attnref/core/view.hpp"
+
+namespace attnref::detail {
+
+/// PromptFlashAttention's params of a FusedInferAttentionScore call.
+template <class P>
+PromptFlashAttentionParams fia_pfa_params(const P& p) {
+  PromptFlashAttentionParams pp;
+  pp.num_heads = p.num_heads;
+  pp.scale_value = p.scale_value;
+  pp.pre_tokens = p.pre_tokens;
+  pp.next_tokens = p.next_tokens;
+  pp.input_layout = p.input_layout;
+  pp.num_key_value_heads = p.num_key_value_heads;
+  pp.sparse_mode = p.sparse_mode;
+  pp.inner_precise = p.inner_precise;
+  pp.pse_order = p.pse_order;
+  pp.quant_block_size = p.quant_block_size;
+  return pp;
+}
+
+/// The rules above that need no plan (T, TO: the query's and output's types).
+template <class T, class TO, class P, class In>
+void fia_prompt_aq_rules(const char* fn, const P& p, const In& in, Layout layout, Index q_s) {
+  const auto need = [fn](bool ok, const std::string& arg, const std::string& what,
+                         const std::string& expected, const std::string& got) {
+    ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
+  };
+  const std::string with = "with int8 key / value and Q_S > 1";
+  need(std::is_same_v<T, bfloat16>, "query", "not bf16 " + with, "bfloat16", "another type");
+  need(std::is_same_v<TO, bfloat16>, "attention_out", "not bf16 " + with, "bfloat16",
+       "another type");
+  need(q_s <= 16, "query.shape", "Q_S out of range " + with, "Q_S <= 16", std::to_string(q_s));
+  need(layout != Layout::TND, "params.input_layout", "not supported " + with,
+       "BSH, BSND, BNSD or BNSD_BSND", p.input_layout);
+  need(!in.key_antiquant_scale.absent() && !in.value_antiquant_scale.absent(),
+       "key_antiquant_scale / value_antiquant_scale", "missing " + with + " (separate scales)",
+       "both scales", "none");
+  need(p.key_antiquant_mode == p.value_antiquant_mode &&
+           (p.key_antiquant_mode == 0 || p.key_antiquant_mode == 1),
+       "params.key_antiquant_mode / value_antiquant_mode", "not supported " + with,
+       "0 / 0 or 1 / 1",
+       std::to_string(p.key_antiquant_mode) + " / " + std::to_string(p.value_antiquant_mode));
+  need(in.block_table.absent(), "block_table", "not supported " + with, "none",
+       shape_str(in.block_table));
+  need(in.key_shared_prefix.absent() && in.value_shared_prefix.absent(), "key_shared_prefix",
+       "not supported " + with, "none", shape_str(in.key_shared_prefix));
+  need(in.query_rope.absent() && in.key_rope.absent(), "query_rope", "not supported " + with,
+       "none", shape_str(in.query_rope));
+}
+
+/// `in` with its separate scales and offsets seen in the incremental branch's shapes ((KV_N, D)
+/// -> (1, KV_N, D), (KV_N, 1, D) -> (1, KV_N, 1, D), (KV_N·D) -> (1, KV_N·D), (B, S') ->
+/// (1, B, S')), each checked against the Q_S > 1 list first.
+template <class In>
+In fia_prompt_aq_shapes(const char* fn, const In& in, std::int64_t mode, Index B, Index kvn,
+                        Index D, Index cols) {
+  In r = in;
+  for (auto* v : {&r.key_antiquant_scale, &r.key_antiquant_offset, &r.value_antiquant_scale,
+                  &r.value_antiquant_offset}) {
+    if (v->absent()) continue;
+    const std::string arg = v == &r.key_antiquant_scale     ? "key_antiquant_scale"
+                            : v == &r.key_antiquant_offset  ? "key_antiquant_offset"
+                            : v == &r.value_antiquant_scale ? "value_antiquant_scale"
+                                                            : "value_antiquant_offset";
+    const auto sh = v->shape();
+    Dims to;
+    if (mode == 0 && sh == Dims{kvn, D}) to = Dims{1, kvn, D};
+    if (mode == 0 && sh == Dims{kvn, 1, D}) to = Dims{1, kvn, 1, D};
+    if (mode == 0 && sh == Dims{kvn * D}) to = Dims{1, kvn * D};
+    if (mode == 1 && v->rank() == 2 && v->size(0) == B && v->size(1) >= cols)
+      to = Dims{1, B, v->size(1)};
+    ATTNREF_CHECK(
+        to.size() > 0, std::invalid_argument, fn, arg + ".shape",
+        "not an accepted shape with Q_S > 1",
+        mode == 0 ? "(KV_N, D), (KV_N, 1, D) or (KV_N*D)" : "(B, >= " + std::to_string(cols) + ")",
+        shape_str(*v));
+    *v = StridedView<const float>(v->data(), to);
+  }
+  return r;
+}
+
+/// Checks the scales against the plan and binds them to the variant (per channel: the K scale
+/// folded into q, its offset into a row constant, V's map on the output; per token: the
+/// kv_dequant hook). `aq` must outlive the run.
+template <class P, class In, class T, class TM, class TP, class TO, class TKV>
+void fia_prompt_aq_bind(const char* fn, const P& p, const In& in,
+                        PfaProblem<T, TM, TP, TO, TKV>& pr, FiaAntiquant& aq) {
+  const PfaPlan& pl = pr.pl;
+  const Index B = pl.lens.B;
+  const In s = fia_prompt_aq_shapes(fn, in, p.key_antiquant_mode, B, pl.kvn, pl.D, pl.S2);
+  aq = fia_antiquant(fn, p.key_antiquant_mode, p.value_antiquant_mode, s, B, pl.kvn, pl.D, pl.S2,
+                     FiaAqPages{});
+  pr.var.group = pl.n / pl.kvn;
+  pr.var.zero_empty = true;
+  fia_bind_antiquant(aq, static_cast<float>(pr.ep.scale), B, pr.var);
+}
+
+/// Rows the engine left without a visible key (lse -inf) become 0 (pr.eo.lse: the rows' lse).
+template <class T, class TM, class TP, class TO, class TKV>
+void fia_prompt_aq_empty_rows(const PfaProblem<T, TM, TP, TO, TKV>& pr) {
+  const PfaPlan& pl = pr.pl;
+  for (Index b = 0; b < pl.lens.B; ++b)
+    for (Index h = 0; h < pl.n; ++h)
+      for (Index i = 0; i < pl.lens.q_len[static_cast<size_t>(b)]; ++i)
+        if (pr.eo.lse(b, h, i) == -std::numeric_limits<float>::infinity())
+          for (Index x = 0; x < pl.Dv; ++x) pr.eo.o(b, i, h, x) = TO(0.0f);
+}
+
+}  // namespace attnref::detail

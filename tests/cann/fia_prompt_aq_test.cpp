@@ -1,0 +1,320 @@
+// FusedInferAttentionScore's separate K / V antiquant with Q_S > 1 (the prompt branch): int8
+// key / value with a bf16 query, per channel or per token, with offsets, against the
+// independent reference on K / V dequantized here (tests/reference/cann_flash_attention.hpp), in
+// BSH, BSND, BNSD and BNSD_BSND, sparse modes 0, 3 and 4, GQA, padded query rows, a batch
+// without keys and rows without a visible key (0 with a value offset too); softmax_lse; thread
+// counts give the same bits; every rule's rejection leaves the output untouched.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <attnref/cann/fused_infer_attention_score.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cann/flash_attention_support.hpp"
+#include "reference/cann_flash_attention.hpp"
+#include "support/cast.hpp"
+#include "support/errors.hpp"
+
+namespace fia_prompt_aq_test {
+
+using namespace flash_attention_support;
+using attnref::FusedInferAttentionScoreInputs;
+using attnref::FusedInferAttentionScoreOutputs;
+using attnref::FusedInferAttentionScoreParams;
+using bf = attnref::bfloat16;
+
+struct Case {
+  std::string layout = "BSND";
+  std::vector<int> L{37, 0, 2};  // kv lengths; S2 = 40
+  std::vector<int> Q{5, 3, 5};   // query rows; S1 = 5
+  int mode = 0;                  // 0 per channel, 1 per token
+  int sparse = 0;                // 0 (no mask), 3, 4 (pre 10, next 2)
+  int shape = 0;                 // mode 0: (KV_N, D), (KV_N, 1, D), (KV_N·D)
+  int N = 4, kvn = 2, D = 64, S1 = 5, S2 = 40;
+  unsigned seed = 1;
+  int B() const { return static_cast<int>(L.size()); }
+};
+
+struct Built {
+  Case c;
+  Seqs q, k, v;  // the reference's rows (K / V dequantized)
+  std::vector<bf> qb;
+  std::vector<i8> kb, vb;
+  std::vector<float> sc[2], off[2];
+  Shape sshape;
+  std::vector<u8> mask;
+};
+
+bool bnsd(const Case& c) { return c.layout == "BNSD" || c.layout == "BNSD_BSND"; }
+
+// The map of side (0 key, 1 value) for batch b, key j, channel ch = kv head · D + d.
+size_t map_at(const Case& c, int b, int j, int ch) { return c.mode == 0 ? z(ch) : z(b * c.S2 + j); }
+
+Built build(const Case& c) {
+  Built r;
+  r.c = c;
+  const int B = c.B(), N = c.N, KVN = c.kvn, D = c.D;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<double> nd;
+  std::uniform_int_distribution<int> ui(-100, 100);
+  const int nmap = c.mode == 0 ? KVN * D : B * c.S2;
+  for (int side = 0; side < 2; ++side)
+    for (int i = 0; i < nmap; ++i) {
+      r.sc[side].push_back(static_cast<float>(0.004 + 0.02 * hv(c.seed + 3 + side, i, 0, 1)));
+      r.off[side].push_back(std::round(static_cast<float>(8 * hv(c.seed + 5 + side, i, 0, 1)) - 4));
+    }
+  r.sshape = c.mode == 1    ? shp(B, c.S2)
+             : c.shape == 0 ? shp(KVN, D)
+             : c.shape == 1 ? shp(KVN, 1, D)
+                            : shp(KVN * D);
+  r.qb.resize(z(B * c.S1 * N * D), bf(0.0f));
+  r.kb.resize(z(B * c.S2 * KVN * D));
+  r.vb.resize(r.kb.size());
+  r.q.resize(z(B));
+  r.k.resize(z(B));
+  r.v.resize(z(B));
+  for (int b = 0; b < B; ++b) {
+    for (int i = 0; i < c.S1; ++i)
+      for (int h = 0; h < N; ++h)
+        for (int d = 0; d < D; ++d) {
+          const bf x = bf(static_cast<float>(nd(rng)));
+          const size_t at =
+              bnsd(c) ? z(((b * N + h) * c.S1 + i) * D + d) : z(((b * c.S1 + i) * N + h) * D + d);
+          r.qb[at] = x;
+          if (i < c.Q[z(b)]) r.q[z(b)].push_back(dbl(x));
+        }
+    for (int j = 0; j < c.S2; ++j)
+      for (int h = 0; h < KVN; ++h)
+        for (int d = 0; d < D; ++d) {
+          const size_t at = bnsd(c) ? z(((b * KVN + h) * c.S2 + j) * D + d)
+                                    : z(((b * c.S2 + j) * KVN + h) * D + d);
+          r.kb[at] = i8(ui(rng));
+          r.vb[at] = i8(ui(rng));
+          if (j >= c.L[z(b)]) continue;
+          const size_t m = map_at(c, b, j, h * D + d);
+          r.k[z(b)].push_back((r.kb[at] + double(r.off[0][m])) * r.sc[0][m]);
+          r.v[z(b)].push_back((r.vb[at] + double(r.off[1][m])) * r.sc[1][m]);
+        }
+  }
+  if (c.sparse != 0) {
+    r.mask.assign(2048 * 2048, 0);
+    for (int i = 0; i < 2048; ++i)
+      for (int j = i + 1; j < 2048; ++j) r.mask[z(i * 2048 + j)] = 1;
+  }
+  return r;
+}
+
+struct Call {
+  FusedInferAttentionScoreParams p;
+  FusedInferAttentionScoreInputs<bf, i8> in;
+  Shape oshape;
+};
+
+Call call_of(const Built& r) {
+  const Case& c = r.c;
+  Call x;
+  const int B = c.B(), N = c.N, KVN = c.kvn, D = c.D;
+  x.p.num_heads = N;
+  x.p.num_key_value_heads = KVN;
+  x.p.scale_value = 0.125;
+  x.p.input_layout = c.layout;
+  x.p.sparse_mode = c.sparse;
+  x.p.pre_tokens = 10;
+  x.p.next_tokens = 2;
+  x.p.key_antiquant_mode = x.p.value_antiquant_mode = c.mode;
+  const Shape qs = c.layout == "BSH"    ? shp(B, c.S1, N * D)
+                   : c.layout == "BSND" ? shp(B, c.S1, N, D)
+                                        : shp(B, N, c.S1, D);
+  const Shape ks = c.layout == "BSH"    ? shp(B, c.S2, KVN * D)
+                   : c.layout == "BSND" ? shp(B, c.S2, KVN, D)
+                                        : shp(B, KVN, c.S2, D);
+  x.oshape = c.layout == "BNSD_BSND" ? shp(B, c.S1, N, D) : qs;
+  x.in.query = {r.qb.data(), qs};
+  x.in.key = {{r.kb.data(), ks}};
+  x.in.value = {{r.vb.data(), ks}};
+  for (int q : c.Q) x.in.actual_seq_lengths.push_back(q);
+  for (int l : c.L) x.in.actual_seq_lengths_kv.push_back(l);
+  x.in.key_antiquant_scale = {r.sc[0].data(), r.sshape};
+  x.in.key_antiquant_offset = {r.off[0].data(), r.sshape};
+  x.in.value_antiquant_scale = {r.sc[1].data(), r.sshape};
+  x.in.value_antiquant_offset = {r.off[1].data(), r.sshape};
+  if (!r.mask.empty()) x.in.atten_mask = {r.mask.data(), shp(2048, 2048)};
+  return x;
+}
+
+std::vector<bf> run(const Call& x, std::vector<float>* lse = nullptr, int threads = 0) {
+  Index n = 1;
+  for (Index e : x.oshape) n *= e;
+  std::vector<bf> out(z(n), bf(7.0f));
+  FusedInferAttentionScoreOutputs<bf> o{{out.data(), x.oshape}};
+  FusedInferAttentionScoreParams p = x.p;
+  if (lse != nullptr) {
+    p.softmax_lse_flag = true;
+    lse->assign(z(x.oshape[0] * p.num_heads * 5), 7.0f);
+    o.softmax_lse = {lse->data(), shp(x.oshape[0], p.num_heads, 5, 1)};
+  }
+  attnref::fused_infer_attention_score(p, x.in, o, {threads});
+  return out;
+}
+
+// Output rows in (b, i, h) order (the output's layout: BSND-like except BNSD).
+double out_at(const Case& c, const std::vector<bf>& o, int b, int i, int h, int d) {
+  const bool head_major = c.layout == "BNSD";
+  const size_t at = head_major ? z(((b * c.N + h) * c.S1 + i) * c.D + d)
+                               : z(((b * c.S1 + i) * c.N + h) * c.D + d);
+  return dbl(o[at]);
+}
+
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.layout + " mode " + std::to_string(c.mode) + " sparse " +
+               std::to_string(c.sparse) + " shape " + std::to_string(c.shape));
+  const Built r = build(c);
+  const Call x = call_of(r);
+  std::vector<float> lse;
+  const auto out = run(x, c.layout == "BSND" ? &lse : nullptr);
+  ref::cann::Pfa pr;
+  pr.num_heads = c.N;
+  pr.num_kv_heads = c.kvn;
+  pr.head_size = pr.v_head_size = c.D;
+  pr.q_len = c.Q;
+  pr.kv_len = c.L;
+  pr.scale = 0.125;
+  pr.sparse_mode = c.sparse;
+  pr.pre = 10;
+  pr.next = 2;
+  Seqs ref_lse;
+  const Seqs want = ref::cann::pfa(pr, r.q, r.k, r.v, &ref_lse);
+  std::vector<double> w, g;
+  bool pads_zero = true;
+  for (int b = 0; b < c.B(); ++b)
+    for (int i = 0; i < c.S1; ++i)
+      for (int h = 0; h < c.N; ++h)
+        for (int d = 0; d < c.D; ++d) {
+          const double o = out_at(c, out, b, i, h, d);
+          if (i >= c.Q[z(b)]) {
+            pads_zero = pads_zero && o == 0.0;
+            continue;
+          }
+          w.push_back(want[z(b)][z((i * c.N + h) * c.D + d)]);
+          g.push_back(o);
+        }
+  EXPECT_TRUE(pads_zero) << "padded query rows are not 0";
+  std::vector<bf> gb;
+  for (double v : g) gb.push_back(bf(static_cast<float>(v)));
+  EXPECT_TRUE(matches(w, gb));
+  if (!lse.empty())
+    for (int b = 0; b < c.B(); ++b)
+      for (int h = 0; h < c.N; ++h)
+        for (int i = 0; i < c.Q[z(b)]; ++i) {
+          const double wl = ref_lse[z(b)][z(h * c.Q[z(b)] + i)];
+          const float gl = lse[z((b * c.N + h) * c.S1 + i)];
+          EXPECT_TRUE(std::isinf(wl) ? gl == INFINITY
+                                     : std::abs(gl - wl) <= 1e-4 + 2e-5 * std::abs(wl))
+              << "lse (" << b << ", " << h << ", " << i << ") = " << gl << ", want " << wl;
+        }
+  const auto o1 = run(x, nullptr, 1), o2 = run(x, nullptr, 2);
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(bf)), 0)
+      << "thread count changed the bits";
+}
+
+TEST(FiaPromptAntiquant, MatchesReference) {
+  unsigned seed = 1;
+  for (const std::string lay : {"BSH", "BSND", "BNSD", "BNSD_BSND"})
+    for (int mode : {0, 1})
+      for (int sparse : {0, 3, 4}) {
+        Case c;
+        c.layout = lay;
+        c.mode = mode;
+        c.sparse = sparse;
+        c.shape = static_cast<int>(seed % 3);
+        c.seed = seed++;
+        check_case(c);
+      }
+}
+
+TEST(FiaPromptAntiquant, Rejections) {
+  Case c;
+  const Built r = build(c);
+  const auto rejected = [&](const std::function<void(Call&)>& edit, const std::string& frag) {
+    Call x = call_of(r);
+    edit(x);
+    SCOPED_TRACE(frag);
+    Index n = 1;
+    for (Index e : x.oshape) n *= e;
+    std::vector<bf> out(z(n), bf(7.0f));
+    support::expect_rejected(
+        [&] {
+          attnref::fused_infer_attention_score(
+              x.p, x.in, FusedInferAttentionScoreOutputs<bf>{{out.data(), x.oshape}});
+        },
+        frag);
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](bf v) { return dbl(v) == 7.0; }));
+  };
+  std::vector<bf> q17(z(3 * 17 * c.N * c.D), bf(0.5f));
+  rejected(
+      [&](Call& x) {
+        x.in.query = {q17.data(), shp(3, 17, c.N, c.D)};
+        x.oshape = Shape(x.in.query.shape().begin(), x.in.query.shape().end());
+      },
+      "Q_S out of range");
+  rejected([](Call& x) { x.p.key_antiquant_mode = x.p.value_antiquant_mode = 2; }, "not supported");
+  rejected([](Call& x) { x.p.value_antiquant_mode = 1; }, "not supported");
+  std::vector<float> one{0.5f};
+  rejected(
+      [&](Call& x) {
+        x.in.key_antiquant_scale = {one.data(), shp(1)};
+      },
+      "not an accepted shape with Q_S > 1");
+  rejected(
+      [&](Call& x) {
+        x.in.key_antiquant_scale = {r.sc[0].data(), shp(1, c.kvn, c.D)};
+      },
+      "not an accepted shape with Q_S > 1");
+  rejected([](Call& x) { x.in.key_antiquant_scale = x.in.value_antiquant_scale = {}; }, "missing");
+  rejected([](Call& x) { x.in.value_antiquant_offset = {}; },
+           "key_antiquant_offset / value_antiquant_offset");
+  std::vector<bf> legacy(z(2 * c.kvn * c.D), bf(0.01f));
+  rejected(
+      [&](Call& x) {
+        x.in.antiquant_scale = {legacy.data(), shp(2, c.kvn * c.D)};
+      },
+      "combined scales");
+  std::vector<std::int32_t> table(3, 0);
+  rejected([&](Call& x) { x.in.block_table = {table.data(), shp(3, 1)}; }, "block_table");
+  rejected(
+      [&](Call& x) {
+        x.p.input_layout = "TND";
+        x.in.query = {r.qb.data(), shp(13, c.N, c.D)};
+        x.oshape = Shape(x.in.query.shape().begin(), x.in.query.shape().end());
+        x.in.key = {{r.kb.data(), shp(39, c.kvn, c.D)}};
+        x.in.value = {{r.vb.data(), shp(39, c.kvn, c.D)}};
+        x.in.actual_seq_lengths = {5, 8, 13};
+        x.in.actual_seq_lengths_kv = {37, 37, 39};
+      },
+      "input_layout");
+  // A half query: the documents list bf16 only.
+  Call x = call_of(r);
+  FusedInferAttentionScoreInputs<half, i8> h;
+  std::vector<half> qh(r.qb.size(), half(0.5f)), oh(qh.size(), half(7.0f));
+  h.query = {qh.data(), x.in.query.shape()};
+  h.key = x.in.key;
+  h.value = x.in.value;
+  h.actual_seq_lengths_kv = x.in.actual_seq_lengths_kv;
+  h.key_antiquant_scale = x.in.key_antiquant_scale;
+  h.value_antiquant_scale = x.in.value_antiquant_scale;
+  support::expect_rejected(
+      [&] {
+        attnref::fused_infer_attention_score(
+            x.p, h, FusedInferAttentionScoreOutputs<half>{{oh.data(), x.oshape}});
+      },
+      "not bf16");
+}
+
+}  // namespace fia_prompt_aq_test
