@@ -49,10 +49,11 @@ struct MlaCase {
   bool rank4 = false;  // the cache as [blockNum, 1, blockSize, D] (BNSD / TND query)
   unsigned seed = 1;
   double scale = 0.0625;
+  int pre = 0;  // > 0: sparse_mode 4 (the sliding window) with pre_tokens `pre`
   int B() const { return static_cast<int>(ql.size()); }
   int qs() const { return ql[0]; }  // non-TND: every batch has Q_S rows
   bool tnd() const { return layout == "TND"; }
-  int sparse() const { return tnd() ? 3 : (qs() > 1 ? 3 : 0); }
+  int sparse() const { return pre > 0 ? 4 : tnd() ? 3 : (qs() > 1 ? 3 : 0); }
 };
 
 template <class T>
@@ -88,7 +89,7 @@ struct Mla {
     kc = support::randn<T>(static_cast<size_t>(nb * c.bs) * kD, rng);
     vc = support::randn<T>(static_cast<size_t>(nb * c.bs) * kD, rng);
     krc = support::randn<T>(static_cast<size_t>(nb * c.bs) * kR, rng);
-    if (c.sparse() == 3) mask.assign(2048 * 2048, 0);  // (its content is not read)
+    if (c.sparse() >= 3) mask.assign(2048 * 2048, 0);  // (its content is not read)
     out.assign(rows * kD, T(-3.0f));
   }
   // Element offset of (b, i, h) of a [.., width] query-shaped tensor in the layout.
@@ -115,6 +116,7 @@ struct Mla {
     p.input_layout = c.layout;
     p.sparse_mode = c.sparse();
     p.block_size = c.bs;
+    if (c.pre > 0) p.pre_tokens = c.pre, p.next_tokens = 0;
     return p;
   }
   attnref::FusedInferAttentionScoreInputs<T> inputs() const {
@@ -149,7 +151,8 @@ struct Mla {
     pr.head_size = kD + kR;
     pr.v_head_size = kD;
     pr.scale = c.scale;
-    pr.causal = c.sparse() == 3 ? ref::Causal::kBottomRight : ref::Causal::kNone;
+    pr.causal = c.sparse() >= 3 ? ref::Causal::kBottomRight : ref::Causal::kNone;
+    pr.window = c.pre > 0 ? c.pre + 1 : 0;  // keys [i' - pre, i'], i' = i + kv - q
     ref::Seqs qs, ks, vs;
     for (int b = 0; b < c.B(); ++b) {
       const int ql = c.ql[static_cast<size_t>(b)], kl = c.kvl[static_cast<size_t>(b)];
@@ -268,6 +271,25 @@ TEST(FiaRope, MlaDecodeEqualsAtbMlaDecodeOnTheConcatenatedCacheBitForBit) {
       p, in, attnref::MlaDecodeOutputs<bfloat16>{StridedView<bfloat16>(o.data(), {B, H, kD})});
   EXPECT_TRUE(same_bits(o, m.out));
   EXPECT_LE(m.error(), 1.0);
+}
+
+// sparse_mode 4 (BSND, 128 heads): row i sees keys [i + kv - Q_S - pre, i + kv - Q_S].
+TEST(FiaRope, MlaSlidingWindowMatchesTheReference) {
+  unsigned seed = 60;
+  for (int qs : {1, 3})
+    for (int bs : {64, 128})
+      for (int pre : {1, 20, 2048}) {
+        MlaCase c;
+        c.N = 128;
+        c.ql.assign(3, qs);
+        c.kvl = {70, 3, 200};
+        c.bs = bs;
+        c.pre = pre;
+        c.seed = seed++;
+        Mla<bfloat16> m(c);
+        m.run();
+        EXPECT_LE(m.error(), 1.0) << "Q_S " << qs << " bs " << bs << " pre " << pre;
+      }
 }
 
 TEST(FiaRope, MlaThreadCountsGiveTheSameBits) {
@@ -500,7 +522,43 @@ TEST(FiaRope, MlaRejections) {
       "params.sparse_mode not supported");
   expect_rejected(
       dec, [](Params& p, Inputs&, auto&) { p.sparse_mode = 4; },
-      "4 (MLA's sliding window) is not implemented in attnref yet");
+      "sparse_mode 3 and 4 take the 2048 x 2048 compressed mask");
+  MlaCase sw;  // a valid sliding-window call, then one rule broken at a time
+  sw.N = 128;
+  sw.ql = {2, 2};
+  sw.kvl = {70, 3};
+  sw.bs = 64;
+  sw.pre = 20;
+  expect_rejected(
+      sw, [](Params& p, Inputs&, auto&) { p.pre_tokens = 2049; }, "params.pre_tokens out of range");
+  expect_rejected(
+      sw, [](Params& p, Inputs&, auto&) { p.pre_tokens = 0; }, "params.pre_tokens out of range");
+  expect_rejected(
+      sw, [](Params& p, Inputs&, auto&) { p.next_tokens = 1; }, "params.next_tokens not supported");
+  expect_rejected(
+      sw,
+      [](Params&, Inputs& in, auto&) {
+        in.actual_seq_lengths_kv = {70, 1};
+      },
+      "actual_seq_lengths_kv[1] out of range with MLA's sparse_mode 4");
+  expect_rejected(
+      sw,
+      [](Params&, Inputs& in, auto&) {
+        in.actual_seq_lengths = {2, 1};
+      },
+      "query lengths below Q_S");
+  MlaCase sw_bsh = sw;
+  sw_bsh.layout = "BSH";
+  expect_rejected(
+      sw_bsh, [](Params&, Inputs&, auto&) {}, "params.input_layout not supported with MLA's");
+  MlaCase sw16 = sw;
+  sw16.bs = 16;
+  expect_rejected(
+      sw16, [](Params&, Inputs&, auto&) {}, "params.block_size not supported");
+  MlaCase sw8 = sw;
+  sw8.N = 8;
+  expect_rejected(
+      sw8, [](Params&, Inputs&, auto&) {}, "params.num_heads not supported with MLA's");
   expect_rejected(
       dec,
       [&](Params&, Inputs& in, auto&) {
@@ -509,13 +567,13 @@ TEST(FiaRope, MlaRejections) {
       "atten_mask given with sparse_mode 0");
   expect_rejected(
       mtp, [](Params&, Inputs& in, auto&) { in.atten_mask = {}; },
-      "sparse_mode 3 takes the 2048 x 2048 compressed mask");
+      "sparse_mode 3 and 4 take the 2048 x 2048 compressed mask");
   expect_rejected(
       mtp,
       [&](Params&, Inputs& in, auto&) {
         in.atten_mask = StridedView<const std::uint8_t>(mask.data(), {1, 1, 2048, 2048});
       },
-      "sparse_mode 3 takes the 2048 x 2048 compressed mask");
+      "sparse_mode 3 and 4 take the 2048 x 2048 compressed mask");
   expect_rejected(
       mtp, [](Params& p, Inputs&, auto&) { p.input_layout = "BNSD_BSND"; },
       "params.input_layout not supported with query_rope");

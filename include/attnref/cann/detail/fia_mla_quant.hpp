@@ -99,6 +99,7 @@ void fia_mla_quant_rules(const char* fn, const P& p, const In& in, Layout layout
        std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
   need(p.block_size == 128, "params.block_size", "not supported " + mla, "128",
        std::to_string(p.block_size));
+  need(p.sparse_mode != 4, "params.sparse_mode", "not supported " + mla, "0 or 3", "4");
   fia_nz_check(fn, "key[0]", in.key[0], 512, 32, -1);
   fia_nz_check(fn, "value[0]", in.value[0], 512, 32, in.key[0].size(0));
   fia_nz_check(fn, "key_rope", in.key_rope, 64, 16, in.key[0].size(0));

@@ -7,9 +7,10 @@
 ///     {1, 2, 4, ..., 128}, Q_S 1–16 (TND: per batch), a paged cache with blocks of 16 or 128,
 ///     layouts BSH, BSND, BNSD and TND (with _NBSD / _NTD: the output head-major); sparse_mode 0
 ///     (no mask) with one query row, 3 (rightDownCausal, the 2048 x 2048 mask) with more (TND: 0 or
-///     3); no softmax_lse, pse, shared prefix, antiquant, post-quant, kv padding or sink. fia_mla
-///     is its plan: the engine with split scores over the paged cache, the causal mode its only
-///     hook.
+///     3), or 4 (the sliding window: BSND, 128 heads, keys [i + kv - Q_S - pre, i + kv - Q_S],
+///     pre_tokens in [1, 2048], next_tokens 0, blocks of 64 or 128, kv >= Q_S); no softmax_lse,
+///     pse, shared prefix, antiquant, post-quant, kv padding or sink. fia_mla is its plan: the
+///     engine with split scores over the paged cache, the causal mode and window its only hooks.
 ///   Head size 128 (the prompt branch): rope 64, TND only, bf16, q / k / v head size 128; no
 ///     paged cache, prefix, pse or quantization. fia_prompt passes the rope views to the
 ///     PromptFlashAttention plan.
@@ -81,29 +82,40 @@ void fia_mla_unsupported(const char* fn, const P& p, const In& in) {
                 "0 or 1", std::to_string(p.inner_precise));
 }
 
-/// MLA's sparse mode and mask: TND 0 or 3; otherwise 0 with Q_S 1, 3 with Q_S > 1 (mode 4, the
-/// sliding window, is not implemented). Mode 0 takes no mask, mode 3 the 2048 x 2048 one.
+/// MLA's sparse mode and mask: TND 0 or 3; otherwise 0 with Q_S 1, 3 with Q_S > 1, or 4 (the
+/// sliding window, unquantized MLA: BSND, 128 query heads, pre_tokens in [1, 2048], next_tokens
+/// 0; the prepare step checks the rest). Mode 0 takes no mask, 3 and 4 the 2048 x 2048 one.
+/// Returns the engine's window: -1 none, 0 causal, w > 0 causal with a window of w keys.
 template <class P, class TM>
-bool fia_mla_causal(const char* fn, const P& p, const StridedView<const TM>& mask, bool tnd,
-                    Index q_s) {
+Index fia_mla_causal(const char* fn, const P& p, const StridedView<const TM>& mask, bool tnd,
+                     Index q_s) {
   const std::int64_t sm = p.sparse_mode;
-  ATTNREF_CHECK(sm != 4, std::invalid_argument, fn, "params.sparse_mode",
-                "4 (MLA's sliding window) is not implemented in attnref yet", "0 or 3", "4");
   const std::int64_t want = q_s > 1 ? 3 : 0;
-  ATTNREF_CHECK(tnd ? (sm == 0 || sm == 3) : sm == want, std::invalid_argument, fn,
-                "params.sparse_mode", "not supported with query_rope and head size 512 (MLA)",
-                tnd ? "0 or 3 (TND)" : std::to_string(want) + " with Q_S " + std::to_string(q_s),
-                std::to_string(sm));
+  ATTNREF_CHECK(
+      tnd ? (sm == 0 || sm == 3) : (sm == want || sm == 4), std::invalid_argument, fn,
+      "params.sparse_mode", "not supported with query_rope and head size 512 (MLA)",
+      tnd ? "0 or 3 (TND)" : std::to_string(want) + " or 4 with Q_S " + std::to_string(q_s),
+      std::to_string(sm));
   if (sm == 0) {
     ATTNREF_CHECK(mask.absent(), std::invalid_argument, fn, "atten_mask",
                   "given with sparse_mode 0 (MLA takes no mask there)", "none", shape_str(mask));
-    return false;
+    return -1;
   }
   ATTNREF_CHECK(!mask.absent() && mask.rank() == 2 && mask.size(0) == 2048 && mask.size(1) == 2048,
                 std::invalid_argument, fn, "atten_mask.shape",
-                "sparse_mode 3 takes the 2048 x 2048 compressed mask", "[2048, 2048]",
+                "sparse_mode 3 and 4 take the 2048 x 2048 compressed mask", "[2048, 2048]",
                 shape_str(mask));
-  return true;
+  if (sm == 3) return 0;
+  ATTNREF_CHECK(p.input_layout == "BSND", std::invalid_argument, fn, "params.input_layout",
+                "not supported with MLA's sparse_mode 4", "BSND", p.input_layout);
+  ATTNREF_CHECK(p.num_heads == 128, std::invalid_argument, fn, "params.num_heads",
+                "not supported with MLA's sparse_mode 4", "128", std::to_string(p.num_heads));
+  ATTNREF_CHECK(p.pre_tokens >= 1 && p.pre_tokens <= 2048, std::invalid_argument, fn,
+                "params.pre_tokens", "out of range with MLA's sparse_mode 4", "[1, 2048]",
+                std::to_string(p.pre_tokens));
+  ATTNREF_CHECK(p.next_tokens == 0, std::invalid_argument, fn, "params.next_tokens",
+                "not supported with MLA's sparse_mode 4", "0", std::to_string(p.next_tokens));
+  return static_cast<Index>(p.pre_tokens) + 1;
 }
 
 /// The paged latent cache: key / value [blockNum, blockSize, 512] (or, with a BNSD or TND query,
@@ -163,7 +175,7 @@ void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
   ATTNREF_CHECK(!in.block_table.absent(), std::invalid_argument, fn, "block_table",
                 "missing: MLA (query_rope, head size 512) reads a paged cache", "[B, maxBlocks]",
                 "none");
-  const bool causal = fia_mla_causal(fn, p, in.atten_mask, tnd, q_s);
+  const Index window = fia_mla_causal(fn, p, in.atten_mask, tnd, q_s);
   auto& e = m.e;
   e.q = pfa_view(in.query.data(), layout, qd);
   e.q_rope = pfa_view(in.query_rope.data(), layout, rd);
@@ -181,9 +193,9 @@ void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
   ATTNREF_CHECK(p.block_size == bs, std::invalid_argument, fn, "params.block_size",
                 "differs from the cache's block size", std::to_string(bs),
                 std::to_string(p.block_size));
-  ATTNREF_CHECK(bs == 16 || bs == 128, std::invalid_argument, fn, "params.block_size",
-                "not supported with query_rope and head size 512 (MLA)", "16 or 128",
-                std::to_string(bs));
+  ATTNREF_CHECK(window > 0 ? bs == 64 || bs == 128 : bs == 16 || bs == 128, std::invalid_argument,
+                fn, "params.block_size", "not supported with query_rope and head size 512 (MLA)",
+                window > 0 ? "64 or 128 (sparse_mode 4)" : "16 or 128", std::to_string(bs));
   Index B = qd[0];
   if (tnd) {  // the cumulative query lengths, each batch's at most 16
     const auto& ql = in.actual_seq_lengths;
@@ -215,8 +227,22 @@ void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
   PagedKvCache<const T>{e.k, e.v, e.block_table, e.seq.kv}.validate(
       fn, {"key[0]", "value[0]", "block_table", "actual_seq_lengths_kv", "params.block_size",
            "blockSize"});
+  if (window > 0)  // sparse 4: every batch has at least Q_S keys (no row left empty)
+    for (Index b = 0; b < B; ++b)
+      ATTNREF_CHECK(
+          e.seq.kv[static_cast<size_t>(b)] >= q_s && e.seq.kv[static_cast<size_t>(b)] <= 131088,
+          std::invalid_argument, fn, "actual_seq_lengths_kv[" + std::to_string(b) + "]",
+          "out of range with MLA's sparse_mode 4", "[" + std::to_string(q_s) + ", 131088]",
+          std::to_string(e.seq.kv[static_cast<size_t>(b)]));
+  if (window > 0)  // (the vendor zeroes rows past shorter query lengths: not implemented)
+    for (const std::int64_t l : in.actual_seq_lengths)
+      ATTNREF_CHECK(l == q_s, std::invalid_argument, fn, "actual_seq_lengths",
+                    "query lengths below Q_S with MLA's sparse_mode 4 are not implemented in "
+                    "attnref yet",
+                    "none, or Q_S each", std::to_string(l));
   m.ep.scale = p.scale_value;
-  m.ep.causal = causal ? CausalMode::BottomRight : CausalMode::None;
+  m.ep.causal = window >= 0 ? CausalMode::BottomRight : CausalMode::None;
+  m.ep.window = window > 0 ? window : 0;
   // The output: the query's layout, or head-major ([N, B, S, D]; TND: [N, T, D]); Dv = D.
   const std::vector<Index> want = !n_major_out
                                       ? pfa_shape(layout, qd)
