@@ -38,6 +38,7 @@ struct Case {
   int sparse = 0;                // 0 (no mask), 3, 4 (pre 10, next 2)
   int shape = 0;                 // mode 0: (KV_N, D), (KV_N, 1, D), (KV_N·D)
   int N = 4, kvn = 2, D = 64, S1 = 5, S2 = 40;
+  bool half_maps = false;  // scales and offsets exact in fp16 (the combined scales' type)
   unsigned seed = 1;
   int B() const { return static_cast<int>(L.size()); }
 };
@@ -67,7 +68,8 @@ Built build(const Case& c) {
   const int nmap = c.mode == 0 ? KVN * D : B * c.S2;
   for (int side = 0; side < 2; ++side)
     for (int i = 0; i < nmap; ++i) {
-      r.sc[side].push_back(static_cast<float>(0.004 + 0.02 * hv(c.seed + 3 + side, i, 0, 1)));
+      const float x = static_cast<float>(0.004 + 0.02 * hv(c.seed + 3 + side, i, 0, 1));
+      r.sc[side].push_back(c.half_maps ? static_cast<float>(half(x)) : x);
       r.off[side].push_back(std::round(static_cast<float>(8 * hv(c.seed + 5 + side, i, 0, 1)) - 4));
     }
   r.sshape = c.mode == 1    ? shp(B, c.S2)
@@ -239,6 +241,92 @@ TEST(FiaPromptAntiquant, MatchesReference) {
       }
 }
 
+// The combined antiquant_scale with Q_S > 1 (fp16 query): per channel in the layout's shape or
+// per tensor (2), with offsets, Q_S 20 (no limit), causal, against the reference.
+TEST(FiaPromptAntiquant, CombinedScalesMatchReference) {
+  unsigned seed = 90;
+  for (const std::string lay : {"BSH", "BSND", "BNSD", "BNSD_BSND"})
+    for (bool per_tensor : {false, true}) {
+      Case c;
+      c.layout = lay;
+      c.half_maps = true;
+      c.S1 = 20;
+      c.Q = {20, 7, 20};
+      c.sparse = 3;
+      c.seed = seed++;
+      SCOPED_TRACE(lay + (per_tensor ? " per tensor" : " per channel"));
+      Built r = build(c);
+      const int B = c.B(), KVN = c.kvn, D = c.D;
+      if (per_tensor) {  // one value per side: the maps and the reference's K / V again
+        for (int side = 0; side < 2; ++side) {
+          std::fill(r.sc[side].begin(), r.sc[side].end(), r.sc[side][0]);
+          std::fill(r.off[side].begin(), r.off[side].end(), r.off[side][0]);
+        }
+        for (int b = 0; b < B; ++b) {
+          r.k[z(b)].clear(), r.v[z(b)].clear();
+          for (int j = 0; j < c.L[z(b)]; ++j)
+            for (int h = 0; h < KVN; ++h)
+              for (int d = 0; d < D; ++d) {
+                const size_t at = bnsd(c) ? z(((b * KVN + h) * c.S2 + j) * D + d)
+                                          : z(((b * c.S2 + j) * KVN + h) * D + d);
+                r.k[z(b)].push_back((r.kb[at] + double(r.off[0][0])) * r.sc[0][0]);
+                r.v[z(b)].push_back((r.vb[at] + double(r.off[1][0])) * r.sc[1][0]);
+              }
+        }
+      }
+      const Call x = call_of(r);
+      std::vector<half> qh, sc, off;
+      for (const bf& v : r.qb) qh.push_back(half(static_cast<float>(v)));
+      for (int side = 0; side < 2; ++side)
+        for (int i = 0; i < (per_tensor ? 1 : KVN * D); ++i) {
+          sc.push_back(half(r.sc[side][z(i)]));
+          off.push_back(half(r.off[side][z(i)]));
+        }
+      const Shape ss = per_tensor      ? shp(2)
+                       : lay == "BSH"  ? shp(2, KVN * D)
+                       : lay == "BSND" ? shp(2, KVN, D)
+                                       : shp(2, KVN, 1, D);
+      FusedInferAttentionScoreInputs<half, i8> in;
+      in.query = {qh.data(), x.in.query.shape()};
+      in.key = x.in.key;
+      in.value = x.in.value;
+      in.atten_mask = x.in.atten_mask;
+      in.actual_seq_lengths = x.in.actual_seq_lengths;
+      in.actual_seq_lengths_kv = x.in.actual_seq_lengths_kv;
+      in.antiquant_scale = {sc.data(), ss};
+      in.antiquant_offset = {off.data(), ss};
+      FusedInferAttentionScoreParams p = x.p;
+      p.key_antiquant_mode = p.value_antiquant_mode = 0;
+      std::vector<half> out(qh.size(), half(7.0f));
+      attnref::fused_infer_attention_score(
+          p, in, FusedInferAttentionScoreOutputs<half>{{out.data(), x.oshape}});
+      ref::cann::Pfa pr;
+      pr.num_heads = c.N;
+      pr.num_kv_heads = KVN;
+      pr.head_size = pr.v_head_size = D;
+      pr.q_len = c.Q;
+      pr.kv_len = c.L;
+      pr.scale = 0.125;
+      pr.sparse_mode = 3;
+      Seqs q(z(B));  // the fp16 query as the call holds it
+      for (int b = 0; b < B; ++b)
+        for (const double v : r.q[z(b)]) q[z(b)].push_back(dbl(half(static_cast<float>(v))));
+      const Seqs want = ref::cann::pfa(pr, q, r.k, r.v);
+      std::vector<double> w;
+      std::vector<half> g;
+      for (int b = 0; b < B; ++b)
+        for (int i = 0; i < c.Q[z(b)]; ++i)
+          for (int h = 0; h < c.N; ++h)
+            for (int d = 0; d < D; ++d) {
+              w.push_back(want[z(b)][z((i * c.N + h) * D + d)]);
+              const size_t at = lay == "BNSD" ? z(((b * c.N + h) * c.S1 + i) * D + d)
+                                              : z(((b * c.S1 + i) * c.N + h) * D + d);
+              g.push_back(out[at]);
+            }
+      EXPECT_TRUE(matches(w, g));
+    }
+}
+
 TEST(FiaPromptAntiquant, Rejections) {
   Case c;
   const Built r = build(c);
@@ -285,7 +373,15 @@ TEST(FiaPromptAntiquant, Rejections) {
       [&](Call& x) {
         x.in.antiquant_scale = {legacy.data(), shp(2, c.kvn * c.D)};
       },
-      "combined scales");
+      "given beside the separate scales");
+  rejected(
+      [&](Call& x) {
+        x.in.key_antiquant_scale = x.in.value_antiquant_scale = {};
+        x.in.key_antiquant_offset = x.in.value_antiquant_offset = {};
+        x.p.key_antiquant_mode = x.p.value_antiquant_mode = 0;
+        x.in.antiquant_scale = {legacy.data(), shp(2, c.kvn, c.D)};
+      },
+      "not fp16 with the combined antiquant_scale");
   std::vector<std::int32_t> table(3, 0);
   rejected([&](Call& x) { x.in.block_table = {table.data(), shp(3, 1)}; }, "block_table");
   rejected(

@@ -368,9 +368,8 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
   const bool no_antiquant = in.antiquant_scale.absent() && in.antiquant_offset.absent() &&
                             in.antiquant_scale_per_token.absent() &&
                             in.antiquant_offset_per_token.absent();
-  ATTNREF_CHECK(no_antiquant, std::invalid_argument, kFia, "antiquant_scale / antiquant_offset",
-                kAq ? "with Q_S > 1 (the combined scales) is not implemented in attnref yet"
-                    : "given with floating-point key / value",
+  ATTNREF_CHECK(no_antiquant || kAq, std::invalid_argument, kFia,
+                "antiquant_scale / antiquant_offset", "given with floating-point key / value",
                 "none", shape_str(in.antiquant_scale));
   (void)fia_check_separate(p, in, kAq, "given with floating-point key / value");
   if constexpr (kAq) fia_prompt_aq_rules<T, TO>(kFia, p, in, r.layout, r.q_s);
