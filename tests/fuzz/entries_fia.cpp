@@ -1338,11 +1338,14 @@ std::vector<fuzz::Perturbation<C>> antiquant_edits() {
             c.in.value_antiquant_scale = c.in.value_antiquant_offset = {};
             c.p.antiquant_mode = c.p.key_antiquant_mode = c.p.value_antiquant_mode = 0;
           }),
-      // (with a bf16 query and separate scales of a shape both branches list, Q_S > 1 is valid)
+      // (Q_S > 1 takes int8 K/V with separate scales and a bf16 query, or the combined scales
+      // with an fp16 one: some of these calls stay valid, so only the forms it never takes)
       fuzz::edit<C>(
           "int8 key / value with Q_S > 1", true,
           [](const C& c) {
-            return C::kQuant && !(std::is_same_v<T, attnref::bfloat16> && c.aq == kSeparate);
+            return C::kQuant && (c.aq == kCombinedToken ||
+                                 (std::is_same_v<T, attnref::bfloat16> && c.aq == kCombined) ||
+                                 (std::is_same_v<T, half> && c.aq == kSeparate));
           },
           query_s2<C>),
       fuzz::edit<C>(
