@@ -371,9 +371,15 @@ using Entry = std::function<void(Run&, std::uint64_t seed)>;
 
 /// The entry points, registered by the entries_*.cpp files.
 std::map<std::string, Entry>& registry();
+/// Per entry, the divisor of --cases for entries whose cases cost many times the others' (an
+/// entry absent here runs every case).
+std::map<std::string, long>& case_divisor();
 
 struct Register {
-  Register(const char* name, Entry e) { registry()[name] = std::move(e); }
+  Register(const char* name, Entry e, long divisor = 1) {
+    registry()[name] = std::move(e);
+    if (divisor > 1) case_divisor()[name] = divisor;
+  }
 };
 
 }  // namespace fuzz

@@ -1,6 +1,7 @@
 // attnref_fuzz [--cases N] [--seed S] [--entry NAME] [--verbose] [--digest]
 // Runs N cases per entry point (case i of entry e uses seed S + i, so any case replays alone with
-// --seed S+i --cases 1 --entry e) and prints a table of outcomes; exits 1 on any defect.
+// --seed S+i --cases 1 --entry e) and prints a table of outcomes; exits 1 on any defect. An entry
+// registered with a divisor d runs ceil(N / d) cases (its cases cost about d times the others').
 // --digest also prints, per entry, a hash of every buffer of every accepted case after its call:
 // two builds that print the same digests gave the same bits on every case.
 
@@ -14,6 +15,10 @@ namespace fuzz {
 std::map<std::string, Entry>& registry() {
   static std::map<std::string, Entry> r;
   return r;
+}
+std::map<std::string, long>& case_divisor() {
+  static std::map<std::string, long> d;
+  return d;
 }
 }  // namespace fuzz
 
@@ -50,7 +55,9 @@ int main(int argc, char** argv) {
   }
   for (const auto& [name, entry] : fuzz::registry()) {
     if (!only.empty() && name != only) continue;
-    for (long c = 0; c < cases; ++c) entry(run, seed + static_cast<std::uint64_t>(c));
+    const auto d = fuzz::case_divisor().find(name);
+    const long n = d == fuzz::case_divisor().end() ? cases : (cases + d->second - 1) / d->second;
+    for (long c = 0; c < n; ++c) entry(run, seed + static_cast<std::uint64_t>(c));
   }
   std::printf("%-28s %8s %8s %8s %8s %8s\n", "entry", "cases", "valid", "accepted", "rejected",
               "defects");

@@ -27,16 +27,28 @@ double row(const MlaQuant& pr, const MlaQuantBatch& bt, int s, int h, double* ou
   const size_t qi = static_cast<size_t>(s * N + h);
   const double rs = bt.dqq[qi] * pr.dqk * pr.scale;
   std::vector<double> x(static_cast<size_t>(end));
+  double amax = 0.0;  // the largest Σ |products| of a key: the scale of an fp32 score's error
   for (int j = 0; j < end; ++j) {
-    std::int64_t dot = 0;
-    for (int d = 0; d < kD; ++d)
-      dot += static_cast<std::int64_t>(bt.q8[qi * kD + static_cast<size_t>(d)]) *
-             bt.k8[static_cast<size_t>(j * kD + d)];
-    double r = 0.0;
-    for (int e = 0; e < kR; ++e)
-      r += bt.qr[qi * kR + static_cast<size_t>(e)] * bt.kr[static_cast<size_t>(j * kR + e)];
+    std::int64_t dot = 0, adot = 0;
+    for (int d = 0; d < kD; ++d) {
+      const std::int64_t t = static_cast<std::int64_t>(bt.q8[qi * kD + static_cast<size_t>(d)]) *
+                             bt.k8[static_cast<size_t>(j * kD + d)];
+      dot += t;
+      adot += t < 0 ? -t : t;
+    }
+    double r = 0.0, ar = 0.0;
+    for (int e = 0; e < kR; ++e) {
+      const double t =
+          bt.qr[qi * kR + static_cast<size_t>(e)] * bt.kr[static_cast<size_t>(j * kR + e)];
+      r += t;
+      ar += std::fabs(t);
+    }
     x[static_cast<size_t>(j)] = (static_cast<double>(dot) + r) * rs;
+    amax = std::max(amax, (static_cast<double>(adot) + ar) * std::fabs(rs));
   }
+  // An implementation's fp32 scores lie within about 4·sqrt(576)·2^-24 of that scale of these;
+  // P̂ then moves by twice that (the score and the row max), relatively.
+  const double window = std::max(pr.tie_window, 2.0 * 4.0 * 24.0 * 0x1p-24 * amax);
   double m = -INFINITY, l = 0.0, slack = 0.0;
   std::vector<double> acc(kD, 0.0);
   for (int j0 = 0; j0 < end; j0 += pr.block) {
@@ -59,8 +71,8 @@ double row(const MlaQuant& pr, const MlaQuantBatch& bt, int s, int h, double* ou
     for (int j = j0; j < j1; ++j) {
       const double y = ph[static_cast<size_t>(j - j0)] * 127.0 / pmax;
       const int p8 = p8_of(y);
-      const int steps = std::max(std::abs(p8 - p8_of(y * (1.0 - pr.tie_window))),
-                                 std::abs(p8_of(y * (1.0 + pr.tie_window)) - p8));
+      const int steps = std::max(std::abs(p8 - p8_of(y * (1.0 - window))),
+                                 std::abs(p8_of(y * (1.0 + window)) - p8));
       ++res.quantized;
       int vmax = 0;
       for (int e = 0; e < kD; ++e) {
@@ -70,7 +82,7 @@ double row(const MlaQuant& pr, const MlaQuantBatch& bt, int s, int h, double* ou
       }
       if (steps != 0) {
         ++res.near_ties;
-        slack += factor * steps * vmax;
+        slack += std::fabs(factor) * steps * vmax;
       }
     }
     m = m_new;

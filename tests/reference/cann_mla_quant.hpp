@@ -14,9 +14,10 @@
 //   o = O / l
 //
 // Everything in double except the fp16 rounding that defines P8. Each P8 that a relative change
-// of `tie_window` in P̂ · 127 / pmax would move is a near tie; its largest effect on the row
-// (factor · steps · max|v8|, rescaled like O, / l) is returned as `slack`. Does not include
-// attnref.
+// of P̂ · 127 / pmax by the row's window would move is a near tie (the window: `tie_window`, or
+// twice the fp32 error bound of the row's scores, 4·sqrt(576)·2^-24 of the largest Σ |products|
+// of a key, when larger); its largest effect on the row (|factor| · steps · max|v8|, rescaled
+// like O, / l) is returned as `slack`. Does not include attnref.
 
 #include <cstdint>
 #include <vector>
