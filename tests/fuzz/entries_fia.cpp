@@ -1,21 +1,21 @@
 // Fuzz entry "fused_infer_attention_score" (CANN FusedInferAttentionScore) against the naive
 // reference, over four query / key-value type pairs: half / half, bf16 / bf16, and int8 K/V with a
-// half or bf16 query (the incremental branch's antiquant). The incremental branch (Q_S == 1 in
-// BSH / BSND / BNSD over one K/V tensor, one tensor per batch or a shuffled paged cache with
-// block_table; IFA's [B, S'] masks) and the prompt branch (Q_S > 1 in BSH / BSND / BNSD /
-// BNSD_BSND, and TND with any T; user masks, sparse modes 0–4, inner_precise 0–3, padded rows),
-// GQA, actual lengths (batches without keys), softmax_lse on and off. With the flag, softmax_lse
-// is the reference's ln Σ exp(scale·q·k + pse) over the row's visible keys, +inf for a prompt row
-// without keys or a padded row, -3.40e38 for an incremental batch without keys, and the fill value
-// for a row whose visible keys are all masked (-FLT_MAX prompt, -1e12 + ln n incremental);
-// without it, softmax_lse is never written. TND cases sometimes carry V4's learnable sink (head
-// size 64 or 128): exp(sink_h) joins each row's denominator, not lse.
-// The V2 features: pse_shift in both branches (added after scaling; NaN where no row may read
-// it); int8 K/V dequantized as (x8 + offset)·scale by the combined antiquant (antiquant_mode 0
-// in the query's type, every listed shape; antiquant_mode 1 per token) or the separate K / V
-// antiquant (modes 0–5 and key 0 / value 1 with a half query), per-token columns past a
-// batch's keys NaN; the shared prefix in both branches (BSH / BSND / BNSD, and BNSD_BSND with
-// Q_S > 1): the reference puts prefix rows [0, P) in front of every sequence's keys (mask, pse
+// half or bf16 query (the incremental branch's antiquant; in 30 % of those cases the prompt
+// branch's, see below). The incremental branch (Q_S == 1 in BSH / BSND / BNSD over one K/V tensor,
+// one tensor per batch or a shuffled paged cache with block_table; IFA's [B, S'] masks) and the
+// prompt branch (Q_S > 1 in BSH / BSND / BNSD / BNSD_BSND, and TND with any T; user masks, sparse
+// modes 0–4, inner_precise 0–3, padded rows), GQA, actual lengths (batches without keys),
+// softmax_lse on and off. With the flag, softmax_lse is the reference's ln Σ exp(scale·q·k + pse)
+// over the row's visible keys, +inf for a prompt row without keys or a padded row, -3.40e38 for an
+// incremental batch without keys, and the fill value for a row whose visible keys are all masked
+// (-FLT_MAX prompt, -1e12 + ln n incremental); without it, softmax_lse is never written. TND cases
+// sometimes carry V4's learnable sink (head size 64 or 128): exp(sink_h) joins each row's
+// denominator, not lse. The V2 features: pse_shift in both branches (added after scaling; NaN where
+// no row may read it); int8 K/V dequantized as (x8 + offset)·scale by the combined antiquant
+// (antiquant_mode 0 in the query's type, every listed shape; antiquant_mode 1 per token) or the
+// separate K / V antiquant (modes 0–5 and key 0 / value 1 with a half query), per-token columns
+// past a batch's keys NaN; the shared prefix in both branches (BSH / BSND / BNSD, and BNSD_BSND
+// with Q_S > 1): the reference puts prefix rows [0, P) in front of every sequence's keys (mask, pse
 // and per-token columns [0, P) are the prefix's, causal anchors at the end of prefix + keys), the
 // rows past P NaN. The separate antiquant's per-token modes 3 (B, KV_N, W), 4 (blockNum,
 // blockSize) and 5 (blockNum, KV_N, blockSize) (4 and 5 over a paged cache: a key's scale in its
@@ -24,8 +24,12 @@
 // [blockNum, bs, KV_N·D] or, BNSD / BNSD_BSND / TND, [blockNum, KV_N, bs, D]; blocks of 128 or 256,
 // kv lengths up to a few hundred, per batch even with TND; masks and pse covering ceil(longest /
 // bs)·bs keys): the reference reads key t of batch b from the block the table names, NaN in every
-// row no sequence owns. Every rejection the headers document for these features is a
-// perturbation.
+// row no sequence owns. int8 K/V with Q_S > 1 (cann/detail/fia_prompt_aq.hpp; one K/V tensor in
+// BSH / BSND / BNSD / BNSD_BSND, Dv = D, no prefix; the prompt branch's masks, sparse modes, pse,
+// lengths and lse): a half query with the combined antiquant_scale (antiquant_mode 0, fp16 (2) or
+// the layout's per-channel shape, D 32 or 64), a bf16 query with the separate scales (Q_S up to
+// 16; modes 0 / 0 in (KV_N, D), (KV_N, 1, D) or (KV_N·D), or 1 / 1 in (B, W >= the key's S)).
+// Every rejection the headers document for these features is a perturbation.
 
 #include <attnref/attnref.hpp>
 #include <cfloat>
@@ -60,6 +64,12 @@ size_t z(Index i) { return static_cast<size_t>(i); }
 
 float uniform(fuzz::Rng& r, float lo, float hi) {
   return std::uniform_real_distribution<float>(lo, hi)(r.g);
+}
+
+// One of `list`, at random.
+template <class X>
+const X& pick(fuzz::Rng& r, const std::vector<X>& list) {
+  return list[z(r.range(0, static_cast<Index>(list.size()) - 1))];
 }
 
 // A random value: normal for a floating type, [-128, 127] for int8.
@@ -332,6 +342,31 @@ void separate_side(C& c, fuzz::Rng& r, bool value, std::int64_t mode, bool offse
         StridedView<const float>(off.data(), s);
 }
 
+// The combined antiquant_scale (and antiquant_offset, when `offsets`) of shape s in the query's
+// type, [0] the key's and [1] the value's: per tensor (2) or per channel (any other shape).
+template <class C>
+void combined_scales(C& c, fuzz::Rng& r, const std::vector<Index>& s, bool offsets) {
+  using T = typename C::Q;
+  const Index groups = s.size() == 1 ? 1 : c.KVN * c.D;
+  std::vector<float> a, ao, b, bo;
+  draw_side(c, r, false, groups, offsets, true, a, ao, c.dk);
+  draw_side(c, r, false, groups, offsets, true, b, bo, c.dv);
+  a.insert(a.end(), b.begin(), b.end());
+  ao.insert(ao.end(), bo.begin(), bo.end());
+  for (float x : a) c.aqs.push_back(T(x));
+  for (float x : ao) c.aqo.push_back(T(x));
+  c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), s);
+  if (offsets) c.in.antiquant_offset = StridedView<const T>(c.aqo.data(), s);
+}
+
+// The combined per-channel shape the prompt branch takes in the layout: BSH (2, KV_N·D), BSND
+// (2, KV_N, D), BNSD and BNSD_BSND (2, KV_N, 1, D).
+std::vector<Index> combined_prompt_shape(const std::string& layout, Index kvn, Index D) {
+  if (layout == "BSH") return {2, kvn * D};
+  if (layout == "BSND") return {2, kvn, D};
+  return {2, kvn, 1, D};
+}
+
 // int8 K/V's scales (offsets in 60 % of the cases): combined per channel / per tensor in the
 // query's type (antiquant_mode 0, every listed shape), combined per token (antiquant_mode 1,
 // fp32 (2, B, W)), or separate (modes 0 / 0 to 3 / 3, 0 / 1 with a half query; half the paged
@@ -342,21 +377,12 @@ void build_antiquant(C& c, fuzz::Rng& r) {
   const Index kvn = c.KVN, D = c.D, kw = kvn * D;
   c.W = incre_cols(c) + r.range(0, 2);
   const bool offsets = r.chance(0.6);
-  std::vector<float> a, ao, b, bo;
+  std::vector<float> b, bo;
   c.aq = static_cast<int>(r.range(kCombined, kSeparate));
-  if (c.aq == kCombined) {  // [0] the key's, [1] the value's
+  if (c.aq == kCombined) {
     const std::vector<std::vector<Index>> shapes{
         {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kw}, {2}};
-    const std::vector<Index>& s = shapes[z(r.range(0, 4))];
-    const Index groups = s.size() == 1 ? 1 : kw;
-    draw_side(c, r, false, groups, offsets, true, a, ao, c.dk);
-    draw_side(c, r, false, groups, offsets, true, b, bo, c.dv);
-    a.insert(a.end(), b.begin(), b.end());
-    ao.insert(ao.end(), bo.begin(), bo.end());
-    for (float x : a) c.aqs.push_back(T(x));
-    for (float x : ao) c.aqo.push_back(T(x));
-    c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), s);
-    if (offsets) c.in.antiquant_offset = StridedView<const T>(c.aqo.data(), s);
+    combined_scales(c, r, shapes[z(r.range(0, 4))], offsets);
   } else if (c.aq == kCombinedToken) {
     c.p.antiquant_mode = 1;
     draw_side(c, r, true, 0, offsets, false, c.tok_s, c.tok_o, c.dk);
@@ -375,6 +401,39 @@ void build_antiquant(C& c, fuzz::Rng& r) {
     c.p.value_antiquant_mode = !paged && pair == 4 ? 1 : pair;
     separate_side(c, r, false, c.p.key_antiquant_mode, offsets);
     separate_side(c, r, true, c.p.value_antiquant_mode, offsets);
+  }
+}
+
+// int8 K/V with Q_S > 1 (offsets in 60 % of the cases): a half query takes the combined
+// antiquant_scale (antiquant_mode 0, (2) or the layout's per-channel shape; D a multiple of 32),
+// a bf16 query the separate scales (fp32; modes 0 / 0 in (KV_N, D), (KV_N, 1, D) or (KV_N·D), each
+// side its own, or 1 / 1 in (B, W), W >= the key tensor's S, NaN past each batch's keys).
+template <class C>
+void build_prompt_antiquant(C& c, fuzz::Rng& r) {
+  const Index kvn = c.KVN, D = c.D, kw = kvn * D;
+  c.W = std::max<Index>(1, c.S2 + r.range(0, 2));
+  const bool offsets = r.chance(0.6);
+  if constexpr (std::is_same_v<typename C::Q, half>) {
+    c.aq = kCombined;
+    combined_scales(c, r,
+                    r.chance(0.3) ? std::vector<Index>{2} : combined_prompt_shape(c.layout, kvn, D),
+                    offsets);
+  } else {
+    c.aq = kSeparate;
+    const std::int64_t mode = r.range(0, 1);
+    c.p.key_antiquant_mode = c.p.value_antiquant_mode = mode;
+    const std::vector<std::vector<Index>> shapes{{kvn, D}, {kvn, 1, D}, {kw}};
+    for (const bool value : {false, true}) {
+      const std::vector<Index> s = mode == 1 ? std::vector<Index>{c.B, c.W} : pick(r, shapes);
+      std::vector<float>& sc = value ? c.vs : c.ks;
+      std::vector<float>& off = value ? c.vo : c.ko;
+      draw_side(c, r, mode == 1, kw, offsets, false, sc, off, value ? c.dv : c.dk);
+      (value ? c.in.value_antiquant_scale : c.in.key_antiquant_scale) =
+          StridedView<const float>(sc.data(), s);
+      if (offsets)
+        (value ? c.in.value_antiquant_offset : c.in.key_antiquant_offset) =
+            StridedView<const float>(off.data(), s);
+    }
   }
 }
 
@@ -506,13 +565,21 @@ void build_incre(C& c, fuzz::Rng& r) {
 template <class C>
 void build_prompt(C& c, fuzz::Rng& r) {
   using T = typename C::Q;
+  using K = typename C::KV;
+  // int8 K/V (one tensor, no TND, prefix or sink; Dv = D): a half query takes the combined
+  // scales (D 32 or 64), a bf16 one the separate scales and Q_S up to 16.
+  constexpr bool aq = C::kQuant, sep = aq && std::is_same_v<T, bfloat16>;
   const char* layouts[] = {"BSH", "BSND", "BNSD", "BNSD_BSND", "TND"};
-  c.layout = layouts[r.range(0, 4)];
+  c.layout = layouts[r.range(0, aq ? 3 : 4)];
   const bool tnd = c.layout == "TND";
   // A paged cache (blocks of 128, sometimes 256): the value's head size D, except with TND.
-  const bool paged = r.chance(tnd ? 0.4 : 0.25);
+  const bool paged = !aq && r.chance(tnd ? 0.4 : 0.25);
   const Index bs = r.chance(0.8) ? 128 : 256;
-  c.Dv = c.layout == "BSH" || (paged && !tnd) ? c.D : r.range(1, 24);  // BSH: H = N * D
+  if (aq && !sep) {
+    c.D = 32 * (r.chance(0.8) ? 1 : 2);
+    c.p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.D));
+  }
+  c.Dv = aq || c.layout == "BSH" || (paged && !tnd) ? c.D : r.range(1, 24);  // BSH: H = N * D
   c.p.inner_precise = r.range(0, 3);
   if (tnd && r.chance(0.3)) {  // V4's learnable sink: one bf16 logit per query head
     c.D = c.Dv = r.chance(0.5) ? 64 : 128;
@@ -520,8 +587,9 @@ void build_prompt(C& c, fuzz::Rng& r) {
     for (Index h = 0; h < c.N; ++h) c.sink.push_back(bfloat16(2 * r.normal()));
     c.in.learnable_sink = StridedView<const bfloat16>(c.sink.data(), {c.N});
   }
+  const Index top_q = sep && r.chance(0.25) ? 16 : 6;  // (the separate scales: Q_S <= 16)
   for (Index b = 0; b < c.B; ++b) {  // paged: sometimes past a block (a few hundred at most)
-    c.q_len.push_back(r.chance(0.1) ? 0 : r.range(1, 6));
+    c.q_len.push_back(r.chance(0.1) ? 0 : r.range(1, top_q));
     const Index top = paged && c.sink.empty() && r.chance(0.3) ? (r.chance(0.2) ? 300 : 180) : 20;
     c.kv_len.push_back(r.chance(0.15) ? 0 : r.range(1, top));
   }
@@ -531,6 +599,7 @@ void build_prompt(C& c, fuzz::Rng& r) {
     skv = tnd ? skv + c.kv_len[z(b)] : std::max(skv, c.kv_len[z(b)]);
   }
   c.S1 = tnd ? sq : std::max<Index>(2, sq + r.range(0, 1));  // Q_S > 1 (TND: any T)
+  if (sep) c.S1 = std::min<Index>(c.S1, 16);
   // Paged: the key extent of masks and pse, ceil(longest / bs)·bs.
   c.S2 = paged ? (max_of(c.kv_len) + bs - 1) / bs * bs : tnd ? skv : skv + r.range(0, 1);
   if (tnd || paged || r.chance(0.6)) {  // paged: kv lengths per batch, even with TND
@@ -563,14 +632,14 @@ void build_prompt(C& c, fuzz::Rng& r) {
   if (paged) {  // 4-D caches with BNSD, BNSD_BSND and TND
     build_paged(c, r, bs, c.layout != "BSH" && c.layout != "BSND" && r.chance(0.5));
   } else {
-    c.k = draw<T>(r, bb * c.S2 * c.KVN * c.D);
-    c.v = draw<T>(r, bb * c.S2 * c.KVN * c.Dv);
+    c.k = draw<K>(r, bb * c.S2 * c.KVN * c.D);
+    c.v = draw<K>(r, bb * c.S2 * c.KVN * c.Dv);
     c.in.key.emplace_back(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, c.D));
     c.in.value.emplace_back(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, c.Dv));
   }
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
   c.out = StridedView<T>(c.o.data(), shape(ol, c.B, c.S1, c.N, c.Dv));
-  if (!tnd && !paged && r.chance(0.3)) build_prefix(c, r);
+  if (!aq && !tnd && !paged && r.chance(0.3)) build_prefix(c, r);
   // The sparse mode: TND takes 0 without a mask or 3.
   c.p.sparse_mode = tnd ? (r.chance(0.5) ? 3 : 0) : r.range(0, 4);
   const std::int64_t sm = c.p.sparse_mode;
@@ -600,6 +669,7 @@ void build_prompt(C& c, fuzz::Rng& r) {
     c.in.atten_mask = mask_view(c, r);
   }
   if (!tnd && r.chance(0.3)) build_pse(c, r, c.S1 + r.range(0, 1), c.P + c.S2);
+  if constexpr (aq) build_prompt_antiquant(c, r);
 }
 
 // Poison in every query row past its batch's length and every key / value row past its batch's
@@ -636,10 +706,11 @@ void poison_padding(C& c) {
   }
 }
 
-// int8 K/V take the incremental branch; every other case picks a branch at random.
+// int8 K/V take the incremental branch in 70 % of their cases; every other case picks a branch
+// at random.
 template <class C>
 void build(C& c, fuzz::Rng& r) {
-  c.incre = C::kQuant || r.chance(0.5);
+  c.incre = r.chance(C::kQuant ? 0.7 : 0.5);
   c.B = r.range(1, 3);
   c.KVN = r.range(1, 2);
   c.N = c.KVN * r.range(1, 3);
@@ -650,7 +721,7 @@ void build(C& c, fuzz::Rng& r) {
   c.p.softmax_lse_flag = r.chance(0.6);
   if (c.incre)
     build_incre(c, r);
-  else if constexpr (!C::kQuant)
+  else
     build_prompt(c, r);
   c.p.input_layout = c.layout;
   poison_padding(c);
@@ -885,6 +956,18 @@ template <class C>
 bool has_pse(const C& c) {
   return c.pse_b > 0;
 }
+template <class C>
+bool is_prompt_aq(const C& c) {  // int8 K/V with Q_S > 1
+  return C::kQuant && !c.incre;
+}
+template <class C>
+bool is_prompt_separate(const C& c) {  // (a bf16 query)
+  return is_prompt_aq(c) && c.aq == kSeparate;
+}
+template <class C>
+bool is_prompt_combined(const C& c) {  // (a half query)
+  return is_prompt_aq(c) && c.aq == kCombined;
+}
 
 // An output view with another shape, over a buffer large enough for it.
 template <class C>
@@ -946,6 +1029,18 @@ void query_s2(C& c, fuzz::Rng&) {
   if (!c.lse_out.absent()) c.lse_out = StridedView<float>(c.lse.data(), {c.B, c.N, 2, 1});
 }
 
+// The prompt branch's call with Q_S = s: query, output and softmax_lse regrown (the lengths, mask
+// and pse as they were).
+template <class C>
+void prompt_query_s(C& c, Index s) {
+  using T = typename C::Q;
+  c.q.resize(std::max(c.q.size(), z(c.B * s * c.N * c.D)), T(0.5f));
+  c.in.query = StridedView<const T>(c.q.data(), shape(c.layout, c.B, s, c.N, c.D));
+  regrow_out(c, shape(c.layout == "BNSD_BSND" ? "BSND" : c.layout, c.B, s, c.N, c.Dv));
+  c.lse.assign(z(c.B * c.N * s), kLseSentinel);
+  if (!c.lse_out.absent()) c.lse_out = StridedView<float>(c.lse.data(), {c.B, c.N, s, 1});
+}
+
 // The int8-query probe: the configuration's shapes, int8 query / key / value (all 1), a prefix of
 // two rows (see call_int8).
 template <class C>
@@ -955,12 +1050,6 @@ void int8_probe(C& c, fuzz::Rng&) {
   c.k8.assign(c.k.size(), 1);
   c.v8.assign(c.v.size(), 1);
   c.p8.assign(z(2 * c.KVN * std::max(c.D, c.Dv)), 1);
-}
-
-// One of `list`, at random.
-template <class X>
-const X& pick(fuzz::Rng& r, const std::vector<X>& list) {
-  return list[z(r.range(0, static_cast<Index>(list.size()) - 1))];
 }
 
 // The key's, the value's or both separate scales (and offsets, when given) of shape s over s0.
@@ -1196,8 +1285,10 @@ std::vector<fuzz::Perturbation<C>> prompt_edits() {
                 r.chance(0.5) ? StridedView<const attnref::bfloat16>(c.sink.data(), {c.N + 1})
                               : StridedView<const attnref::bfloat16>(c.sink.data(), {1, c.N});
           }),
-      fuzz::edit<C>("antiquant_mode with Q_S > 1 (ignored)", false, is_prompt<C>,
-                    [](C& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
+      fuzz::edit<C>(  // (the combined antiquant_scale with Q_S > 1 takes 0 only)
+          "antiquant_mode with Q_S > 1 (ignored)", false,
+          [](const C& c) { return !c.incre && !is_prompt_combined(c); },
+          [](C& c, fuzz::Rng&) { c.p.antiquant_mode = 1; }),
   };
 }
 
@@ -1338,14 +1429,16 @@ std::vector<fuzz::Perturbation<C>> antiquant_edits() {
             c.in.value_antiquant_scale = c.in.value_antiquant_offset = {};
             c.p.antiquant_mode = c.p.key_antiquant_mode = c.p.value_antiquant_mode = 0;
           }),
-      // (Q_S > 1 takes int8 K/V with separate scales and a bf16 query, or the combined scales
-      // with an fp16 one: some of these calls stay valid, so only the forms it never takes)
+      // (an incremental configuration's call with Q_S = 2: Q_S > 1 takes int8 K/V with separate
+      // scales and a bf16 query, or the combined scales with an fp16 one, so some of these calls
+      // stay valid: only the forms it never takes)
       fuzz::edit<C>(
           "int8 key / value with Q_S > 1", true,
           [](const C& c) {
-            return C::kQuant && (c.aq == kCombinedToken ||
-                                 (std::is_same_v<T, attnref::bfloat16> && c.aq == kCombined) ||
-                                 (std::is_same_v<T, half> && c.aq == kSeparate));
+            return C::kQuant && c.incre &&
+                   (c.aq == kCombinedToken ||
+                    (std::is_same_v<T, attnref::bfloat16> && c.aq == kCombined) ||
+                    (std::is_same_v<T, half> && c.aq == kSeparate));
           },
           query_s2<C>),
       fuzz::edit<C>(
@@ -1396,8 +1489,9 @@ std::vector<fuzz::Perturbation<C>> antiquant_edits() {
       fuzz::edit<C>(
           "separate K / V scales with floating-point key / value", true,
           [](const C& c) { return c.incre && !C::kQuant; }, add_separate_scales<C>),
-      fuzz::edit<C>("separate K / V scales with Q_S > 1", true, is_prompt<C>,
-                    add_separate_scales<C>),
+      fuzz::edit<C>(
+          "separate K / V scales with floating-point key / value and Q_S > 1", true,
+          [](const C& c) { return !c.incre && !C::kQuant; }, add_separate_scales<C>),
       fuzz::edit<C>(
           "key / value_antiquant_mode without separate scales", true,
           [](const C& c) { return c.aq != kSeparate; },
@@ -1541,20 +1635,22 @@ std::vector<fuzz::Perturbation<C>> separate_edits() {
             c.in.value_antiquant_scale = StridedView<const float>(s + kw, {1, c.B, c.W});
             c.in.key_antiquant_offset = c.in.value_antiquant_offset = {};
           }),
-      fuzz::edit<C>("combined scales beside the separate ones (ignored)", false, is_separate<C>,
-                    [](C& c, fuzz::Rng& r) {
-                      using T = typename C::Q;
-                      const Index kw = c.KVN * c.D;
-                      if (r.chance(0.5)) {
-                        c.aqs.assign(z(2 * kw), T(1e4f));
-                        c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), {2, kw});
-                        return;
-                      }
-                      c.p.antiquant_mode = 1;
-                      c.tok_s.assign(z(2 * c.B * c.W), 1e4f);
-                      c.in.antiquant_scale_per_token =
-                          StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
-                    }),
+      fuzz::edit<C>(
+          "combined scales beside the separate ones (ignored, Q_S == 1)", false,
+          [](const C& c) { return c.incre && is_separate(c); },
+          [](C& c, fuzz::Rng& r) {
+            using T = typename C::Q;
+            const Index kw = c.KVN * c.D;
+            if (r.chance(0.5)) {
+              c.aqs.assign(z(2 * kw), T(1e4f));
+              c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), {2, kw});
+              return;
+            }
+            c.p.antiquant_mode = 1;
+            c.tok_s.assign(z(2 * c.B * c.W), 1e4f);
+            c.in.antiquant_scale_per_token =
+                StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
+          }),
   };
 }
 
@@ -1715,14 +1811,159 @@ std::vector<fuzz::Perturbation<C>> prefix_edits() {
   };
 }
 
+// int8 K/V with Q_S > 1 (cann/detail/fia_prompt_aq.hpp): the forms, shapes, modes and inputs the
+// prompt branch does not take with the separate (bf16 query) or the combined (half query) scales.
+template <class C>
+std::vector<fuzz::Perturbation<C>> prompt_aq_edits() {
+  using T = typename C::Q;
+  using K = typename C::KV;
+  return {
+      fuzz::edit<C>(
+          "separate scales with Q_S 17 or more", true, is_prompt_separate<C>,
+          [](C& c, fuzz::Rng& r) { prompt_query_s(c, r.chance(0.7) ? 17 : r.range(18, 40)); }),
+      fuzz::edit<C>("int8 key / value with TND (Q_S > 1)", true, is_prompt_aq<C>,
+                    [](C& c, fuzz::Rng&) {  // the same buffers as [T, N, D], no mask or pse
+                      const Index tq = c.B * c.S1, tk = c.B * c.S2;
+                      c.p.input_layout = "TND";
+                      c.p.sparse_mode = 0;
+                      c.in.atten_mask = {};
+                      c.in.pse_shift = {};
+                      c.in.query = StridedView<const T>(c.q.data(), {tq, c.N, c.D});
+                      c.in.key = {StridedView<const K>(c.k.data(), {tk, c.KVN, c.D})};
+                      c.in.value = {StridedView<const K>(c.v.data(), {tk, c.KVN, c.Dv})};
+                      regrow_out(c, {tq, c.N, c.Dv});
+                      if (!c.lse_out.absent())
+                        c.lse_out = StridedView<float>(c.lse.data(), {tq, c.N, 1});
+                      c.in.actual_seq_lengths.clear();
+                      c.in.actual_seq_lengths_kv.clear();
+                      for (Index b = 1; b <= c.B; ++b) {
+                        c.in.actual_seq_lengths.push_back(b * c.S1);
+                        c.in.actual_seq_lengths_kv.push_back(b * c.S2);
+                      }
+                    }),
+      fuzz::edit<C>("int8 paged key / value with Q_S > 1", true, is_prompt_aq<C>,
+                    [](C& c, fuzz::Rng& r) {  // blocks of 128 (4-D with BNSD / BNSD_BSND)
+                      build_paged(c, r, 128,
+                                  c.layout != "BSH" && c.layout != "BSND" && r.chance(0.5));
+                      c.in.actual_seq_lengths_kv = as_lengths(c.kv_len);
+                    }),
+      fuzz::edit<C>("separate antiquant modes other than 0 / 0 and 1 / 1 (Q_S > 1)", true,
+                    is_prompt_separate<C>,
+                    [](C& c, fuzz::Rng& r) {  // (the scales stay mode 0's or 1's)
+                      const std::int64_t pairs[][2] = {{2, 2}, {3, 3}, {4, 4}, {5, 5},
+                                                       {0, 1}, {1, 0}, {0, 2}, {1, 3}};
+                      const auto* pr = pairs[r.range(0, 7)];
+                      c.p.key_antiquant_mode = pr[0];
+                      c.p.value_antiquant_mode = pr[1];
+                    }),
+      fuzz::edit<C>("separate scale of a shape Q_S > 1 does not take (Q_S == 1's, too few columns)",
+                    true, is_prompt_separate<C>,
+                    [](C& c, fuzz::Rng& r) {  // (none equal to a Q_S > 1 shape of the mode)
+                      const Index B = c.B, kvn = c.KVN, D = c.D, kw = kvn * D, W = c.W;
+                      std::vector<std::vector<Index>> bad;
+                      if (c.p.key_antiquant_mode == 0) {
+                        bad = {{1, kvn, 1, D}, {1, kvn, D, 1}};
+                        if (D != 1) bad.push_back({kvn, D, 1});
+                        if (kvn != 1) bad.push_back({1, kvn, D}), bad.push_back({1, kw});
+                        if (kw != 1) bad.push_back({1});
+                      } else {
+                        bad = {{1, B, W}, {B + 1, W}, {B, W, 1}, {B * W}};
+                        if (c.S2 > 0) bad.push_back({B, c.S2 - 1});
+                      }
+                      set_separate_scale(c, r, spare(c, (B + 1) * W + kw + 4), pick(r, bad));
+                    }),
+      fuzz::edit<C>(
+          "combined antiquant_scale of another layout's shape (Q_S > 1)", true,
+          is_prompt_combined<C>,
+          [](C& c, fuzz::Rng& r) {  // the offset (when given) alike
+            const Index kvn = c.KVN, D = c.D, kw = kvn * D;
+            const std::vector<Index> want = combined_prompt_shape(c.layout, kvn, D);
+            std::vector<std::vector<Index>> bad;
+            for (const std::vector<Index>& s : std::vector<std::vector<Index>>{
+                     {2, kvn, 1, D}, {2, 1, kvn, D}, {2, kvn, D}, {2, kw}, {2, 1, kw}, {2, kw, 1}})
+              if (s != want) bad.push_back(s);
+            const std::vector<Index>& s = pick(r, bad);
+            const bool offsets = !c.aqo.empty();
+            c.aqs.resize(std::max(c.aqs.size(), z(2 * kw)), T(0.01f));
+            c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), s);
+            if (!offsets) return;
+            c.aqo.resize(std::max(c.aqo.size(), z(2 * kw)), T(0.0f));
+            c.in.antiquant_offset = StridedView<const T>(c.aqo.data(), s);
+          }),
+      fuzz::edit<C>(
+          "combined antiquant_scale with a head size not a multiple of 32 (Q_S > 1)", true,
+          is_prompt_combined<C>,
+          [](C& c, fuzz::Rng& r) {  // every view over the same buffers with head size D' < D
+            const Index d = c.D - r.range(1, 16);
+            const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
+            c.in.query = StridedView<const T>(c.q.data(), shape(c.layout, c.B, c.S1, c.N, d));
+            c.in.key = {StridedView<const K>(c.k.data(), shape(c.layout, c.B, c.S2, c.KVN, d))};
+            c.in.value = {StridedView<const K>(c.v.data(), shape(c.layout, c.B, c.S2, c.KVN, d))};
+            regrow_out(c, shape(ol, c.B, c.S1, c.N, d));
+            if (c.in.antiquant_scale.rank() == 1) return;  // (2): any head size
+            const std::vector<Index> s = combined_prompt_shape(c.layout, c.KVN, d);
+            c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), s);
+            if (!c.aqo.empty()) c.in.antiquant_offset = StridedView<const T>(c.aqo.data(), s);
+          }),
+      fuzz::edit<C>("only the combined antiquant_scale with a bf16 query (Q_S > 1)", true,
+                    is_prompt_separate<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::vector<Index> s =
+                          r.chance(0.5) ? std::vector<Index>{2}
+                                        : combined_prompt_shape(c.layout, c.KVN, c.D);
+                      c.in.key_antiquant_scale = c.in.key_antiquant_offset = {};
+                      c.in.value_antiquant_scale = c.in.value_antiquant_offset = {};
+                      c.p.key_antiquant_mode = c.p.value_antiquant_mode = 0;
+                      c.aqs.assign(z(2 * c.KVN * c.D), T(0.01f));
+                      c.in.antiquant_scale = StridedView<const T>(c.aqs.data(), s);
+                    }),
+      fuzz::edit<C>("separate scales with a half query (Q_S > 1)", true, is_prompt_combined<C>,
+                    [](C& c, fuzz::Rng& r) {  // per channel (KV_N, D), or per token (B, W)
+                      const bool token = r.chance(0.5);
+                      const Index kw = c.KVN * c.D, n = token ? c.B * c.W : kw;
+                      const float* sp = spare(c, 2 * n);
+                      const std::vector<Index> s =
+                          token ? std::vector<Index>{c.B, c.W} : std::vector<Index>{c.KVN, c.D};
+                      c.in.antiquant_scale = c.in.antiquant_offset = {};
+                      c.p.key_antiquant_mode = c.p.value_antiquant_mode = token ? 1 : 0;
+                      c.in.key_antiquant_scale = StridedView<const float>(sp, s);
+                      c.in.value_antiquant_scale = StridedView<const float>(sp + n, s);
+                    }),
+      fuzz::edit<C>(
+          "combined scales beside the separate ones (Q_S > 1)", true, is_prompt_separate<C>,
+          [](C& c, fuzz::Rng& r) {
+            if (r.chance(0.5)) {
+              c.aqs.assign(z(2 * c.KVN * c.D), T(0.01f));
+              c.in.antiquant_scale =
+                  StridedView<const T>(c.aqs.data(), combined_prompt_shape(c.layout, c.KVN, c.D));
+              return;
+            }
+            c.p.antiquant_mode = 1;
+            c.tok_s.assign(z(2 * c.B * c.W), 0.01f);
+            c.in.antiquant_scale_per_token =
+                StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
+          }),
+      fuzz::edit<C>("per-token combined scales with Q_S > 1", true, is_prompt_combined<C>,
+                    [](C& c, fuzz::Rng&) {
+                      c.in.antiquant_scale = c.in.antiquant_offset = {};
+                      c.p.antiquant_mode = 1;
+                      c.tok_s.assign(z(2 * c.B * c.W), 0.01f);
+                      c.in.antiquant_scale_per_token =
+                          StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
+                    }),
+      fuzz::edit<C>("shared prefix with int8 key / value and Q_S > 1", true, is_prompt_aq<C>,
+                    add_prefix<C>),
+  };
+}
+
 // Every group, built once per type pair.
 template <class C>
 const std::vector<fuzz::Perturbation<C>>& perturbations() {
   static const std::vector<fuzz::Perturbation<C>> list = [] {
     std::vector<fuzz::Perturbation<C>> all;
-    for (auto&& group :
-         {lse_edits<C>(), common_edits<C>(), prompt_edits<C>(), incre_edits<C>(), pse_edits<C>(),
-          antiquant_edits<C>(), separate_edits<C>(), prefix_edits<C>(), paged_prompt_edits<C>()})
+    for (auto&& group : {lse_edits<C>(), common_edits<C>(), prompt_edits<C>(), incre_edits<C>(),
+                         pse_edits<C>(), antiquant_edits<C>(), separate_edits<C>(),
+                         prefix_edits<C>(), paged_prompt_edits<C>(), prompt_aq_edits<C>()})
       all.insert(all.end(), group.begin(), group.end());
     return all;
   }();

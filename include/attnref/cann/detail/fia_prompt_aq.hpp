@@ -74,6 +74,9 @@ void fia_prompt_aq_rules(const char* fn, const P& p, const In& in, Layout layout
        shape_str(in.block_table));
   need(in.key_shared_prefix.absent() && in.value_shared_prefix.absent(), "key_shared_prefix",
        "not supported " + with, "none", shape_str(in.key_shared_prefix));
+  need(in.actual_shared_prefix_len.empty(), "actual_shared_prefix_len",
+       "given without key_shared_prefix", "none",
+       std::to_string(in.actual_shared_prefix_len.size()) + " values");
   need(in.query_rope.absent() && in.key_rope.absent(), "query_rope", "not supported " + with,
        "none", shape_str(in.query_rope));
   if (fia_prompt_combined(in)) {  // the combined scales: PromptFlashAttention's own antiquant
