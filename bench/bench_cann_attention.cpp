@@ -14,10 +14,6 @@
 //                                                     rope inputs (512 + 64, one latent head,
 //                                                     128-token shuffled blocks); compare with
 //                                                     mla/decode (ATB's MLA, one 576-wide cache)
-//   fia_mla/int8/B:<B>/heads:<H>/KV:<kv>/threads:<T>  the same decode in V4's full quantization
-//                                                     (int8 query and NZ latent cache, P
-//                                                     quantized per 512 keys); each call first
-//                                                     copies the NZ caches into bf16 stand-ins
 // Compare with prefill/ and decode/ (the engine alone). Counters as there: GFLOPS (useful
 // FLOPs), GBps (K and V bytes read per second).
 
@@ -213,41 +209,6 @@ void fia_mla(benchmark::State& state, Index batch, Index heads, Index kv, int th
   time_mla(state, p, in, o, batch, heads, kv, threads, double(batch * kv) * (C + R) * 2);
 }
 
-/// fia_mla in V4's full quantization: int8 query with a per-row-and-head scale, int8 NZ latent
-/// cache [blocks, 1, 16, 128, 32] (key = value), bf16 rope parts (key_rope NZ), bf16 output.
-void fia_mla_quant(benchmark::State& state, Index batch, Index heads, Index kv, int threads) {
-  using attnref::bfloat16;
-  const Index C = 512, R = 64, bs = 128, per_seq = (kv + bs - 1) / bs, blocks = batch * per_seq;
-  const auto q = random_values<std::int8_t>(static_cast<size_t>(batch * heads * C), 1);
-  const auto qr = random_values<bfloat16>(static_cast<size_t>(batch * heads * R), 2);
-  const auto c = random_values<std::int8_t>(static_cast<size_t>(blocks * bs * C), 3);
-  const auto kr = random_values<bfloat16>(static_cast<size_t>(blocks * bs * R), 4);
-  const std::vector<float> dqq(static_cast<size_t>(batch * heads), 0.02f), dqk{0.02f}, dqv{0.01f};
-  std::vector<bfloat16> o(q.size());
-  std::vector<std::int32_t> table(static_cast<size_t>(blocks));
-  for (Index i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<std::int32_t>(i);
-  std::shuffle(table.begin(), table.end(), std::mt19937(5));
-  attnref::FusedInferAttentionScoreParams p;
-  p.num_heads = heads;
-  p.num_key_value_heads = 1;
-  p.input_layout = "BSND";
-  p.scale_value = 0.0417;
-  p.block_size = bs;
-  p.query_quant_mode = 3;
-  attnref::FusedInferAttentionScoreInputs<std::int8_t, std::int8_t> in;
-  in.query = StridedView<const std::int8_t>(q.data(), {batch, 1, heads, C});
-  in.query_rope = StridedView<const bfloat16>(qr.data(), {batch, 1, heads, R});
-  in.dequant_scale_query = StridedView<const float>(dqq.data(), {batch, 1, heads});
-  in.key = {StridedView<const std::int8_t>(c.data(), {blocks, 1, C / 32, bs, 32})};
-  in.value = in.key;
-  in.key_rope = StridedView<const bfloat16>(kr.data(), {blocks, 1, R / 16, bs, 16});
-  in.key_antiquant_scale = StridedView<const float>(dqk.data(), {1});
-  in.value_antiquant_scale = StridedView<const float>(dqv.data(), {1});
-  in.block_table = StridedView<const std::int32_t>(table.data(), {batch, per_seq});
-  in.actual_seq_lengths_kv.assign(static_cast<size_t>(batch), kv);
-  time_mla(state, p, in, o, batch, heads, kv, threads, double(batch * kv) * (C + R * 2));
-}
-
 template <class F>
 void reg(const std::string& name, F f) {
   benchmark::RegisterBenchmark(name.c_str(), f)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -285,9 +246,6 @@ const bool registered = [] {
           [=](benchmark::State& st) { fia_mla(st, 1, h, 4096, t); });
     reg("fia_mla/bf16/B:8/heads:16/KV:4096" + th,
         [=](benchmark::State& st) { fia_mla(st, 8, 16, 4096, t); });
-    for (Index h : {16, 128})
-      reg("fia_mla/int8/B:1/heads:" + std::to_string(h) + "/KV:4096" + th,
-          [=](benchmark::State& st) { fia_mla_quant(st, 1, h, 4096, t); });
   }
   return true;
 }();

@@ -261,7 +261,8 @@ TEST(FiaMlaQuant, MatchesReferenceInEveryLayout) {
         c.Q = qs == 1 ? std::vector<int>{1, 1, 1, 1} : std::vector<int>{3, 1, 4, 2};
       else
         c.Q.assign(c.L.size(), qs);
-      if (qs == 3) c.L = {300, 2, 700, 1030};  // batch 1: MTP rows without keys
+      c.L = {130, 0, 600, 300};               // batch 2: two 512-key blocks
+      if (qs == 3) c.L = {130, 2, 600, 300};  // batch 1: MTP rows without keys
       SCOPED_TRACE(lay + " Q_S " + std::to_string(qs));
       const Built r = build(c);
       const auto x = call_of(r);
@@ -275,7 +276,7 @@ TEST(FiaMlaQuant, MatchesReferenceInEveryLayout) {
 TEST(FiaMlaQuant, ManyHeadsAndAValueTensorOfItsOwn) {
   Case c;
   c.N = 128;
-  c.L = {1030, 513};
+  c.L = {530, 40};
   c.Q = {1, 1};
   c.same_kv = false;
   c.seed = 40;
