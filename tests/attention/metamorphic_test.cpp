@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <attnref/attnref.hpp>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "support/case.hpp"
 
@@ -212,6 +216,104 @@ TEST(Metamorphic, NoMaskEqualsAllZeroBooleanMask) {
   d.mask_heads = 1;
   EXPECT_TRUE(
       support::all_close(plain, support::flat(support::run_lib<float>(s, d).o), {1e-6, 1e-6}));
+}
+
+}  // namespace metamorphic_test
+
+namespace metamorphic_test {
+
+// Left-padded views (seq.q_start / seq.kv_start): the same sequences placed at other positions of
+// their rows give the same bits (o, lse) as at position 0, and nothing outside them is read or
+// written; starts that leave the view, or come with packed or paged views, are rejected.
+TEST(Metamorphic, LeftPaddedViewsGiveTheUnpaddedBits) {
+  using attnref::StridedView;
+  const Index B = 3, S = 40, N = 4, KVN = 2, D = 16;
+  const std::vector<Index> ql{7, 40, 0}, kl{33, 12, 40}, qs{30, 0, 17}, ks{5, 28, 0};
+  std::normal_distribution<float> nd;
+  auto run = [&](bool padded, std::vector<float>& o, std::vector<float>& lse) {
+    std::vector<float> q(B * S * N * D, NAN), k(B * S * KVN * D, NAN), v(k.size(), NAN);
+    std::mt19937 r2(9);
+    for (Index b = 0; b < B; ++b) {
+      const Index q0 = padded ? qs[b] : 0, k0 = padded ? ks[b] : 0;
+      for (Index i = 0; i < ql[b] * N * D; ++i) q[(b * S + q0) * N * D + i] = nd(r2);
+      for (Index j = 0; j < kl[b] * KVN * D; ++j) {
+        k[(b * S + k0) * KVN * D + j] = nd(r2);
+        v[(b * S + k0) * KVN * D + j] = nd(r2);
+      }
+    }
+    o.assign(q.size(), 7.0f);
+    lse.assign(B * N * S, 7.0f);
+    attnref::AttentionInputs<float> in;
+    in.q = StridedView<const float, 4>(q.data(), {B, S, N, D});
+    in.k = StridedView<const float, 4>(k.data(), {B, S, KVN, D});
+    in.v = StridedView<const float, 4>(v.data(), {B, S, KVN, D});
+    in.seq.q = ql;
+    in.seq.kv = kl;
+    if (padded) in.seq.q_start = qs, in.seq.kv_start = ks;
+    attnref::AttentionParams p;
+    p.scale = 0.25;
+    p.causal = attnref::CausalMode::BottomRight;
+    attnref::AttentionOutputs<float> out{StridedView<float, 4>(o.data(), {B, S, N, D}),
+                                         StridedView<float, 3>(lse.data(), {B, N, S})};
+    attnref::ExecConfig ex;
+    ex.q_tile = 8;
+    ex.kv_tile = 16;
+    attnref::attention(in, p, out, ex);
+    return in;
+  };
+  std::vector<float> o0, l0, o1, l1;
+  run(false, o0, l0);
+  run(true, o1, l1);
+  bool same = true, rest = true;
+  for (Index b = 0; b < B; ++b)
+    for (Index i = 0; i < S; ++i) {
+      const bool in = i >= qs[b] && i < qs[b] + ql[b];
+      for (Index x = 0; x < N * D; ++x) {
+        const float g = o1[(b * S + i) * N * D + x];
+        if (!in) {
+          rest = rest && g == 7.0f;
+          continue;
+        }
+        const float w = o0[(b * S + i - qs[b]) * N * D + x];
+        same = same && std::memcmp(&g, &w, sizeof g) == 0;
+      }
+      for (Index h = 0; h < N && in; ++h)
+        same = same && l1[(b * N + h) * S + i] == l0[(b * N + h) * S + i - qs[b]];
+    }
+  EXPECT_TRUE(same) << "a left-padded view changed the bits";
+  EXPECT_TRUE(rest) << "a row outside its sequence was written";
+
+  // Rejections: a start past S - len, a negative start, a size mismatch, a packed view.
+  std::vector<float> q(B * S * N * D, 0.5f), k(B * S * KVN * D, 0.5f), o(q.size());
+  attnref::AttentionInputs<float> in;
+  in.q = StridedView<const float, 4>(q.data(), {B, S, N, D});
+  in.k = in.v = StridedView<const float, 4>(k.data(), {B, S, KVN, D});
+  in.seq.q = ql;
+  in.seq.kv = kl;
+  const attnref::AttentionOutputs<float> out{StridedView<float, 4>(o.data(), {B, S, N, D})};
+  auto rejected = [&](attnref::AttentionInputs<float> bad, const std::string& frag) {
+    try {
+      attnref::attention(bad, attnref::AttentionParams{}, out);
+      ADD_FAILURE() << "no exception: " << frag;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << e.what();
+    }
+  };
+  auto bad = in;
+  bad.seq.q_start = {34, 0, 0};
+  rejected(bad, "seq.q_start[0]");
+  bad = in;
+  bad.seq.kv_start = {0, 0, -1};
+  rejected(bad, "seq.kv_start[2]");
+  bad = in;
+  bad.seq.kv_start = {0, 0};
+  rejected(bad, "seq.kv_start");
+  bad = in;
+  bad.q = StridedView<const float, 4>(q.data(), {1, 47, N, D});
+  bad.seq.q.clear();
+  bad.seq.q_cu = {0, 7, 47, 47};
+  bad.seq.q_start = {0, 0, 0};
+  rejected(bad, "given with a packed (cu) or paged view");
 }
 
 }  // namespace metamorphic_test

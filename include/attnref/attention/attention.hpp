@@ -192,6 +192,26 @@ void resolve_rope(const char* fn, const AttentionInputs<TQ, TKV>& in, Geometry& 
   g.head_size += g.rope_size;
 }
 
+/// Left-padded views: seq.q_start / seq.kv_start move each sequence's first token (q_off /
+/// kv_off), checked to keep it inside its row of a padded view (not packed, not paged).
+inline void apply_starts(const char* fn, const char* name, const std::vector<Index>& start,
+                         bool padded, Index extent, Geometry& g, bool q_side) {
+  if (start.empty()) return;
+  ATTNREF_CHECK(padded, std::invalid_argument, fn, name, "given with a packed (cu) or paged view",
+                "empty", start.size());
+  ATTNREF_CHECK(static_cast<Index>(start.size()) == g.batch, std::invalid_argument, fn, name,
+                "size mismatch", g.batch, start.size());
+  for (size_t b = 0; b < start.size(); ++b) {
+    ResolvedSeq& s = g.seqs[b];
+    const Index len = q_side ? s.q_len : s.kv_len;
+    ATTNREF_CHECK(start[b] >= 0 && start[b] <= extent - len, std::invalid_argument, fn,
+                  std::string(name) + "[" + std::to_string(b) + "]",
+                  "puts the sequence outside its view", "[0, " + std::to_string(extent - len) + "]",
+                  start[b]);
+    (q_side ? s.q_off : s.kv_off) = start[b];
+  }
+}
+
 /// The sequence structure (padded, packed with cu offsets, or paged through a validated cache):
 /// g.batch and g.seqs; max_q / max_kv: the longest query and kv lengths.
 template <class TQ, class TKV>
@@ -266,6 +286,8 @@ void resolve_seqs(const char* fn, const AttentionInputs<TQ, TKV>& in, Geometry& 
     max_q = std::max(max_q, s.q_len);
     max_kv = std::max(max_kv, s.kv_len);
   }
+  apply_starts(fn, "seq.q_start", seq.q_start, !q_packed, q.size(1), g, true);
+  apply_starts(fn, "seq.kv_start", seq.kv_start, !paged && !kv_packed, k.size(1), g, false);
 }
 
 /// The outputs' shapes, the masks' extents, and no output overlapping an input or another output.

@@ -36,11 +36,17 @@ enum class CausalMode { None, TopLeft, BottomRight };
 ///   q_cu / kv_cu: cumulative token offsets [B + 1] for packed (TND) views, whose batch extent
 ///                 must be 1; sequence b occupies tokens [cu[b], cu[b + 1]). When q_cu is given,
 ///                 q lengths must be absent (they are cu[b + 1] - cu[b]); same for kv.
+///   q_start / kv_start: per batch, the view position of the sequence's first token in a padded
+///                 (not packed, not paged) view: left-padded data, sequence b spans
+///                 [start[b], start[b] + length) of its row of the view (absent: 0). Masks and
+///                 the hooks still see positions inside each sequence.
 struct SeqLens {
   std::vector<Index> q;
   std::vector<Index> kv;
   std::vector<Index> q_cu;
   std::vector<Index> kv_cu;
+  std::vector<Index> q_start;
+  std::vector<Index> kv_start;
 };
 
 /// Input views of one attention call. TQ / TKV: float, double, half or bfloat16.

@@ -151,8 +151,13 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const TKV> key_shared_prefix{};
   StridedView<const TKV> value_shared_prefix{};
   std::vector<std::int64_t> actual_shared_prefix_len{};
-  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocksPerSeq]
-  StridedView<const std::int64_t> kv_padding_size{};  ///< one value (Q_S == 1)
+  StridedView<const std::int32_t> block_table{};  ///< [B, maxBlocksPerSeq]
+  /// Left padding: one value each ([] or [1]; negative counts as 0). kv_padding_size: Q_S == 1
+  /// as IncreFlashAttention; Q_S > 1 with query_padding_size as the prompt branch's windows
+  /// [S - pad - len_b, S - pad) (fia_parts.hpp, fia_left_padding). query_padding_size is
+  /// ignored with Q_S == 1 (the documents call it invalid there).
+  StridedView<const std::int64_t> query_padding_size{};
+  StridedView<const std::int64_t> kv_padding_size{};
   /// V4's learnable sink (in the vendor's code, not its document): bf16 [N], one logit per
   /// query head joining every row's softmax denominator as exp(sink - max) with no value row;
   /// TND only, head sizes 64 or 128.
@@ -185,7 +190,8 @@ struct FusedInferAttentionScoreInputs {
     f("value_antiquant_scale", value_antiquant_scale);
     f("value_antiquant_offset", value_antiquant_offset);
     f("key_shared_prefix", key_shared_prefix), f("value_shared_prefix", value_shared_prefix);
-    f("block_table", block_table), f("kv_padding_size", kv_padding_size);
+    f("block_table", block_table), f("query_padding_size", query_padding_size);
+    f("kv_padding_size", kv_padding_size);
     f("learnable_sink", learnable_sink);
     f("query_rope", query_rope), f("key_rope", key_rope);
     f("key_rope_antiquant_scale", key_rope_antiquant_scale);
@@ -362,9 +368,6 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
   ATTNREF_CHECK(in.key.size() == 1 && in.value.size() == 1, std::invalid_argument, kFia,
                 "key / value", "tensor lists are taken with Q_S == 1 only", "one tensor each",
                 std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
-  ATTNREF_CHECK(in.kv_padding_size.absent(), std::invalid_argument, kFia, "kv_padding_size",
-                "kv left padding with Q_S > 1 is not implemented in attnref yet", "none",
-                shape_str(in.kv_padding_size));
   const bool no_antiquant = in.antiquant_scale.absent() && in.antiquant_offset.absent() &&
                             in.antiquant_scale_per_token.absent() &&
                             in.antiquant_offset_per_token.absent();
@@ -374,7 +377,9 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
   (void)fia_check_separate(p, in, kAq, "given with floating-point key / value");
   if constexpr (kAq) fia_prompt_aq_rules<T, TO>(kFia, p, in, r.layout, r.q_s);
   if constexpr (kPfaOut) {
-    const PromptFlashAttentionParams pp = fia_pfa_params(p);
+    PromptFlashAttentionParams pp = fia_pfa_params(p);
+    Index q_pad = -1, kv_pad = -1;  // left padding (none: -1)
+    fia_left_padding(p, in, r, pp, q_pad, kv_pad);
     FiaPaged<T> paged;  // (the engine reads through it until the run ends)
     bool pa = false;
     PromptFlashAttentionInputs<T, TM, TP> pi{in.query, {}, {}, in.pse_shift, in.atten_mask};
@@ -400,6 +405,8 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pi.quant_offset2 = in.quant_offset2;
     PfaProblem<T, TM, TP, TO, TKV> pr;
     pr.fn = kFia;
+    pr.q_pad = q_pad;
+    pr.kv_pad = kv_pad;
     if constexpr (kAq)
       pr.kv_key = in.key[0], pr.kv_value = in.value[0];
     else if (pa)
@@ -435,11 +442,13 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     if (!p.softmax_lse_flag) return;
     const float inf = std::numeric_limits<float>::infinity();
     fia_invalid_rows(pr.eo.lse, inf);
-    if (!pr.pl.tnd)  // padded query rows
-      for (Index b = 0; b < pr.pl.lens.B; ++b)
+    if (!pr.pl.tnd)  // padded query rows (outside [q_begin, q_begin + q_len))
+      for (Index b = 0; b < pr.pl.lens.B; ++b) {
+        const Index q0 = pr.pl.lens.q_begin(b), q1 = q0 + pr.pl.lens.q_len[static_cast<size_t>(b)];
         for (Index h = 0; h < n; ++h)
-          for (Index i = pr.pl.lens.q_len[static_cast<size_t>(b)]; i < pr.pl.S1; ++i)
-            pr.eo.lse(b, h, i) = inf;
+          for (Index i = 0; i < pr.pl.S1; ++i)
+            if (i < q0 || i >= q1) pr.eo.lse(b, h, i) = inf;
+      }
   }
 }
 

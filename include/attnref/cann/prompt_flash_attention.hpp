@@ -121,10 +121,13 @@ struct PromptFlashAttentionOutputs {
 
 namespace detail {
 
-/// Batch count and per-batch lengths of a PFA call (TND: from the cumulative lists).
+/// Batch count and per-batch lengths of a PFA call (TND: from the cumulative lists); with left
+/// padding (FusedInferAttentionScore), each batch's first query row / key (empty: 0).
 struct PfaLengths {
   Index B = 0;
   std::vector<Index> q_len, kv_len, q_cu, kv_cu;
+  std::vector<Index> q_start, kv_start;
+  Index q_begin(Index b) const { return q_start.empty() ? 0 : q_start[static_cast<size_t>(b)]; }
 };
 
 template <class T, class TM, class TP>
@@ -362,7 +365,31 @@ struct PfaProblem {
   /// A paged cache the engine reads instead of key / value (FusedInferAttentionScore with
   /// block_table; key / value then only give the plan its dims), validated by the caller.
   const PagedKvCache<const TKV>* paged = nullptr;
+  /// Left padding (FusedInferAttentionScore's query_padding_size / kv_padding_size, negative
+  /// values already 0): batch b's rows / keys are the last len_b before the final `pad` of the
+  /// view (pfa_left_padding); -1: none.
+  Index q_pad = -1, kv_pad = -1;
 };
+
+/// Left padding: the windows [S - pad - len_b, S - pad) of every batch, checked to fit (the
+/// vendor's documents call a window starting below 0 out of contract; attnref rejects it).
+inline void pfa_left_padding(const char* fn, Index q_pad, Index kv_pad, PfaPlan& pl) {
+  auto starts = [&](Index pad, Index S, const std::vector<Index>& len, const char* arg,
+                    const char* len_arg, std::vector<Index>& out) {
+    if (pad < 0) return;
+    out.assign(len.size(), 0);
+    for (size_t b = 0; b < len.size(); ++b) {
+      ATTNREF_CHECK(pad <= S - len[b], std::invalid_argument, fn, arg,
+                    "with " + std::string(len_arg) + "[" + std::to_string(b) +
+                        "] = " + std::to_string(len[b]) + " starts the window before position 0",
+                    "<= " + std::to_string(S - len[b]), std::to_string(pad));
+      out[b] = S - pad - len[b];
+    }
+  };
+  starts(q_pad, pl.S1, pl.lens.q_len, "query_padding_size", "actual_seq_lengths", pl.lens.q_start);
+  starts(kv_pad, pl.S2, pl.lens.kv_len, "kv_padding_size", "actual_seq_lengths_kv",
+         pl.lens.kv_start);
+}
 
 /// The quantization scales, then the engine problem, validated against the caller's tensors,
 /// with the int8 path's P step or none.
@@ -421,6 +448,8 @@ void pfa_engine_problem(const PromptFlashAttentionParams& params,
   } else {
     e.seq.q = pl.lens.q_len;
     e.seq.kv = pl.lens.kv_len;
+    e.seq.q_start = pl.lens.q_start;
+    e.seq.kv_start = pl.lens.kv_start;
   }
   pr.ep.scale = var.add_then_scale || kInt8In ? 1.0 : params.scale_value;
   if (kInt8In) pr.ex.kv_tile = params.quant_block_size;  // P is quantized block by block
@@ -478,23 +507,31 @@ void pfa_prepare(const PromptFlashAttentionParams& params,
                       out.attention_out);
   pr.ex = exec;
   pr.pl = pfa_plan(fn, params, in, out);
+  pfa_left_padding(fn, pr.q_pad, pr.kv_pad, pr.pl);
   if (pr.front_keys > 0) {  // every sequence's keys, and what its mask / pse must cover
     pr.pl.S2 += pr.front_keys;
     for (Index& l : pr.pl.lens.kv_len) l += pr.front_keys;
   }
-  pfa_bind(fn, params, in, pr.pl, static_cast<CannVariant<TM, TP>&>(pr.var));
+  auto& var = static_cast<CannVariant<TM, TP>&>(pr.var);
+  pfa_bind(fn, params, in, pr.pl, var);
+  if (!pr.pl.lens.q_start.empty()) var.q_shift = pr.pl.lens.q_start.data();
+  if (!pr.pl.lens.kv_start.empty()) var.kv_shift = pr.pl.lens.kv_start.data();
   pfa_engine_problem(params, in, out, pr);
 }
 
-/// Padded query rows 0, then the engine.
+/// Padded query rows 0 (those outside [q_begin, q_begin + q_len)), then the engine.
 template <class T, class TM, class TP, class TO, class TKV>
 void pfa_run(const PfaProblem<T, TM, TP, TO, TKV>& pr) {
   const PfaPlan& pl = pr.pl;
   if (!pl.tnd)
-    for (Index b = 0; b < pl.lens.B; ++b)
-      for (Index i = pl.lens.q_len[static_cast<size_t>(b)]; i < pl.S1; ++i)
+    for (Index b = 0; b < pl.lens.B; ++b) {
+      const Index q0 = pl.lens.q_begin(b), q1 = q0 + pl.lens.q_len[static_cast<size_t>(b)];
+      for (Index i = 0; i < pl.S1; ++i) {
+        if (i >= q0 && i < q1) continue;
         for (Index h = 0; h < pl.n; ++h)
           for (Index x = 0; x < pl.Dv; ++x) pr.eo.o(b, i, h, x) = TO(0.0f);
+      }
+    }
   if (pr.kv_pages != nullptr)
     attention_with_pages(pr.var, pr.e, pr.ep, pr.eo, *pr.kv_pages, pr.ex);
   else

@@ -30,8 +30,8 @@ namespace attnref::detail {
 ///   pse:   [Bp, N, S1' (or 1: one row for all), S2'], added after scaling (or before, with
 ///          add_then_scale: then the engine's scale is 1 and `scale` applies here)
 ///   (IoHooks: the per-channel antiquant fold, V's affine map and the int8 output)
-///   kv_shift: per batch, the position of key 0 in the mask / pse columns (IFA's kv left
-///          padding); null: 0
+///   kv_shift: per batch, the position of key 0 in the mask / pse columns (kv left padding);
+///          null: 0. q_shift: the same for row 0 in the mask / pse rows (query left padding)
 ///   tok_scale / tok_offset: IFA's per-token antiquant, applied as the engine loads each tile
 ///   sinks: FIA's learnable sink per q head (the sink hook)
 template <class TM, class TP>
@@ -48,6 +48,7 @@ struct CannVariant : IoHooks {
   bool int8_scores = false;  // int8 q / k: s = int32(q·k)·deq1 here, then the scale
   float deq1 = 1.0f;
   const Index* kv_shift = nullptr;  // [batch]
+  const Index* q_shift = nullptr;   // [batch]
   /// IFA's per-token antiquant (kv_dequant hook): scales (and offsets) [2, tok_batch,
   /// tok_heads, tok_stride], [0] the keys', [1] the values', indexed by the key's column (col());
   /// tok_heads 1: one map for every kv head.
@@ -61,6 +62,7 @@ struct CannVariant : IoHooks {
   double sink(Index q_head) const { return static_cast<double>(static_cast<float>(sinks[q_head])); }
 
   Index col(const Coord& c) const { return kv_shift == nullptr ? c.kv : c.kv + kv_shift[c.batch]; }
+  Index row(const Coord& c) const { return q_shift == nullptr ? c.q : c.q + q_shift[c.batch]; }
 
   bool has_kv_dequant() const { return tok_scale != nullptr; }
   void kv_dequant(const SeqInfo& s, Index kv, Index kv_head, KvAffine& k, KvAffine& v) const {
@@ -107,7 +109,7 @@ struct CannVariant : IoHooks {
     return true;
   }
   bool user_masked(const Coord& c) const {
-    return mask(mask.size(0) == 1 ? 0 : c.batch, c.q, col(c)) != TM(0);
+    return mask(mask.size(0) == 1 ? 0 : c.batch, row(c), col(c)) != TM(0);
   }
   bool masked(const SeqInfo& s, const Coord& c) const {
     if (band) {
@@ -122,7 +124,7 @@ struct CannVariant : IoHooks {
     float p = 0.0f;
     if (!pse.absent())
       p = static_cast<float>(
-          pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : c.q, col(c)));
+          pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : row(c), col(c)));
     if (int8_scores) s *= deq1;
     if (add_then_scale)
       s = (s + p) * scale;

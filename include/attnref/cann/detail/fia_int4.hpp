@@ -104,6 +104,8 @@ void fia_int4_rules(const char* fn, const In& in, Index q_s, bool incre, bool ml
          "int4 key / value have no post-quant (int8 output)", "none", shape_str(in.quant_scale2));
   reject(!in.kv_padding_size.absent(), "kv_padding_size",
          "int4 key / value have no kv left padding", "none", shape_str(in.kv_padding_size));
+  reject(!in.query_padding_size.absent(), "query_padding_size",
+         "int4 key / value have no query left padding", "none", shape_str(in.query_padding_size));
   reject(!in.block_table.absent(), "block_table",
          "int4 key / value with a floating query take no paged cache", "none",
          shape_str(in.block_table));
@@ -144,6 +146,7 @@ In8 fia_int4_as_int8(const char* fn, const In4& in, Index words, FiaInt4Buffers&
   r.value_antiquant_offset = in.value_antiquant_offset;
   r.actual_shared_prefix_len = in.actual_shared_prefix_len;
   r.block_table = in.block_table;
+  r.query_padding_size = in.query_padding_size;
   r.kv_padding_size = in.kv_padding_size;
   r.learnable_sink = in.learnable_sink;
   r.query_rope = in.query_rope;

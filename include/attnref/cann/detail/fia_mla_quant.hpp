@@ -148,6 +148,7 @@ void fia_mla_quant_prepare(const char* fn, const P& p, const In& in, const Out& 
   s.antiquant_offset_per_token = in.antiquant_offset_per_token;
   s.actual_shared_prefix_len = in.actual_shared_prefix_len;
   s.block_table = in.block_table;
+  s.query_padding_size = in.query_padding_size;
   s.kv_padding_size = in.kv_padding_size;
   s.learnable_sink = in.learnable_sink;
   P ps = p;

@@ -1,8 +1,9 @@
 #pragma once
 /// Pieces of FusedInferAttentionScore's plan (cann/fused_infer_attention_score.hpp): the route of
 /// a call, the softmax_lse view and its invalid rows, the learnable sink, the separate antiquant
-/// switch and the shared prefix. Not part of the API.
+/// switch, the shared prefix and left padding in the prompt branch. Not part of the API.
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
@@ -106,6 +107,8 @@ bool fia_prefix(const P& p, const In& in, const FiaRoute& r, FiaPrefix<TKV>& f) 
          shape_str(in.block_table));
   reject(!in.kv_padding_size.absent(), "not supported with kv left padding", "no kv_padding_size",
          shape_str(in.kv_padding_size));
+  reject(!r.incre && !in.query_padding_size.absent(), "not supported with query left padding",
+         "no query_padding_size", shape_str(in.query_padding_size));
   reject(in.key.size() != 1 || in.value.size() != 1, "not supported with tensor lists",
          "one key / value tensor", std::to_string(in.key.size()) + " tensors");
   reject(std::is_same_v<T, std::int8_t>, "not supported with int8 query / key / value",
@@ -122,6 +125,48 @@ bool fia_prefix(const P& p, const In& in, const FiaRoute& r, FiaPrefix<TKV>& f) 
   fia_prefix_pages(f, pfa_view(in.key[0].data(), kl, kd), pfa_view(in.value[0].data(), kl, vd),
                    pfa_view(pk.data(), kl, pkd), pfa_view(pv.data(), kl, pvd));
   return true;
+}
+
+/// Left padding in the prompt branch (query_padding_size / kv_padding_size), checked by the
+/// vendor's prompt-tiling rules (no TND, paged cache, separate K / V antiquant or per-channel
+/// quant_scale2; tensor lists and a shared prefix are rejected by their own checks): one value
+/// each, negative counted as 0, with the lengths that place each batch's window. q_pad / kv_pad:
+/// the pads for PromptFlashAttention's plan (-1: none). sparse_mode 0 then ignores pre / next
+/// tokens (the mask alone decides), as the vendor does.
+template <class P, class In, class PP>
+void fia_left_padding(const P& p, const In& in, const FiaRoute& r, PP& pp, Index& q_pad,
+                      Index& kv_pad) {
+  const auto& qp = in.query_padding_size;
+  const auto& kp = in.kv_padding_size;
+  if (qp.absent() && kp.absent()) return;
+  const char* arg = qp.absent() ? "kv_padding_size" : "query_padding_size";
+  const auto reject = [&](bool bad, const char* what, const char* expected,
+                          const std::string& got) {
+    ATTNREF_CHECK(!bad, std::invalid_argument, kFia, arg, what, expected, got);
+  };
+  reject(r.layout == Layout::TND, "left padding is not supported with TND",
+         "BSH, BSND, BNSD or BNSD_BSND", "TND");
+  reject(!in.block_table.absent(), "left padding is not supported with a paged cache",
+         "no block_table", shape_str(in.block_table));
+  reject(fia_separate_antiquant(in),
+         "left padding is not supported with the separate key / value antiquant scales", "none",
+         shape_str(in.key_antiquant_scale));
+  reject(in.quant_scale2.numel() > 1,
+         "left padding is not supported with a per-channel quant_scale2", "one value",
+         shape_str(in.quant_scale2));
+  const auto pad = [&](const StridedView<const std::int64_t>& t, const char* name,
+                       const std::vector<std::int64_t>& lens, const char* lens_name) -> Index {
+    if (t.absent()) return -1;
+    ATTNREF_CHECK(t.rank() <= 1 && t.numel() == 1, std::invalid_argument, kFia,
+                  std::string(name) + ".shape", "not one value", "[] or [1]", shape_str(t));
+    ATTNREF_CHECK(!lens.empty(), std::invalid_argument, kFia, name,
+                  std::string("given without ") + lens_name + " (they place each window)",
+                  lens_name, "none");
+    return std::max<Index>(0, static_cast<Index>(t.data()[0]));
+  };
+  q_pad = pad(qp, "query_padding_size", in.actual_seq_lengths, "actual_seq_lengths");
+  kv_pad = pad(kp, "kv_padding_size", in.actual_seq_lengths_kv, "actual_seq_lengths_kv");
+  if (p.sparse_mode == 0) pp.pre_tokens = pp.next_tokens = 2147483647;
 }
 
 }  // namespace attnref::detail

@@ -196,7 +196,8 @@ void fia_prompt_aq_empty_rows(const PfaProblem<T, TM, TP, TO, TKV>& pr) {
   const PfaPlan& pl = pr.pl;
   for (Index b = 0; b < pl.lens.B; ++b)
     for (Index h = 0; h < pl.n; ++h)
-      for (Index i = 0; i < pl.lens.q_len[static_cast<size_t>(b)]; ++i)
+      for (Index i = pl.lens.q_begin(b);
+           i < pl.lens.q_begin(b) + pl.lens.q_len[static_cast<size_t>(b)]; ++i)
         if (pr.eo.lse(b, h, i) == -std::numeric_limits<float>::infinity())
           for (Index x = 0; x < pl.Dv; ++x) pr.eo.o(b, i, h, x) = TO(0.0f);
 }

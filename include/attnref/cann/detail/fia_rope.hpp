@@ -76,6 +76,7 @@ void fia_mla_unsupported(const char* fn, const P& p, const In& in) {
   no(!in.quant_scale2.absent() || !in.quant_offset2.absent(), "quant_scale2 / quant_offset2",
      shape_str(in.quant_scale2));
   no(!in.kv_padding_size.absent(), "kv_padding_size", shape_str(in.kv_padding_size));
+  no(!in.query_padding_size.absent(), "query_padding_size", shape_str(in.query_padding_size));
   no(!in.learnable_sink.absent(), "learnable_sink", shape_str(in.learnable_sink));
   ATTNREF_CHECK(p.inner_precise == 0 || p.inner_precise == 1, std::invalid_argument, fn,
                 "params.inner_precise", "out of range with query_rope and head size 512 (MLA)",
