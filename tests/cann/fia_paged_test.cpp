@@ -220,6 +220,16 @@ std::vector<Case> cases() {
     t.seed = four ? 31 : 32;
     v.push_back(t);
   }
+  Case t4;  // TND band (sparse 4; value head size 64)
+  t4.layout = "TND";
+  t4.ql = {4, 0, 9, 2};
+  t4.kvl = {130, 3, 9, 256};
+  t4.D = 64;
+  t4.sparse = 4;
+  t4.pre = 5;
+  t4.next = -1;
+  t4.seed = 35;
+  v.push_back(t4);
   Case t0;  // TND, sparse 0, no mask
   t0.layout = "TND";
   t0.ql = {3, 5};
@@ -342,7 +352,7 @@ TEST(FiaPaged, Rejections) {
       "params.sparse_mode not supported with TND and a paged cache");
   expect_rejected(
       tnd, [](Params& p, Inputs&, Problem&) { p.sparse_mode = 4; },
-      "params.sparse_mode 4 with TND is not implemented in attnref yet");
+      "head size not supported with TND and sparse_mode 4");
   Case t0 = cases().back();
   std::vector<std::uint8_t> m(2048 * 2048, 0);
   expect_rejected(

@@ -327,6 +327,93 @@ TEST(FiaPromptAntiquant, CombinedScalesMatchReference) {
     }
 }
 
+// The combined scales with a shared prefix (int8, read with the same maps) == the prefix rows
+// stored in front of every sequence's keys, bit for bit (output and lse), per channel in BSND
+// and BNSD, causal; a batch with no keys of its own attends to the prefix alone.
+TEST(FiaPromptAntiquant, CombinedScalesWithPrefixEqualConcatenation) {
+  for (const std::string lay : {"BSND", "BNSD"}) {
+    SCOPED_TRACE(lay);
+    Case c;
+    c.layout = lay;
+    c.half_maps = true;
+    c.sparse = 3;
+    c.seed = 70;
+    const Built r = build(c);
+    const int B = c.B(), KVN = c.kvn, D = c.D, P = 11, Ps = 13;
+    std::mt19937 rng(71);
+    std::uniform_int_distribution<int> ui(-100, 100);
+    std::vector<i8> pk(z(Ps * KVN * D)), pv(pk.size());  // [1, Ps, KV_N, D] or [1, KV_N, Ps, D]
+    for (auto& x : pk) x = i8(ui(rng));
+    for (auto& x : pv) x = i8(ui(rng));
+    const bool hm = bnsd(c);
+    auto pat = [&](int t, int h, int d) {
+      return hm ? z((h * Ps + t) * D + d) : z((t * KVN + h) * D + d);
+    };
+    // The concatenation: [B, P + S2, ...] with the prefix rows first.
+    const int S = P + c.S2;
+    std::vector<i8> ck(z(B * S * KVN * D)), cv(ck.size());
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < S; ++t)
+        for (int h = 0; h < KVN; ++h)
+          for (int d = 0; d < D; ++d) {
+            const size_t to =
+                hm ? z(((b * KVN + h) * S + t) * D + d) : z(((b * S + t) * KVN + h) * D + d);
+            const size_t from = hm ? z(((b * KVN + h) * c.S2 + t - P) * D + d)
+                                   : z(((b * c.S2 + t - P) * KVN + h) * D + d);
+            ck[to] = t < P ? pk[pat(t, h, d)] : r.kb[from];
+            cv[to] = t < P ? pv[pat(t, h, d)] : r.vb[from];
+          }
+    const Call x = call_of(r);
+    std::vector<half> qh, sc, off;
+    for (const bf& v : r.qb) qh.push_back(half(static_cast<float>(v)));
+    for (int side = 0; side < 2; ++side)
+      for (int i = 0; i < KVN * D; ++i) {
+        sc.push_back(half(r.sc[side][z(i)]));
+        off.push_back(half(r.off[side][z(i)]));
+      }
+    const Shape ss = lay == "BSND" ? shp(2, KVN, D) : shp(2, KVN, 1, D);
+    FusedInferAttentionScoreInputs<half, i8> in;
+    in.query = {qh.data(), x.in.query.shape()};
+    in.atten_mask = x.in.atten_mask;
+    in.actual_seq_lengths = x.in.actual_seq_lengths;
+    in.antiquant_scale = {sc.data(), ss};
+    in.antiquant_offset = {off.data(), ss};
+    FusedInferAttentionScoreParams p = x.p;
+    p.key_antiquant_mode = p.value_antiquant_mode = 0;
+    p.softmax_lse_flag = true;
+    auto run_one = [&](const FusedInferAttentionScoreInputs<half, i8>& call, std::vector<half>& o,
+                       std::vector<float>& lse) {
+      o.assign(qh.size(), half(7.0f));
+      lse.assign(z(B * c.N * c.S1), 7.0f);
+      attnref::fused_infer_attention_score(
+          p, call,
+          FusedInferAttentionScoreOutputs<half>{{o.data(), x.oshape},
+                                                {lse.data(), shp(B, c.N, c.S1, 1)}});
+    };
+    auto with = in;
+    with.key = x.in.key;
+    with.value = x.in.value;
+    with.actual_seq_lengths_kv = x.in.actual_seq_lengths_kv;
+    const Shape ps = hm ? shp(1, KVN, Ps, D) : shp(1, Ps, KVN, D);
+    with.key_shared_prefix = {pk.data(), ps};
+    with.value_shared_prefix = {pv.data(), ps};
+    with.actual_shared_prefix_len = {P};
+    auto cat = in;
+    const Shape cs = hm ? shp(B, KVN, S, D) : shp(B, S, KVN, D);
+    cat.key = {{ck.data(), cs}};
+    cat.value = {{cv.data(), cs}};
+    for (int l : c.L) cat.actual_seq_lengths_kv.push_back(l + P);
+    std::vector<half> o1, o2;
+    std::vector<float> l1, l2;
+    run_one(with, o1, l1);
+    run_one(cat, o2, l2);
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(half)), 0)
+        << "the prefix differs from its concatenation";
+    EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "lse differs";
+    EXPECT_FALSE(std::all_of(o1.begin(), o1.end(), [](half v) { return dbl(v) == 0.0; }));
+  }
+}
+
 TEST(FiaPromptAntiquant, Rejections) {
   Case c;
   const Built r = build(c);

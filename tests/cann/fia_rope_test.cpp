@@ -51,8 +51,10 @@ struct MlaCase {
   unsigned seed = 1;
   double scale = 0.0625;
   int pre = 0;  // > 0: sparse_mode 4 (the sliding window) with pre_tokens `pre`
+  int S = 0;    // > 0 (sliding window): Q_S, the batches' rows ql (actual_seq_lengths) below it
+  bool contiguous = false;  // (sliding window) the cache as [B, S2, 1, D] tensors, no table
   int B() const { return static_cast<int>(ql.size()); }
-  int qs() const { return ql[0]; }  // non-TND: every batch has Q_S rows
+  int qs() const { return S > 0 ? S : ql[0]; }  // non-TND: Q_S
   bool tnd() const { return layout == "TND"; }
   int sparse() const { return pre > 0 ? 4 : tnd() ? 3 : (qs() > 1 ? 3 : 0); }
 };
@@ -92,7 +94,24 @@ struct Mla {
     krc = support::randn<T>(static_cast<size_t>(nb * c.bs) * kR, rng);
     if (c.sparse() >= 3) mask.assign(2048 * 2048, 0);  // (its content is not read)
     out.assign(rows * kD, T(-3.0f));
+    if (c.contiguous) {  // the same rows in [B, S2, 1, D] tensors, NaN past each sequence
+      for (int l : c.kvl) S2 = std::max(S2, l + 2);
+      const size_t n = static_cast<size_t>(c.B() * S2);
+      kcc.assign(n * kD, T(NAN)), vcc.assign(n * kD, T(NAN)), krcc.assign(n * kR, T(NAN));
+      for (int b = 0; b < c.B(); ++b)
+        for (int t = 0; t < c.kvl[static_cast<size_t>(b)]; ++t) {
+          const size_t to = static_cast<size_t>(b * S2 + t);
+          std::copy_n(kc.begin() + static_cast<long>(row(b, t) * kD), kD,
+                      kcc.begin() + static_cast<long>(to * kD));
+          std::copy_n(vc.begin() + static_cast<long>(row(b, t) * kD), kD,
+                      vcc.begin() + static_cast<long>(to * kD));
+          std::copy_n(krc.begin() + static_cast<long>(row(b, t) * kR), kR,
+                      krcc.begin() + static_cast<long>(to * kR));
+        }
+    }
   }
+  int S2 = 0;
+  std::vector<T> kcc, vcc, krcc;  // the contiguous cache
   // Element offset of (b, i, h) of a [.., width] query-shaped tensor in the layout.
   size_t at(int b, int i, int h, int width) const {
     const int S = c.qs(), N = c.N;
@@ -130,6 +149,13 @@ struct Mla {
     in.block_table = StridedView<const std::int32_t>(table.data(), {c.B(), maxb});
     in.actual_seq_lengths_kv.assign(c.kvl.begin(), c.kvl.end());
     if (c.tnd()) in.actual_seq_lengths.assign(qcu.begin() + 1, qcu.end());
+    if (c.S > 0) in.actual_seq_lengths.assign(c.ql.begin(), c.ql.end());
+    if (c.contiguous) {
+      in.key = {StridedView<const T>(kcc.data(), {c.B(), S2, 1, kD})};
+      in.value = {StridedView<const T>(vcc.data(), {c.B(), S2, 1, kD})};
+      in.key_rope = StridedView<const T>(krcc.data(), {c.B(), S2, 1, kR});
+      in.block_table = {};
+    }
     if (!mask.empty()) in.atten_mask = StridedView<const std::uint8_t>(mask.data(), {2048, 2048});
     return in;
   }
@@ -293,6 +319,39 @@ TEST(FiaRope, MlaSlidingWindowMatchesTheReference) {
     m.run();
     EXPECT_LE(m.error(), 1.0) << "Q_S " << qs << " bs " << bs << " pre " << pre;
   }
+}
+
+// The sliding window with query lengths below Q_S (rows past them 0, the window anchored at each
+// batch's own last row) and over contiguous BSND tensors (== the paged cache, bit for bit).
+TEST(FiaRope, MlaSlidingWindowShortRowsAndContiguousCache) {
+  MlaCase c;
+  c.N = 128;
+  c.S = 4;
+  c.ql = {4, 1, 3};
+  c.kvl = {70, 3, 200};
+  c.bs = 64;
+  c.pre = 5;
+  c.seed = 66;
+  Mla<bfloat16> paged(c);
+  paged.run();
+  EXPECT_LE(paged.error(), 1.0);
+  bool zero = true;
+  for (int b = 0; b < c.B(); ++b)
+    for (int i = c.ql[static_cast<size_t>(b)]; i < c.S; ++i)
+      for (int h = 0; h < c.N; ++h)
+        for (int e = 0; e < kD; ++e)
+          zero = zero && float(paged.out[paged.at(b, i, h, kD) + static_cast<size_t>(e)]) == 0;
+  EXPECT_TRUE(zero) << "rows past the query lengths are not 0";
+  c.contiguous = true;
+  Mla<bfloat16> flat(c);
+  flat.run();
+  EXPECT_TRUE(same_bits(flat.out, paged.out));
+  c.ql = {4, 4, 4};  // no lengths: every batch has Q_S rows
+  c.kvl = {70, 4, 200};
+  c.S = 0;
+  Mla<bfloat16> full(c);
+  full.run();
+  EXPECT_LE(full.error(), 1.0);
 }
 
 TEST(FiaRope, MlaThreadCountsGiveTheSameBits) {
@@ -547,9 +606,24 @@ TEST(FiaRope, MlaRejections) {
   expect_rejected(
       sw,
       [](Params&, Inputs& in, auto&) {
-        in.actual_seq_lengths = {2, 1};
+        in.actual_seq_lengths = {2, 3};
       },
-      "query lengths below Q_S");
+      "actual_seq_lengths[1] out of range");
+  MlaCase swc = sw;  // the contiguous cache
+  swc.contiguous = true;
+  expect_rejected(
+      swc,
+      [](Params&, Inputs& in, auto& m) {
+        in.key = {StridedView<const bfloat16>(m.kcc.data(), {1, 2 * m.S2, 1, kD})};
+        in.value = {StridedView<const bfloat16>(m.vcc.data(), {1, 2 * m.S2, 1, kD})};
+      },
+      "key[0].shape not a contiguous MLA cache");
+  expect_rejected(
+      swc,
+      [](Params&, Inputs& in, auto& m) {
+        in.key_rope = StridedView<const bfloat16>(m.krcc.data(), {2, m.S2 - 1, 1, kR});
+      },
+      "key_rope.shape mismatch");
   MlaCase sw_bsh = sw;
   sw_bsh.layout = "BSH";
   expect_rejected(

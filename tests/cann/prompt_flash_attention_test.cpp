@@ -347,6 +347,22 @@ TEST(PromptFlashAttention, TndEqualsPaddedBsndBitForBit) {
   }
 }
 
+// TND with sparse_mode 4 (the vendor's tiling takes it for value head size 64 / 128): the band
+// anchored bottom-right in every batch, against the reference and == padded BSND bit for bit;
+// a negative pre_tokens leaves the last rows of a batch without a key (0).
+TEST(PromptFlashAttention, TndBandMatchesReferenceAndPaddedBsnd) {
+  for (const auto& [pre, next] : {std::pair<std::int64_t, std::int64_t>{3, 1}, {-2, 5}, {40, -3}}) {
+    PfaCase c{4, Mask::Compressed, 1, 0, 2, 2, pre, next, {17, 7, 3, 0}, {17, 64, 7, 5}};
+    c.D = c.Dv = 64;
+    c.layout = "TND";
+    c.seed = static_cast<unsigned>(300 + pre);
+    const auto t = checked<bfloat16, u8>(c);
+    c.layout = "BSND";
+    EXPECT_TRUE(support::bitwise_equal(t.out, rows(checked<bfloat16, u8>(c, 3))))
+        << "pre " << pre << " next " << next;
+  }
+}
+
 template <class T>
 void pfa_vs_self_attention(const PfaCase& c, attnref::SelfAttentionParams::MaskType mt) {
   using P = attnref::SelfAttentionParams;
@@ -484,24 +500,34 @@ TEST(PromptFlashAttention, Rejections) {
   PfaCase t{0, Mask::None, 1, 0, 1, 3, kInf, kInf, {17, 7, 1}, {17, 16, 7}};  // TND: T1 25, T2 40
   t.layout = "TND";
   pfa_rejected(
-      t, {{[](X& x) { x.in.actual_seq_lengths_kv.clear(); }, "actual_seq_lengths"},
-          {[](X& x) { x.in.actual_seq_lengths.clear(); }, "actual_seq_lengths"},
-          {[](X& x) { x.in.actual_seq_lengths_kv.pop_back(); }, "actual_seq_lengths"},
-          {[](X& x) { x.in.actual_seq_lengths = lens(17, 24, 24); }, "actual_seq_lengths"},
-          {[](X& x) { x.in.actual_seq_lengths = lens(17, 10, 25); }, "actual_seq_lengths"},
-          {[](X& x) { x.in.actual_seq_lengths_kv = lens(17, 33, 39); }, "actual_seq_lengths_kv"},
-          {[](X& x) {
-             x.p.sparse_mode = 1,
-             x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048));
-           },
-           "sparse_mode"},
-          {[](X& x) { x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048)); },
-           "sparse_mode"},
-          {[](X& x) {
-             static const std::vector<half> pse(1 * 4 * 25 * 40, half(0.0f));  // its own memory
-             x.in.pse_shift = StridedView<const half>(pse.data(), shp(1, 4, 25, 40));
-           },
-           "pse_shift"}});
+      t,
+      {{[](X& x) { x.in.actual_seq_lengths_kv.clear(); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths.clear(); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths_kv.pop_back(); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths = lens(17, 24, 24); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths = lens(17, 10, 25); }, "actual_seq_lengths"},
+       {[](X& x) { x.in.actual_seq_lengths_kv = lens(17, 33, 39); }, "actual_seq_lengths_kv"},
+       {[](X& x) {
+          x.p.sparse_mode = 1, x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048));
+        },
+        "sparse_mode"},
+       {[](X& x) { x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048)); },
+        "sparse_mode"},
+       {[](X& x) {
+          static const std::vector<half> pse(1 * 4 * 25 * 40, half(0.0f));  // its own memory
+          x.in.pse_shift = StridedView<const half>(pse.data(), shp(1, 4, 25, 40));
+        },
+        "pse_shift"},
+       {[](X& x) {  // sparse 4 takes value head size 64 or 128 with TND
+          x.p.sparse_mode = 4, x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048));
+        },
+        "head size not supported with TND and sparse_mode 4"}});
+  t.D = t.Dv = 64;
+  pfa_rejected(t, {{[](X& x) {  // batch 1: 7 rows, pre -8 leaves no band
+                      x.p.sparse_mode = 4, x.p.pre_tokens = -8, x.p.next_tokens = 20;
+                      x.in.atten_mask = StridedView<const u8>(cm.data(), shp(2048, 2048));
+                    },
+                    "leave batch 1 no band"}});
 }
 
 }  // namespace prompt_flash_attention_test

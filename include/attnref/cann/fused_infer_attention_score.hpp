@@ -21,10 +21,11 @@
 /// the flag off, softmax_lse is neither checked nor written (the vendor returns it as given).
 ///
 /// int4 key / value (TKV int32, eight values per word): cann/detail/fia_int4.hpp.
+/// Left padding with Q_S > 1 (query_padding_size / kv_padding_size): cann/detail/fia_parts.hpp.
 /// Every check runs before anything is written; results never depend on exec.threads. The
-/// features of the V2–V4 parameter set not listed here (query quantization, left-padded or
-/// int8 KV in the prompt branch, query left padding, NZ caches) are not implemented yet: their
-/// inputs do not exist in these structs or are rejected.
+/// features of the V2–V4 parameter set not listed here (NZ caches outside MLA's full
+/// quantization, the separate K / V scales with a shared prefix in the prompt branch) are not
+/// implemented yet: their inputs do not exist in these structs or are rejected.
 ///
 /// A paged cache (block_table) in the prompt branch: the vendor's prompt-tiling rules
 /// (cann/detail/fia_paged.hpp); the engine reads the cache in place.
@@ -146,8 +147,9 @@ struct FusedInferAttentionScoreInputs {
   StridedView<const float> value_antiquant_offset{};
   /// The shared prefix (V2+): key / value rows in the key's layout with batch 1 ([1, Ps, KV_N·D],
   /// [1, Ps, KV_N, D] or [1, KV_N, Ps, D]); the first actual_shared_prefix_len of them (one value;
-  /// empty: Ps) stand in front of every sequence's keys. Not with TND, a paged cache, kv left
-  /// padding, tensor lists or int8 query / key / value.
+  /// empty: Ps) stand in front of every sequence's keys. Not with TND, a paged cache, left
+  /// padding, tensor lists, int8 query / key / value, or the separate K / V scales with Q_S > 1
+  /// (int8 K / V otherwise: an int8 prefix read with the same maps).
   StridedView<const TKV> key_shared_prefix{};
   StridedView<const TKV> value_shared_prefix{};
   std::vector<std::int64_t> actual_shared_prefix_len{};
@@ -418,14 +420,13 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
       if constexpr (!std::is_same_v<T, std::int8_t> && !kAq)
         fia_rope_prompt(kFia, p, in, r.layout, pr.q_rope, pr.k_rope);
     }
-    FiaPrefix<T> prefix;  // (the engine's pages point into it until the run ends)
-    if constexpr (!kAq)
-      if (fia_prefix(p, in, r, prefix)) {
-        pr.front_keys = prefix.P;
-        pr.kv_pages = &prefix.pages;
-        pr.kv_k = prefix.k;
-        pr.kv_v = prefix.v;
-      }
+    FiaPrefix<TKV> prefix;  // (the engine's pages point into it until the run ends)
+    if (fia_prefix(p, in, r, prefix)) {
+      pr.front_keys = prefix.P;
+      pr.kv_pages = &prefix.pages;
+      pr.kv_k = prefix.k;
+      pr.kv_v = prefix.v;
+    }
     const Index n = static_cast<Index>(p.num_heads), B = in.query.size(0);
     // (int8 key / value: the rows' lse, to zero those without a visible key)
     std::vector<float> rows_lse(kAq && !p.softmax_lse_flag ? B * n * r.q_s : 0);
@@ -481,7 +482,7 @@ void fia_mla(const FusedInferAttentionScoreParams& p,
                   shape_str(in.dequant_scale_query) + " / " + std::to_string(p.query_quant_mode));
     FiaMla<T, TO> m;
     fia_mla_prepare(kFia, p, in, out, exec, r.layout, r.n_major_out, r.q_s, m);
-    if (run) attention(m.e, m.ep, m.eo, m.ex);
+    if (run) fia_mla_run(m);
   }
 }
 

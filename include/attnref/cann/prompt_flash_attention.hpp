@@ -162,9 +162,10 @@ PfaLengths pfa_lengths(const char* fn, const PromptFlashAttentionInputs<T, TM, T
                   "last value differs from T1", std::to_string(S1), std::to_string(l.q_cu.back()));
     ATTNREF_CHECK(l.kv_cu.back() == S2, std::invalid_argument, fn, "actual_seq_lengths_kv",
                   "last value differs from T2", std::to_string(S2), std::to_string(l.kv_cu.back()));
-    ATTNREF_CHECK(sm == 3 || (sm == 0 && in.atten_mask.absent()), std::invalid_argument, fn,
-                  "params.sparse_mode", "TND takes sparse_mode 0 without a mask or 3",
-                  "0 (no mask) or 3", std::to_string(sm));
+    ATTNREF_CHECK(sm == 3 || sm == 4 || (sm == 0 && in.atten_mask.absent()),
+                  std::invalid_argument, fn, "params.sparse_mode",
+                  "TND takes sparse_mode 0 without a mask, 3 or 4", "0 (no mask), 3 or 4",
+                  std::to_string(sm));
     ATTNREF_CHECK(in.pse_shift.absent(), std::invalid_argument, fn, "pse_shift",
                   "not supported with TND", "none", shape_str(in.pse_shift));
   } else {
@@ -245,6 +246,26 @@ void pfa_mask_band(const char* fn, const PromptFlashAttentionParams& params,
   }
 }
 
+/// TND with sparse_mode 4 (the vendor's tiling): value head size 64 or 128, and for every batch
+/// with query rows and keys pre_tokens + q_len >= 0 and next_tokens + kv_len >= 0.
+inline void pfa_tnd_band(const char* fn, const PromptFlashAttentionParams& params,
+                         const PfaLengths& l, Index Dv) {
+  ATTNREF_CHECK(Dv == 64 || Dv == 128, std::invalid_argument, fn, "value.shape",
+                "head size not supported with TND and sparse_mode 4", "64 or 128",
+                std::to_string(Dv));
+  const Index pre = pfa_clamp_tokens(params.pre_tokens);
+  const Index next = pfa_clamp_tokens(params.next_tokens);
+  for (size_t b = 0; b < l.q_len.size(); ++b) {
+    if (l.q_len[b] == 0 || l.kv_len[b] == 0) continue;
+    ATTNREF_CHECK(pre + l.q_len[b] >= 0 && next + l.kv_len[b] >= 0, std::invalid_argument, fn,
+                  "params.pre_tokens / next_tokens",
+                  "leave batch " + std::to_string(b) + " no band (TND, sparse_mode 4)",
+                  "pre_tokens >= -" + std::to_string(l.q_len[b]) + ", next_tokens >= -" +
+                      std::to_string(l.kv_len[b]),
+                  std::to_string(pre) + " / " + std::to_string(next));
+  }
+}
+
 /// What PFA's checks found: the layout, heads and query dims (CannFront), the key / value /
 /// output dims, the lengths of every batch.
 struct PfaPlan : CannFront {
@@ -296,6 +317,7 @@ PfaPlan pfa_plan(const char* fn, const PromptFlashAttentionParams& params,
   // Lengths.
   const Index S1 = pl.S1 = qd[1], S2 = pl.S2 = kd[1];
   pl.lens = pfa_lengths(fn, in, tnd, sm, qd[0], S1, S2);
+  if (tnd && sm == 4) pfa_tnd_band(fn, params, pl.lens, Dv);
   const std::array<Index, 4> od = pl.od = {qd[0], qd[1], n, Dv};
   const std::vector<Index> oshape = pfa_shape(layout, od);
   ATTNREF_CHECK(!out.attention_out.absent() && out.attention_out.shape() == oshape,

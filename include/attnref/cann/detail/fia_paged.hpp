@@ -11,8 +11,7 @@
 ///          per batch even with TND (not cumulative: the tiling skips its cumulative checks and
 ///          the kernel its differencing when the cache is paged), each in [0, maxBlocks·blockSize]
 ///   S2     the mask's and pse's key extent: ceil(max kv length / blockSize)·blockSize
-///   TND    sparse_mode 0 (no mask) or 3 (4, which the tiling accepts here, is not implemented:
-///          attnref's TND prompt branch takes 0 and 3)
+///   TND    sparse_mode 0 (no mask), 3 or 4
 ///   not    an int8 query, kv left padding, a shared prefix, tensor lists
 /// Every used block-table entry is checked (std::out_of_range), which the vendor does not do.
 
@@ -110,11 +109,10 @@ bool fia_paged(const char* fn, const P& p, const In& in, Layout layout, FiaPaged
   f.cache.validate(fn, {"key[0]", "value[0]", "block_table", "actual_seq_lengths_kv",
                         "params.block_size", "blockSize"});
   if (tnd) {
-    ATTNREF_CHECK(p.sparse_mode == 0 || p.sparse_mode == 3, std::invalid_argument, fn,
-                  "params.sparse_mode",
-                  p.sparse_mode == 4 ? "4 with TND is not implemented in attnref yet"
-                                     : "not supported with TND and a paged cache",
-                  "0 or 3", std::to_string(p.sparse_mode));
+    ATTNREF_CHECK(p.sparse_mode == 0 || p.sparse_mode == 3 || p.sparse_mode == 4,
+                  std::invalid_argument, fn, "params.sparse_mode",
+                  "not supported with TND and a paged cache", "0, 3 or 4",
+                  std::to_string(p.sparse_mode));
     ATTNREF_CHECK(p.sparse_mode != 0 || in.atten_mask.absent(), std::invalid_argument, fn,
                   "atten_mask", "given with sparse_mode 0, TND and a paged cache", "none",
                   shape_str(in.atten_mask));

@@ -6,14 +6,15 @@
 ///
 /// The combined antiquant_scale / antiquant_offset (the vendor's PromptFlashAttention antiquant,
 /// its tiling's rules): an fp16 query and output, antiquant_mode 0, per channel in the layout's
-/// shape or per tensor (2), head size a multiple of 32, any Q_S; computed with the same maps (the
-/// kernel's fp16 rounding of the dequantized tile is not reproduced).
+/// shape or per tensor (2), head size a multiple of 32, any Q_S, a shared prefix (int8, read with
+/// the same maps); computed with the same maps (the kernel's fp16 rounding of the dequantized
+/// tile is not reproduced).
 ///
 /// The separate scales (the documents' list for Q_S > 1): Q_S <= 16; query and output bf16; layouts
 /// BSH, BSND, BNSD, BNSD_BSND (TND: not listed, rejected); key_antiquant_mode ==
 /// value_antiquant_mode, 0 per channel ((KV_N, D), (KV_N, 1, D) or (KV_N·D)) or 1 per token ((B,
 /// S'), S' covering the longest kv length); offsets optional, both or neither; not with the
-/// combined antiquant fields, a paged cache, tensor lists, kv left padding, a shared prefix or rope
+/// combined antiquant fields, a paged cache, tensor lists, left padding, a shared prefix or rope
 /// inputs. The vendor passes per-channel scales in bf16; attnref takes fp32 for every mode. Rows
 /// without a visible key are 0, as everywhere in the prompt branch (with a value offset the output
 /// map would otherwise turn them into offset · scale).
@@ -72,11 +73,6 @@ void fia_prompt_aq_rules(const char* fn, const P& p, const In& in, Layout layout
        shape_str(in.antiquant_scale_per_token));
   need(in.block_table.absent(), "block_table", "not supported " + with, "none",
        shape_str(in.block_table));
-  need(in.key_shared_prefix.absent() && in.value_shared_prefix.absent(), "key_shared_prefix",
-       "not supported " + with, "none", shape_str(in.key_shared_prefix));
-  need(in.actual_shared_prefix_len.empty(), "actual_shared_prefix_len",
-       "given without key_shared_prefix", "none",
-       std::to_string(in.actual_shared_prefix_len.size()) + " values");
   need(in.query_rope.absent() && in.key_rope.absent(), "query_rope", "not supported " + with,
        "none", shape_str(in.query_rope));
   if (fia_prompt_combined(in)) {  // the combined scales: PromptFlashAttention's own antiquant
@@ -91,6 +87,9 @@ void fia_prompt_aq_rules(const char* fn, const P& p, const In& in, Layout layout
   need(in.antiquant_scale.absent() && in.antiquant_offset.absent(),
        "antiquant_scale / antiquant_offset", "given beside the separate scales " + with, "none",
        shape_str(in.antiquant_scale));
+  need(in.key_shared_prefix.absent() && in.value_shared_prefix.absent(), "key_shared_prefix",
+       "not supported with the separate scales and Q_S > 1", "none",
+       shape_str(in.key_shared_prefix));
   need(std::is_same_v<T, bfloat16>, "query", "not bf16 " + with, "bfloat16", "another type");
   need(std::is_same_v<TO, bfloat16>, "attention_out", "not bf16 " + with, "bfloat16",
        "another type");

@@ -7,8 +7,10 @@
 ///     {1, 2, 4, ..., 128}, Q_S 1–16 (TND: per batch), a paged cache with blocks of 16 or 128,
 ///     layouts BSH, BSND, BNSD and TND (with _NBSD / _NTD: the output head-major); sparse_mode 0
 ///     (no mask) with one query row, 3 (rightDownCausal, the 2048 x 2048 mask) with more (TND: 0 or
-///     3), or 4 (the sliding window: BSND, 128 heads, keys [i + kv - Q_S - pre, i + kv - Q_S],
-///     pre_tokens in [1, 2048], next_tokens 0, blocks of 64 or 128, kv >= Q_S); no softmax_lse,
+///     3), or 4 (the sliding window: BSND, 128 heads, keys [i + kv - q - pre, i + kv - q] with q
+///     the batch's query rows (actual_seq_lengths, rows past them 0), pre_tokens in [1, 2048],
+///     next_tokens 0, a paged cache with blocks of 64 or 128 or contiguous BSND tensors, kv >= q);
+///     no softmax_lse,
 ///     pse, shared prefix, antiquant, post-quant, kv padding or sink. fia_mla is its plan: the
 ///     engine with split scores over the paged cache, the causal mode and window its only hooks.
 ///   Head size 128 (the prompt branch): rope 64, TND only, bf16, q / k / v head size 128; no
@@ -136,14 +138,111 @@ StridedView<const T, 4> fia_mla_cache(const char* fn, const char* arg,
   return StridedView<const T, 4>(c.data(), {nb, bs, 1, width}, {bs * width, width, width, 1});
 }
 
-/// A validated MLA call: the engine problem.
+/// A validated MLA call: the engine problem; q_len: the query rows of every batch when some are
+/// shorter than Q_S (the sliding window; the rows past them are zeroed before the run).
 template <class T, class TO>
 struct FiaMla {
   AttentionInputs<T> e;
   AttentionParams ep;
   AttentionOutputs<TO> eo;
   ExecConfig ex;
+  std::vector<Index> q_len;
 };
+
+/// MLA's latent cache into the engine problem: paged ([blockNum, blockSize, 512], blocks of 16 or
+/// 128; 64 or 128 with the sliding window) or, with the sliding window, contiguous BSND ([B, S2,
+/// 1, 512] and key_rope [B, S2, 1, 64]); the kv lengths, each at least the batch's query rows
+/// and at most 131088 with the sliding window.
+template <class P, class In, class T>
+void fia_mla_kv(const char* fn, const P& p, const In& in, Layout layout, Index window, Index B,
+                Index q_s, AttentionInputs<T>& e) {
+  const bool paged = !in.block_table.absent();
+  ATTNREF_CHECK(paged || window > 0, std::invalid_argument, fn, "block_table",
+                "missing: MLA (query_rope, head size 512) reads a paged cache (a contiguous one "
+                "with sparse_mode 4 only)",
+                "[B, maxBlocks]", "none");
+  ATTNREF_CHECK(in.value[0].shape() == in.key[0].shape(), std::invalid_argument, fn,
+                "value[0].shape", "differs from the key's", shape_str(in.key[0]),
+                shape_str(in.value[0]));
+  Index cols = 0;
+  if (paged) {
+    e.k = fia_mla_cache(fn, "key[0]", in.key[0], layout, 512);
+    e.v = fia_mla_cache(fn, "value[0]", in.value[0], layout, 512);
+    e.k_rope = fia_mla_cache(fn, "key_rope", in.key_rope, layout, 64);
+    ATTNREF_CHECK(e.k_rope.size(0) == e.k.size(0) && e.k_rope.size(1) == e.k.size(1) &&
+                      in.key_rope.rank() == in.key[0].rank(),
+                  std::invalid_argument, fn, "key_rope.shape", "mismatch with key[0]",
+                  "key[0]'s blocks with head size 64", shape_str(in.key_rope));
+    const Index bs = e.k.size(1);
+    ATTNREF_CHECK(p.block_size == bs, std::invalid_argument, fn, "params.block_size",
+                  "differs from the cache's block size", std::to_string(bs),
+                  std::to_string(p.block_size));
+    ATTNREF_CHECK(window > 0 ? bs == 64 || bs == 128 : bs == 16 || bs == 128, std::invalid_argument,
+                  fn, "params.block_size", "not supported with query_rope and head size 512 (MLA)",
+                  window > 0 ? "64 or 128 (sparse_mode 4)" : "16 or 128", std::to_string(bs));
+    const auto& bt = in.block_table;
+    ATTNREF_CHECK(bt.rank() == 2 && bt.size(0) == B, std::invalid_argument, fn, "block_table.shape",
+                  "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", shape_str(bt));
+    e.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
+    ATTNREF_CHECK(!in.actual_seq_lengths_kv.empty(), std::invalid_argument, fn,
+                  "actual_seq_lengths_kv", "required with a paged cache", "kv lengths", "none");
+    cols = checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
+  } else {  // sparse 4 over contiguous BSND tensors
+    const auto kd = pfa_dims(fn, "key[0]", in.key[0], layout, 1);
+    ATTNREF_CHECK(kd[0] == B && kd[3] == 512, std::invalid_argument, fn, "key[0].shape",
+                  "not a contiguous MLA cache", "[" + std::to_string(B) + ", S2, 1, 512]",
+                  shape_str(in.key[0]));
+    const auto rd = fia_rope_dims(fn, "key_rope", in.key_rope, layout, 1, kd);
+    e.k = pfa_view(in.key[0].data(), layout, kd);
+    e.v = pfa_view(in.value[0].data(), layout, kd);
+    e.k_rope = pfa_view(in.key_rope.data(), layout, rd);
+    cols = kd[1];
+  }
+  e.seq.kv = cann_lengths(fn, "actual_seq_lengths_kv", in.actual_seq_lengths_kv, B, cols);
+  if (paged)
+    PagedKvCache<const T>{e.k, e.v, e.block_table, e.seq.kv}.validate(
+        fn, {"key[0]", "value[0]", "block_table", "actual_seq_lengths_kv", "params.block_size",
+             "blockSize"});
+  if (window > 0)  // sparse 4: every batch has at least its query rows as keys (no row empty)
+    for (Index b = 0; b < B; ++b) {
+      const Index kv = e.seq.kv[static_cast<size_t>(b)];
+      const Index q = e.seq.q.empty() ? q_s : e.seq.q[static_cast<size_t>(b)];
+      ATTNREF_CHECK(kv >= q && kv <= 131088, std::invalid_argument, fn,
+                    "actual_seq_lengths_kv[" + std::to_string(b) + "]",
+                    "out of range with MLA's sparse_mode 4", "[" + std::to_string(q) + ", 131088]",
+                    std::to_string(kv));
+    }
+}
+
+/// MLA's query: the cumulative TND lengths (each batch at most 16 rows) or, with the sliding
+/// window, the per-batch query rows (actual_seq_lengths, each at most Q_S). Returns B.
+template <class In, class T>
+Index fia_mla_q_lengths(const char* fn, const In& in, bool tnd, Index window,
+                        const std::array<Index, 4>& qd, AttentionInputs<T>& e) {
+  if (!tnd) {
+    if (window > 0 && !in.actual_seq_lengths.empty())
+      e.seq.q = cann_lengths(fn, "actual_seq_lengths", in.actual_seq_lengths, qd[0], qd[1]);
+    return qd[0];
+  }
+  const auto& ql = in.actual_seq_lengths;
+  ATTNREF_CHECK(!ql.empty(), std::invalid_argument, fn, "actual_seq_lengths",
+                "required with TND (cumulative query lengths)", "B values", "none");
+  const Index B = static_cast<Index>(ql.size());
+  e.seq.q_cu.push_back(0);
+  for (Index b = 0; b < B; ++b) {
+    const std::int64_t v = ql[static_cast<size_t>(b)], lo = e.seq.q_cu.back();
+    const std::string arg = "actual_seq_lengths[" + std::to_string(b) + "]";
+    ATTNREF_CHECK(v >= lo && v - lo <= 16, std::invalid_argument, fn, arg,
+                  "out of range (cumulative, at most 16 query rows a batch with MLA)",
+                  "[" + std::to_string(lo) + ", " + std::to_string(lo + 16) + "]",
+                  std::to_string(v));
+    e.seq.q_cu.push_back(static_cast<Index>(v));
+  }
+  ATTNREF_CHECK(e.seq.q_cu.back() == qd[1], std::invalid_argument, fn, "actual_seq_lengths",
+                "last value differs from T", std::to_string(qd[1]),
+                std::to_string(e.seq.q_cu.back()));
+  return B;
+}
 
 /// Validates an MLA call (head size 512 with rope) and plans it into `m`: everything checked,
 /// nothing written.
@@ -173,74 +272,13 @@ void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
   ATTNREF_CHECK(in.key.size() == 1 && in.value.size() == 1, std::invalid_argument, fn,
                 "key / value", "MLA reads one paged cache tensor each", "one tensor each",
                 std::to_string(in.key.size()) + " and " + std::to_string(in.value.size()));
-  ATTNREF_CHECK(!in.block_table.absent(), std::invalid_argument, fn, "block_table",
-                "missing: MLA (query_rope, head size 512) reads a paged cache", "[B, maxBlocks]",
-                "none");
   const Index window = fia_mla_causal(fn, p, in.atten_mask, tnd, q_s);
   auto& e = m.e;
   e.q = pfa_view(in.query.data(), layout, qd);
   e.q_rope = pfa_view(in.query_rope.data(), layout, rd);
-  e.k = fia_mla_cache(fn, "key[0]", in.key[0], layout, 512);
-  e.v = fia_mla_cache(fn, "value[0]", in.value[0], layout, 512);
-  e.k_rope = fia_mla_cache(fn, "key_rope", in.key_rope, layout, 64);
-  ATTNREF_CHECK(in.value[0].shape() == in.key[0].shape(), std::invalid_argument, fn,
-                "value[0].shape", "differs from the key's", shape_str(in.key[0]),
-                shape_str(in.value[0]));
-  ATTNREF_CHECK(e.k_rope.size(0) == e.k.size(0) && e.k_rope.size(1) == e.k.size(1) &&
-                    in.key_rope.rank() == in.key[0].rank(),
-                std::invalid_argument, fn, "key_rope.shape", "mismatch with key[0]",
-                "key[0]'s blocks with head size 64", shape_str(in.key_rope));
-  const Index bs = e.k.size(1);
-  ATTNREF_CHECK(p.block_size == bs, std::invalid_argument, fn, "params.block_size",
-                "differs from the cache's block size", std::to_string(bs),
-                std::to_string(p.block_size));
-  ATTNREF_CHECK(window > 0 ? bs == 64 || bs == 128 : bs == 16 || bs == 128, std::invalid_argument,
-                fn, "params.block_size", "not supported with query_rope and head size 512 (MLA)",
-                window > 0 ? "64 or 128 (sparse_mode 4)" : "16 or 128", std::to_string(bs));
-  Index B = qd[0];
-  if (tnd) {  // the cumulative query lengths, each batch's at most 16
-    const auto& ql = in.actual_seq_lengths;
-    ATTNREF_CHECK(!ql.empty(), std::invalid_argument, fn, "actual_seq_lengths",
-                  "required with TND (cumulative query lengths)", "B values", "none");
-    B = static_cast<Index>(ql.size());
-    e.seq.q_cu.push_back(0);
-    for (Index b = 0; b < B; ++b) {
-      const std::int64_t v = ql[static_cast<size_t>(b)], lo = e.seq.q_cu.back();
-      const std::string arg = "actual_seq_lengths[" + std::to_string(b) + "]";
-      ATTNREF_CHECK(v >= lo && v - lo <= 16, std::invalid_argument, fn, arg,
-                    "out of range (cumulative, at most 16 query rows a batch with MLA)",
-                    "[" + std::to_string(lo) + ", " + std::to_string(lo + 16) + "]",
-                    std::to_string(v));
-      e.seq.q_cu.push_back(static_cast<Index>(v));
-    }
-    ATTNREF_CHECK(e.seq.q_cu.back() == qd[1], std::invalid_argument, fn, "actual_seq_lengths",
-                  "last value differs from T", std::to_string(qd[1]),
-                  std::to_string(e.seq.q_cu.back()));
-  }
-  const auto& bt = in.block_table;
-  ATTNREF_CHECK(bt.rank() == 2 && bt.size(0) == B, std::invalid_argument, fn, "block_table.shape",
-                "mismatch", "[" + std::to_string(B) + ", maxBlocksPerSeq]", shape_str(bt));
-  e.block_table = StridedView<const std::int32_t, 2>(bt.data(), {B, bt.size(1)});
-  ATTNREF_CHECK(!in.actual_seq_lengths_kv.empty(), std::invalid_argument, fn,
-                "actual_seq_lengths_kv", "required with a paged cache", "kv lengths", "none");
-  const Index cols = checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), bs);
-  e.seq.kv = cann_lengths(fn, "actual_seq_lengths_kv", in.actual_seq_lengths_kv, B, cols);
-  PagedKvCache<const T>{e.k, e.v, e.block_table, e.seq.kv}.validate(
-      fn, {"key[0]", "value[0]", "block_table", "actual_seq_lengths_kv", "params.block_size",
-           "blockSize"});
-  if (window > 0)  // sparse 4: every batch has at least Q_S keys (no row left empty)
-    for (Index b = 0; b < B; ++b)
-      ATTNREF_CHECK(
-          e.seq.kv[static_cast<size_t>(b)] >= q_s && e.seq.kv[static_cast<size_t>(b)] <= 131088,
-          std::invalid_argument, fn, "actual_seq_lengths_kv[" + std::to_string(b) + "]",
-          "out of range with MLA's sparse_mode 4", "[" + std::to_string(q_s) + ", 131088]",
-          std::to_string(e.seq.kv[static_cast<size_t>(b)]));
-  if (window > 0)  // (the vendor zeroes rows past shorter query lengths: not implemented)
-    for (const std::int64_t l : in.actual_seq_lengths)
-      ATTNREF_CHECK(l == q_s, std::invalid_argument, fn, "actual_seq_lengths",
-                    "query lengths below Q_S with MLA's sparse_mode 4 are not implemented in "
-                    "attnref yet",
-                    "none, or Q_S each", std::to_string(l));
+  const Index B = fia_mla_q_lengths(fn, in, tnd, window, qd, e);
+  fia_mla_kv(fn, p, in, layout, window, B, q_s, e);
+  m.q_len = e.seq.q;
   m.ep.scale = p.scale_value;
   m.ep.causal = window >= 0 ? CausalMode::BottomRight : CausalMode::None;
   m.ep.window = window > 0 ? window : 0;
@@ -256,6 +294,17 @@ void fia_mla_prepare(const char* fn, const P& p, const In& in, const Out& out,
                                              {qd[1] * qd[3], qd[3], qd[0] * qd[1] * qd[3], 1});
   m.ex = exec;
   validate(e, m.ep, m.eo, m.ex);  // the engine's own checks (overlaps); nothing written
+}
+
+/// Runs a prepared MLA call: the rows past shorter query lengths 0, then the engine.
+template <class T, class TO>
+void fia_mla_run(const FiaMla<T, TO>& m) {
+  const auto& o = m.eo.o;
+  for (size_t b = 0; b < m.q_len.size(); ++b)
+    for (Index i = m.q_len[b]; i < o.size(1); ++i)
+      for (Index h = 0; h < o.size(2); ++h)
+        for (Index x = 0; x < o.size(3); ++x) o(static_cast<Index>(b), i, h, x) = TO(0.0f);
+  attention(m.e, m.ep, m.eo, m.ex);
 }
 
 /// Head size 128 with rope (the prompt branch): the rules, then the engine's rope views.
