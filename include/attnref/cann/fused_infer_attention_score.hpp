@@ -22,10 +22,11 @@
 ///
 /// int4 key / value (TKV int32, eight values per word): cann/detail/fia_int4.hpp.
 /// Left padding with Q_S > 1 (query_padding_size / kv_padding_size): cann/detail/fia_parts.hpp.
+/// int8 key / value in 5-D NZ caches (V4's GQA antiquant): cann/detail/fia_gqa_nz.hpp.
 /// Every check runs before anything is written; results never depend on exec.threads. The
-/// features of the V2–V4 parameter set not listed here (NZ caches outside MLA's full
-/// quantization, the separate K / V scales with a shared prefix in the prompt branch) are not
-/// implemented yet: their inputs do not exist in these structs or are rejected.
+/// combinations of the V2–V4 parameter set not listed here (the separate K / V scales with a
+/// shared prefix, or int8 K/V in a paged ND cache, in the prompt branch) are rejected as not
+/// implemented yet.
 ///
 /// A paged cache (block_table) in the prompt branch: the vendor's prompt-tiling rules
 /// (cann/detail/fia_paged.hpp); the engine reads the cache in place.
@@ -49,6 +50,7 @@
 
 #include "attnref/cann/detail/common.hpp"
 #include "attnref/cann/detail/fia_antiquant.hpp"
+#include "attnref/cann/detail/fia_gqa_nz.hpp"
 #include "attnref/cann/detail/fia_int4.hpp"
 #include "attnref/cann/detail/fia_mla_quant.hpp"
 #include "attnref/cann/detail/fia_paged.hpp"
@@ -508,6 +510,15 @@ void fia_call(const FusedInferAttentionScoreParams& p,
       fia_call(p, fia_int4_inputs<In8>(kFia, p, din, r, bufs), dout, exec, run);
     });
   } else {
+    if constexpr (std::is_same_v<TKV, std::int8_t> && !std::is_same_v<T, std::int8_t>)
+      if (fia_is_gqa_nz(in)) {  // NZ caches: gathered, then the contiguous int8 call
+        FiaGqaNzData nz;
+        return dense_call(kFia, in, o, run, [&](const auto& din, const auto& dout) {
+          FusedInferAttentionScoreParams q = p;
+          const FiaRoute r = fia_route(p, din.query, false);
+          fia_call(q, fia_gqa_nz_inputs<TO>(kFia, q, din, r.layout, r.q_s, nz), dout, exec, run);
+        });
+      }
     if (p.input_layout == "NTD_TND") {  // NTD inputs seen as TND; the outputs are TND's
       FusedInferAttentionScoreParams tp = p;
       tp.input_layout = "TND";
