@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cann/fia_support.hpp"
 #include "cann/flash_attention_support.hpp"
 #include "reference/cann_flash_attention.hpp"
 #include "support/cast.hpp"
@@ -420,17 +421,7 @@ TEST(FiaPromptAntiquant, Rejections) {
   const auto rejected = [&](const std::function<void(Call&)>& edit, const std::string& frag) {
     Call x = call_of(r);
     edit(x);
-    SCOPED_TRACE(frag);
-    Index n = 1;
-    for (Index e : x.oshape) n *= e;
-    std::vector<bf> out(z(n), bf(7.0f));
-    support::expect_rejected(
-        [&] {
-          attnref::fused_infer_attention_score(
-              x.p, x.in, FusedInferAttentionScoreOutputs<bf>{{out.data(), x.oshape}});
-        },
-        frag);
-    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](bf v) { return dbl(v) == 7.0; }));
+    fia_support::expect_rejected<bf>(x, x.oshape, frag);
   };
   std::vector<bf> q17(z(3 * 17 * c.N * c.D), bf(0.5f));
   rejected(
