@@ -415,6 +415,131 @@ TEST(FiaPromptAntiquant, CombinedScalesWithPrefixEqualConcatenation) {
   }
 }
 
+// The paged form (the vendor's PA per-channel antiquant: fp16 query, Q_S > 16, BSH / BSND, the
+// separate scales (1, KV_N·D) / (1, KV_N, D) with offsets, sparse 3) == the same maps as the
+// combined scales over contiguous K / V, bit for bit; the blocks shuffled, -1 past each sequence.
+TEST(FiaPromptAntiquant, PagedSeparateScalesEqualContiguousCombined) {
+  for (const std::string lay : {"BSH", "BSND"}) {
+    SCOPED_TRACE(lay);
+    Case c;
+    c.layout = lay;
+    c.half_maps = true;
+    c.sparse = 3;
+    c.S1 = 20;
+    c.Q = {20, 7, 20};
+    c.S2 = 300;
+    c.L = {300, 0, 129};
+    c.seed = 80;
+    const Built r = build(c);
+    const int B = c.B(), KVN = c.kvn, D = c.D, W = KVN * D, bs = 128;
+    const Call x = call_of(r);
+    std::vector<half> qh, sc, off;
+    for (const bf& v : r.qb) qh.push_back(half(static_cast<float>(v)));
+    for (int side = 0; side < 2; ++side)
+      for (int i = 0; i < W; ++i) {
+        sc.push_back(half(r.sc[side][z(i)]));
+        off.push_back(half(r.off[side][z(i)]));
+      }
+    FusedInferAttentionScoreParams p = x.p;
+    p.key_antiquant_mode = p.value_antiquant_mode = 0;
+    p.softmax_lse_flag = true;
+    FusedInferAttentionScoreInputs<half, i8> in;
+    in.query = {qh.data(), x.in.query.shape()};
+    in.atten_mask = x.in.atten_mask;
+    in.actual_seq_lengths = x.in.actual_seq_lengths;
+    in.actual_seq_lengths_kv = x.in.actual_seq_lengths_kv;
+    auto run_one = [&](const FusedInferAttentionScoreParams& pp,
+                       const FusedInferAttentionScoreInputs<half, i8>& call, std::vector<half>& o,
+                       std::vector<float>& lse, int threads) {
+      o.assign(qh.size(), half(7.0f));
+      lse.assign(z(B * c.N * c.S1), 7.0f);
+      attnref::fused_infer_attention_score(
+          pp, call,
+          FusedInferAttentionScoreOutputs<half>{{o.data(), x.oshape},
+                                                {lse.data(), shp(B, c.N, c.S1, 1)}},
+          {threads});
+    };
+    // Contiguous, the combined scales per channel.
+    auto flat = in;
+    flat.key = x.in.key;
+    flat.value = x.in.value;
+    const Shape cs = lay == "BSH" ? shp(2, W) : shp(2, KVN, D);
+    flat.antiquant_scale = {sc.data(), cs};
+    flat.antiquant_offset = {off.data(), cs};
+    // Paged: blocks of 128 tokens, shuffled.
+    std::mt19937 rng(81);
+    int nb = 0, maxb = 0;
+    for (int l : c.L) nb += (l + bs - 1) / bs, maxb = std::max(maxb, (l + bs - 1) / bs);
+    maxb += 1;
+    nb += 1;
+    std::vector<std::int32_t> ids(z(nb)), table(z(B * maxb), -1);
+    for (int i = 0; i < nb; ++i) ids[z(i)] = i;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<i8> kc(z(nb * bs * W), i8(-128)), vc(kc.size(), i8(-128));
+    size_t next = 0;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j * bs < c.L[z(b)]; ++j) {
+        const int blk = ids[next++];
+        table[z(b * maxb + j)] = blk;
+        for (int t = j * bs; t < std::min(c.L[z(b)], (j + 1) * bs); ++t)
+          for (int e = 0; e < W; ++e) {
+            kc[z((blk * bs + t % bs) * W + e)] = r.kb[z((b * c.S2 + t) * W + e)];
+            vc[z((blk * bs + t % bs) * W + e)] = r.vb[z((b * c.S2 + t) * W + e)];
+          }
+      }
+    auto paged = in;
+    paged.key = {{kc.data(), shp(nb, bs, W)}};
+    paged.value = {{vc.data(), shp(nb, bs, W)}};
+    paged.block_table = {table.data(), shp(B, maxb)};
+    const Shape ss = lay == "BSH" ? shp(1, W) : shp(1, KVN, D);
+    std::vector<float> vsc(sc.begin() + W, sc.end()), voff(off.begin() + W, off.end());
+    std::vector<float> ksc(sc.begin(), sc.begin() + W), koff(off.begin(), off.begin() + W);
+    paged.key_antiquant_scale = {ksc.data(), ss};
+    paged.key_antiquant_offset = {koff.data(), ss};
+    paged.value_antiquant_scale = {vsc.data(), ss};
+    paged.value_antiquant_offset = {voff.data(), ss};
+    FusedInferAttentionScoreParams pp = p;
+    pp.block_size = bs;
+    std::vector<half> o1, o2, o3;
+    std::vector<float> l1, l2, l3;
+    run_one(p, flat, o1, l1, 0);
+    run_one(pp, paged, o2, l2, 1);
+    run_one(pp, paged, o3, l3, 2);
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(half)), 0)
+        << "paged separate scales differ from the contiguous combined ones";
+    EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "lse differs";
+    EXPECT_EQ(std::memcmp(o2.data(), o3.data(), o2.size() * sizeof(half)), 0) << "threads";
+    // The rules of the paged form, each rejected with the output untouched.
+    struct X {
+      FusedInferAttentionScoreParams p;
+      FusedInferAttentionScoreInputs<half, i8> in;
+    };
+    const auto rejected = [&](const std::function<void(X&)>& edit, const std::string& frag) {
+      X y{pp, paged};
+      y.p.softmax_lse_flag = false;
+      edit(y);
+      fia_support::expect_rejected<half>(y, x.oshape, frag);
+    };
+    rejected([](X& y) { y.p.sparse_mode = 0, y.in.atten_mask = {}; }, "params.sparse_mode");
+    rejected([](X& y) { y.p.inner_precise = 0; }, "params.inner_precise");
+    rejected([&](X& y) { y.in.antiquant_scale = {sc.data(), cs}; }, "the separate scales alone");
+    rejected(
+        [&](X& y) {
+          y.in.value_antiquant_scale = {vsc.data(), shp(KVN, D)};
+        },
+        "not the layout's shape with a paged cache");
+    rejected([](X& y) { y.p.key_antiquant_mode = y.p.value_antiquant_mode = 1; },
+             "params.key_antiquant_mode");
+    if (lay == "BSND")  // Q_S <= 16
+      rejected(
+          [&](X& y) {
+            y.in.query = {qh.data(), shp(B, 16, c.N, D)};
+            y.in.actual_seq_lengths = {16, 7, 16};
+          },
+          "Q_S out of range");
+  }
+}
+
 TEST(FiaPromptAntiquant, Rejections) {
   Case c;
   const Built r = build(c);
@@ -461,7 +586,7 @@ TEST(FiaPromptAntiquant, Rejections) {
       },
       "not fp16 with the combined antiquant_scale");
   std::vector<std::int32_t> table(3, 0);
-  rejected([&](Call& x) { x.in.block_table = {table.data(), shp(3, 1)}; }, "block_table");
+  rejected([&](Call& x) { x.in.block_table = {table.data(), shp(3, 1)}; }, "in a paged cache");
   rejected(
       [&](Call& x) {
         x.p.input_layout = "TND";

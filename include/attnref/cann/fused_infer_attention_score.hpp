@@ -384,8 +384,8 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     PromptFlashAttentionParams pp = fia_pfa_params(p);
     Index q_pad = -1, kv_pad = -1;  // left padding (none: -1)
     fia_left_padding(p, in, r, pp, q_pad, kv_pad);
-    FiaPaged<T> paged;  // (the engine reads through it until the run ends)
-    bool pa = false;
+    FiaPaged<TKV> paged;  // (the engine reads through it until the run ends)
+    const bool pa = fia_paged(kFia, p, in, r.layout, paged);
     PromptFlashAttentionInputs<T, TM, TP> pi{in.query, {}, {}, in.pse_shift, in.atten_mask};
     const T unread{};  // int8 key / value: the plan's stand-ins (zero strides, never read)
     if constexpr (kAq) {
@@ -393,10 +393,9 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
         return StridedView<const T>(&unread, v.shape(),
                                     std::vector<Index>(static_cast<size_t>(v.rank()), 0));
       };
-      pi.key = stand_in(in.key[0]);
-      pi.value = stand_in(in.value[0]);
+      pi.key = stand_in(pa ? paged.key : in.key[0]);
+      pi.value = stand_in(pa ? paged.value : in.value[0]);
     } else {
-      pa = fia_paged(kFia, p, in, r.layout, paged);
       pi.key = pa ? paged.key : in.key[0];
       pi.value = pa ? paged.value : in.value[0];
     }
@@ -412,9 +411,8 @@ void fia_prompt(const FusedInferAttentionScoreParams& p,
     pr.q_pad = q_pad;
     pr.kv_pad = kv_pad;
     if constexpr (kAq)
-      pr.kv_key = in.key[0], pr.kv_value = in.value[0];
-    else if (pa)
-      pr.paged = &paged.cache;
+      if (!pa) pr.kv_key = in.key[0], pr.kv_value = in.value[0];
+    if (pa) pr.paged = &paged.cache;
     if (fia_has_rope(kFia, in)) {
       ATTNREF_CHECK((!std::is_same_v<T, std::int8_t>), std::invalid_argument, kFia, "query_rope",
                     "with an int8 query takes head size 512 (MLA full quantization)",

@@ -162,10 +162,9 @@ PfaLengths pfa_lengths(const char* fn, const PromptFlashAttentionInputs<T, TM, T
                   "last value differs from T1", std::to_string(S1), std::to_string(l.q_cu.back()));
     ATTNREF_CHECK(l.kv_cu.back() == S2, std::invalid_argument, fn, "actual_seq_lengths_kv",
                   "last value differs from T2", std::to_string(S2), std::to_string(l.kv_cu.back()));
-    ATTNREF_CHECK(sm == 3 || sm == 4 || (sm == 0 && in.atten_mask.absent()),
-                  std::invalid_argument, fn, "params.sparse_mode",
-                  "TND takes sparse_mode 0 without a mask, 3 or 4", "0 (no mask), 3 or 4",
-                  std::to_string(sm));
+    ATTNREF_CHECK(sm == 3 || sm == 4 || (sm == 0 && in.atten_mask.absent()), std::invalid_argument,
+                  fn, "params.sparse_mode", "TND takes sparse_mode 0 without a mask, 3 or 4",
+                  "0 (no mask), 3 or 4", std::to_string(sm));
     ATTNREF_CHECK(in.pse_shift.absent(), std::invalid_argument, fn, "pse_shift",
                   "not supported with TND", "none", shape_str(in.pse_shift));
   } else {

@@ -13,6 +13,7 @@
 ///   S2     the mask's and pse's key extent: ceil(max kv length / blockSize)·blockSize
 ///   TND    sparse_mode 0 (no mask), 3 or 4
 ///   not    an int8 query, kv left padding, a shared prefix, tensor lists
+///   int8 K / V (a floating query) take the rules of fia_prompt_aq.hpp's paged form
 /// Every used block-table entry is checked (std::out_of_range), which the vendor does not do.
 
 #include <algorithm>
@@ -63,13 +64,15 @@ StridedView<const T, 4> fia_paged_view(const char* fn, const char* arg,
   return StridedView<const T, 4>(c.data(), {nb, bs, kvn, w}, {kvn * bs * w, w, bs * w, 1});
 }
 
-/// Checks a paged call of the prompt branch and fills `f`; false without block_table.
+/// Checks a paged call of the prompt branch and fills `f` (T: the cache's type, the query's or
+/// int8); false without block_table.
 template <class P, class In, class T>
 bool fia_paged(const char* fn, const P& p, const In& in, Layout layout, FiaPaged<T>& f) {
   using L = Layout;
+  using TQ = std::remove_const_t<typename decltype(in.query)::element_type>;
   if (in.block_table.absent()) return false;
   const bool tnd = layout == L::TND;
-  ATTNREF_CHECK(!(std::is_same_v<T, std::int8_t>), std::invalid_argument, fn, "block_table",
+  ATTNREF_CHECK(!(std::is_same_v<TQ, std::int8_t>), std::invalid_argument, fn, "block_table",
                 "given with an int8 query (the vendor's paged prompt branch has none)",
                 "a floating query", "int8");
   ATTNREF_CHECK(in.key.size() == 1 && in.value.size() == 1, std::invalid_argument, fn,

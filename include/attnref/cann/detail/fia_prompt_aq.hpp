@@ -58,6 +58,40 @@ bool fia_prompt_combined(const In& in) {
   return !fia_separate_antiquant(in) && !in.antiquant_scale.absent();
 }
 
+/// The paged form's rules (a block table: the vendor's PA per-channel antiquant).
+template <class T, class TO, class P, class In>
+void fia_prompt_aq_paged_rules(const char* fn, const P& p, const In& in, Layout layout, Index q_s) {
+  const auto need = [fn](bool ok, const std::string& arg, const std::string& what,
+                         const std::string& expected, const std::string& got) {
+    ATTNREF_CHECK(ok, std::invalid_argument, fn, arg, what, expected, got);
+  };
+  const std::string with = "with int8 key / value in a paged cache and Q_S > 1";
+  need(fia_separate_antiquant(in) && in.antiquant_scale.absent() && in.antiquant_offset.absent(),
+       "key_antiquant_scale / value_antiquant_scale",
+       "required " + with + " (the combined antiquant_scale is not read there)",
+       "the separate scales alone", "another set");
+  need(std::is_same_v<T, half> && std::is_same_v<TO, half>, "query / attention_out",
+       "not fp16 " + with, "half", "another type");
+  need(layout == Layout::BSH || layout == Layout::BSND, "params.input_layout",
+       "not supported " + with, "BSH or BSND", p.input_layout);
+  need(q_s > 16, "query.shape", "Q_S out of range " + with, "Q_S > 16", std::to_string(q_s));
+  need(p.key_antiquant_mode == 0 && p.value_antiquant_mode == 0,
+       "params.key_antiquant_mode / value_antiquant_mode", "not supported " + with, "0 / 0",
+       std::to_string(p.key_antiquant_mode) + " / " + std::to_string(p.value_antiquant_mode));
+  need(p.sparse_mode == 3, "params.sparse_mode", "not supported " + with, "3",
+       std::to_string(p.sparse_mode));
+  need(p.inner_precise == 1, "params.inner_precise", "not supported " + with, "1",
+       std::to_string(p.inner_precise));
+  need(in.pse_shift.absent(), "pse_shift", "not supported " + with, "none",
+       shape_str(in.pse_shift));
+  need(in.quant_scale2.absent() && in.quant_offset2.absent(), "quant_scale2",
+       "not supported " + with, "none", shape_str(in.quant_scale2));
+  need(in.key_shared_prefix.absent() && in.value_shared_prefix.absent(), "key_shared_prefix",
+       "not supported " + with, "none", shape_str(in.key_shared_prefix));
+  need(in.query_rope.absent() && in.key_rope.absent(), "query_rope", "not supported " + with,
+       "none", shape_str(in.query_rope));
+}
+
 /// The rules above that need no plan (T, TO: the query's and output's types).
 template <class T, class TO, class P, class In>
 void fia_prompt_aq_rules(const char* fn, const P& p, const In& in, Layout layout, Index q_s) {
@@ -71,10 +105,9 @@ void fia_prompt_aq_rules(const char* fn, const P& p, const In& in, Layout layout
   need(in.antiquant_scale_per_token.absent() && in.antiquant_offset_per_token.absent(),
        "antiquant_scale_per_token", "not supported " + with, "none",
        shape_str(in.antiquant_scale_per_token));
-  need(in.block_table.absent(), "block_table", "not supported " + with, "none",
-       shape_str(in.block_table));
   need(in.query_rope.absent() && in.key_rope.absent(), "query_rope", "not supported " + with,
        "none", shape_str(in.query_rope));
+  if (!in.block_table.absent()) return fia_prompt_aq_paged_rules<T, TO>(fn, p, in, layout, q_s);
   if (fia_prompt_combined(in)) {  // the combined scales: PromptFlashAttention's own antiquant
     const std::string c = "with the combined antiquant_scale and Q_S > 1";
     need(std::is_same_v<T, half>, "query", "not fp16 " + c + " (bf16: the separate scales)", "half",
@@ -176,7 +209,15 @@ void fia_prompt_aq_bind(const char* fn, const P& p, const In& in,
                         PfaProblem<T, TM, TP, TO, TKV>& pr, FiaAntiquant& aq) {
   const PfaPlan& pl = pr.pl;
   const Index B = pl.lens.B;
-  if (fia_prompt_combined(in)) {
+  if (pr.paged != nullptr) {  // the paged form: (1, KV_N·D) with BSH, (1, KV_N, D) with BSND
+    const Dims want = pl.layout == Layout::BSH ? Dims{1, pl.kvn * pl.D} : Dims{1, pl.kvn, pl.D};
+    for (const auto* v : {&in.key_antiquant_scale, &in.key_antiquant_offset,
+                          &in.value_antiquant_scale, &in.value_antiquant_offset})
+      ATTNREF_CHECK(v->absent() || v->shape() == want, std::invalid_argument, fn,
+                    "key_antiquant_scale / value_antiquant_scale (offset) .shape",
+                    "not the layout's shape with a paged cache", shape_str(want), shape_str(*v));
+    aq = fia_antiquant(fn, 0, 0, in, B, pl.kvn, pl.D, pl.S2, FiaAqPages{});
+  } else if (fia_prompt_combined(in)) {
     aq = fia_prompt_combined_maps(fn, in.antiquant_scale, in.antiquant_offset, pl.layout, pl.kvn,
                                   pl.D);
   } else {
