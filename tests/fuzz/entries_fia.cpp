@@ -29,6 +29,16 @@
 // lengths and lse): a half query with the combined antiquant_scale (antiquant_mode 0, fp16 (2) or
 // the layout's per-channel shape, D 32 or 64), a bf16 query with the separate scales (Q_S up to
 // 16; modes 0 / 0 in (KV_N, D), (KV_N, 1, D) or (KV_N·D), or 1 / 1 in (B, W >= the key's S)).
+// Left padding with Q_S > 1 (cann/detail/fia_parts.hpp, fia_left_padding; a quarter of the
+// prompt cases in BSH / BSND / BNSD / BNSD_BSND over one K/V tensor without a paged cache, prefix
+// or separate scales, fp16 / bf16 or int8 K/V with the combined scales): query_padding_size and /
+// or kv_padding_size ([1] or [], values from the slack down to 0 and negative ones, counted as 0;
+// each with its actual lengths), a few spare rows; batch b's query rows [S1 - pad - qlen_b,
+// S1 - pad) and keys [S2 - kvpad - kvlen_b, S2 - kvpad) hold the data, every other row poison. The
+// reference reads the user mask and pse at those padded positions (pse NaN outside the windows),
+// anchors the diagonals of sparse modes 2–4 in the windows, ignores pre / next tokens with sparse
+// mode 0, and wants 0 (lse +inf) in every row outside a window. With Q_S == 1 query_padding_size
+// is ignored (a perturbation).
 // Every rejection the headers document for these features is a perturbation.
 
 #include <attnref/attnref.hpp>
@@ -138,7 +148,12 @@ struct Fia {
   std::vector<std::uint8_t> mask;
   std::vector<std::int32_t> table;
   std::vector<bfloat16> sink;  // learnable_sink (TND, D = Dv = 64 or 128)
-  bool int8_query = false;     // the probe: the same call with int8 query / key / value
+  // Left padding (Q_S > 1): the values of query_padding_size ([0], [1]) and kv_padding_size
+  // ([2], [3]; two each for the [2]-shaped perturbation), and the pads in effect (negative
+  // values 0; -1: no tensor).
+  std::vector<std::int64_t> pads;
+  Index qpad = -1, kvpad = -1;
+  bool int8_query = false;  // the probe: the same call with int8 query / key / value
   std::vector<i8> q8, k8, v8, p8;
   attnref::FusedInferAttentionScoreParams p;
   attnref::FusedInferAttentionScoreInputs<T, K> in;
@@ -186,6 +201,28 @@ Index max_of(const std::vector<Index>& x) {
   Index m = 0;
   for (Index e : x) m = std::max(m, e);
   return m;
+}
+
+// Batch b's first query row / key in its tensor: 0, or with left padding S - pad - len_b.
+template <class C>
+Index q_start(const C& c, Index b) {
+  return c.qpad < 0 ? 0 : c.S1 - c.qpad - c.q_len[z(b)];
+}
+template <class C>
+Index kv_start(const C& c, Index b) {
+  return c.kvpad < 0 ? 0 : c.S2 - c.kvpad - c.kv_len[z(b)];
+}
+
+// query_padding_size (kv: kv_padding_size) = value, a view of `shape` over c.pads (two values
+// from the side's first); `pad` the pad in effect (the reference's; perturbations: none).
+template <class C>
+void set_pad(C& c, bool kv, std::int64_t value, const std::vector<Index>& shape, bool pad) {
+  c.pads.resize(4, 0);
+  const size_t at = kv ? 2 : 0;
+  c.pads[at] = c.pads[at + 1] = value;
+  (kv ? c.in.kv_padding_size : c.in.query_padding_size) =
+      StridedView<const std::int64_t>(c.pads.data() + at, shape);
+  if (pad) (kv ? c.kvpad : c.qpad) = std::max<std::int64_t>(0, value);
 }
 
 // The key positions an incremental mask / pse / per-token row must cover (prefix included).
@@ -246,7 +283,8 @@ void build_prefix(C& c, fuzz::Rng& r) {
 }
 
 // pse_shift [B or 1, N, s1, >= cols] in the query's type; with a batch of its own, NaN where no
-// row may read (rows past the batch's query length, columns past its prefix + keys).
+// row may read (rows outside the batch's query rows, columns outside its prefix + keys; left
+// padding: outside its windows).
 template <class C>
 void build_pse(C& c, fuzz::Rng& r, Index s1, Index cols) {
   using T = typename C::Q;
@@ -258,8 +296,9 @@ void build_pse(C& c, fuzz::Rng& r, Index s1, Index cols) {
     for (Index b = 0; b < c.B; ++b)
       for (Index h = 0; h < c.N; ++h)
         for (Index i = 0; i < c.pse_s1; ++i)
-          for (Index j = 0; j < c.pse_s2; ++j)
-            if (i >= c.q_len[z(b)] || j >= c.P + c.kv_len[z(b)])
+          for (Index j = 0; j < c.pse_s2; ++j)  // (a prefix comes without padding: j0 0)
+            if (const Index i0 = q_start(c, b), j0 = kv_start(c, b);
+                i < i0 || i >= i0 + c.q_len[z(b)] || j < j0 || j >= j0 + c.P + c.kv_len[z(b)])
               c.pse[z(((b * c.N + h) * c.pse_s1 + i) * c.pse_s2 + j)] = T(kNaN);
   c.in.pse_shift = StridedView<const T>(c.pse.data(), {c.pse_b, c.N, c.pse_s1, c.pse_s2});
 }
@@ -562,6 +601,16 @@ void build_incre(C& c, fuzz::Rng& r) {
   if constexpr (C::kQuant) build_antiquant(c, r);
 }
 
+// TND's band (sparse 4): pre + q_len >= 0 and next + kv_len >= 0 for every batch with both.
+template <class C>
+bool tnd_band_ok(const C& c) {
+  for (Index b = 0; b < c.B; ++b)
+    if (c.q_len[z(b)] > 0 && c.kv_len[z(b)] > 0 &&
+        (c.p.pre_tokens + c.q_len[z(b)] < 0 || c.p.next_tokens + c.kv_len[z(b)] < 0))
+      return false;
+  return true;
+}
+
 template <class C>
 void build_prompt(C& c, fuzz::Rng& r) {
   using T = typename C::Q;
@@ -575,6 +624,8 @@ void build_prompt(C& c, fuzz::Rng& r) {
   // A paged cache (blocks of 128, sometimes 256): the value's head size D, except with TND.
   const bool paged = !aq && r.chance(tnd ? 0.4 : 0.25);
   const Index bs = r.chance(0.8) ? 128 : 256;
+  // Left padding (a quarter of the cases that may take it; a few spare rows of slack).
+  const bool padding = !tnd && !paged && !sep && r.chance(0.25);
   if (aq && !sep) {
     c.D = 32 * (r.chance(0.8) ? 1 : 2);
     c.p.scale_value = 1.0 / std::sqrt(static_cast<double>(c.D));
@@ -602,7 +653,9 @@ void build_prompt(C& c, fuzz::Rng& r) {
   if (sep) c.S1 = std::min<Index>(c.S1, 16);
   // Paged: the key extent of masks and pse, ceil(longest / bs)·bs.
   c.S2 = paged ? (max_of(c.kv_len) + bs - 1) / bs * bs : tnd ? skv : skv + r.range(0, 1);
-  if (tnd || paged || r.chance(0.6)) {  // paged: kv lengths per batch, even with TND
+  if (padding) c.S1 += r.range(0, 2), c.S2 += r.range(0, 3);
+  // (paged: kv lengths per batch, even with TND)
+  if (tnd || paged || r.chance(padding ? 0.9 : 0.6)) {
     std::int64_t qa = 0, ka = 0;
     for (Index b = 0; b < c.B; ++b) {
       qa = tnd ? qa + c.q_len[z(b)] : c.q_len[z(b)];
@@ -625,6 +678,18 @@ void build_prompt(C& c, fuzz::Rng& r) {
       c.in.actual_seq_lengths_kv = {static_cast<std::int64_t>(c.S2)};
     }
   }
+  if (padding) {  // each side with its lengths; pads up to the slack, or negative (0)
+    const bool qp = !c.in.actual_seq_lengths.empty() && r.chance(0.65);
+    const bool kp = !c.in.actual_seq_lengths_kv.empty() && (!qp || r.chance(0.65));
+    for (const bool kv : {false, true}) {
+      if (!(kv ? kp : qp)) continue;
+      const Index slack = kv ? c.S2 - max_of(c.kv_len) : c.S1 - max_of(c.q_len);
+      const std::int64_t v = !r.chance(0.15) ? r.range(0, slack)
+                             : r.chance(0.2) ? std::numeric_limits<std::int64_t>::min()
+                                             : -r.range(1, 3);
+      set_pad(c, kv, v, r.chance(0.3) ? std::vector<Index>{} : std::vector<Index>{1}, true);
+    }
+  }
   const Index bb = tnd ? 1 : c.B;
   c.q = draw<T>(r, bb * c.S1 * c.N * c.D);
   c.o.assign(z(bb * c.S1 * c.N * c.Dv), T(kOutSentinel));
@@ -639,9 +704,11 @@ void build_prompt(C& c, fuzz::Rng& r) {
   }
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
   c.out = StridedView<T>(c.o.data(), shape(ol, c.B, c.S1, c.N, c.Dv));
-  if (!aq && !tnd && !paged && r.chance(0.3)) build_prefix(c, r);
-  // The sparse mode: TND takes 0 without a mask or 3.
-  c.p.sparse_mode = tnd ? (r.chance(0.5) ? 3 : 0) : r.range(0, 4);
+  // (int8 K/V: the combined scales take a prefix, read with the same maps)
+  if (!sep && !tnd && !paged && c.qpad < 0 && c.kvpad < 0 && r.chance(0.3)) build_prefix(c, r);
+  // The sparse mode: TND takes 0 without a mask, 3, or 4 with a value head size of 64 or 128.
+  const bool tnd_band = tnd && (c.Dv == 64 || c.Dv == 128) && r.chance(0.4);
+  c.p.sparse_mode = tnd_band ? 4 : tnd ? (r.chance(0.5) ? 3 : 0) : r.range(0, 4);
   const std::int64_t sm = c.p.sparse_mode;
   c.user_mask = sm == 1 || (sm == 0 && !tnd && r.chance(0.5));
   c.compressed = sm >= 2;
@@ -650,7 +717,8 @@ void build_prompt(C& c, fuzz::Rng& r) {
     do {
       c.p.pre_tokens = r.range(-3, 8);
       c.p.next_tokens = r.range(-3, 8);
-    } while ((c.p.pre_tokens < 0 && c.p.next_tokens < 0) || c.p.pre_tokens + c.p.next_tokens < 0);
+    } while ((c.p.pre_tokens < 0 && c.p.next_tokens < 0) || c.p.pre_tokens + c.p.next_tokens < 0 ||
+             (tnd && !tnd_band_ok(c)));
   } else if (!band && r.chance(0.3)) {  // ignored by the mode: anything
     c.p.pre_tokens = r.range(-5, 5);
     c.p.next_tokens = r.range(-5, 5);
@@ -672,9 +740,9 @@ void build_prompt(C& c, fuzz::Rng& r) {
   if constexpr (aq) build_prompt_antiquant(c, r);
 }
 
-// Poison in every query row past its batch's length and every key / value row past its batch's
-// kv length (contiguous tensors and lists; the paged pool has it in the rows no sequence owns):
-// reading one shows (NaN; int8 keys and values hold -128, which cannot show).
+// Poison in every query row and every key / value row outside its batch's (rows [0, length), or
+// with left padding the windows; contiguous tensors and lists; the paged pool has it in the rows
+// no sequence owns): reading one shows (NaN; int8 keys and values hold -128, which cannot show).
 template <class C>
 void poison_padding(C& c) {
   using T = typename C::Q;
@@ -683,15 +751,16 @@ void poison_padding(C& c) {
   if (tnd) return;
   const bool list = c.incre && c.store == kList;
   for (Index b = 0; b < c.B; ++b) {
+    const Index q0 = q_start(c, b), k0 = kv_start(c, b);
     if (!c.incre)
-      for (Index s = c.q_len[z(b)]; s < c.S1; ++s)
-        for (Index h = 0; h < c.N; ++h)
+      for (Index s = 0; s < c.S1; ++s)
+        for (Index h = 0; h < c.N && (s < q0 || s >= q0 + c.q_len[z(b)]); ++h)
           for (Index e = 0; e < c.D; ++e)
             c.q[z(offset(c.layout, b, s, h, e, c.S1, c.N, c.D))] = poison<T>();
     if (c.store == kPaged) continue;
     const Index S = list ? c.kv_s[z(b)] : c.S2;
-    for (Index t = c.kv_len[z(b)]; t < S; ++t)
-      for (Index h = 0; h < c.KVN; ++h) {
+    for (Index t = 0; t < S; ++t)
+      for (Index h = 0; h < c.KVN && (t < k0 || t >= k0 + c.kv_len[z(b)]); ++h) {
         for (Index e = 0; e < c.D; ++e) {
           const Index at = list ? c.kv_base[z(b)] + offset(c.layout, 0, t, h, e, S, c.KVN, c.D)
                                 : offset(c.layout, b, t, h, e, S, c.KVN, c.D);
@@ -741,16 +810,24 @@ Index kv_eff(const C& c, Index b) {
   return c.P + c.kv_len[z(b)];
 }
 
+// The user mask of row i, key j of batch b (left padding: at the padded positions).
 template <class C>
 bool masked(const C& c, Index b, Index i, Index j) {
   if (!c.user_mask) return false;
   const Index mb = c.m_b == 1 ? 0 : b;
-  return c.mask[z((mb * c.m_s1 + i) * c.m_s2 + j)] != 0;
+  return c.mask[z((mb * c.m_s1 + q_start(c, b) + i) * c.m_s2 + kv_start(c, b) + j)] != 0;
+}
+
+// Left padding in the prompt branch: either tensor given (even with the value 0).
+template <class C>
+bool left_padded(const C& c) {
+  return !c.incre && (!c.in.query_padding_size.absent() || !c.in.kv_padding_size.absent());
 }
 
 // The prompt branch's band (sparse modes 0–4 with pre / next tokens) as the reference states
 // it (ref::cann::Pfa::excluded), the prefix part of the keys (the causal anchor is the end of
-// prefix + keys); not the user mask. The incremental branch has none.
+// prefix + keys); not the user mask. The incremental branch has none. Left padding: the
+// diagonals in the windows (i, j and the lengths the windows'), pre / next ignored by mode 0.
 template <class C>
 ref::cann::Pfa band(const C& c) {
   const auto clamp = [](std::int64_t x) {
@@ -760,6 +837,7 @@ ref::cann::Pfa band(const C& c) {
   bd.sparse_mode = static_cast<int>(c.p.sparse_mode);
   bd.pre = clamp(c.p.pre_tokens);
   bd.next = clamp(c.p.next_tokens);
+  if (left_padded(c) && bd.sparse_mode == 0) bd.pre = bd.next = 2147483647;
   bd.has_mask = c.user_mask;
   for (Index b = 0; b < c.B; ++b) {
     bd.q_len.push_back(static_cast<int>(c.q_len[z(b)]));
@@ -774,7 +852,8 @@ bool excluded(const C& c, const ref::cann::Pfa& bd, Index b, Index i, Index j) {
 }
 
 // Element offset of key / value element (b, t, h, e) of the batch's own rows (prompt: t within
-// batch b, TND: from its first token t0; paged: wherever the block table puts it).
+// batch b from its first key t0, TND: from its first token t0; paged: wherever the block table
+// puts it).
 template <class C>
 Index kv_offset(const C& c, Index b, Index t, Index h, Index e, Index w, Index t0) {
   if (c.store == kPaged) return paged_at(c, c.table[z(b * c.mb + t / c.bs)], t % c.bs, h, e, w);
@@ -813,12 +892,12 @@ ref::Problem ref_problem(const C& c, ref::Seqs& q, ref::Seqs& k, ref::Seqs& v,
   pr.hidden = [&c, bd = band(c)](int b, int, int i, int j) {
     return excluded(c, bd, b, i, j) || masked(c, b, i, j);
   };
-  if (c.pse_b > 0)
+  if (c.pse_b > 0)  // (left padding: at the padded positions)
     pr.bias = [&c](int b, int h, int i, int j) {
-      const Index pb = c.pse_b == 1 ? 0 : b;
-      return dbl(c.pse[z(((pb * c.N + h) * c.pse_s1 + i) * c.pse_s2 + j)]);
+      const Index pb = c.pse_b == 1 ? 0 : b, row = q_start(c, b) + i, col = kv_start(c, b) + j;
+      return dbl(c.pse[z(((pb * c.N + h) * c.pse_s1 + row) * c.pse_s2 + col)]);
     };
-  q0.assign(z(c.B) + 1, 0);  // TND: each batch's first token
+  q0.assign(z(c.B) + 1, 0);  // TND: each batch's first token (else q_start / kv_start)
   Index k0 = 0;
   for (Index b = 0; b < c.B; ++b) {
     const Index lq = c.q_len[z(b)], lk = kv_eff(c, b);
@@ -831,9 +910,9 @@ ref::Problem ref_problem(const C& c, ref::Seqs& q, ref::Seqs& k, ref::Seqs& v,
     for (Index s = 0; s < lq; ++s)
       for (Index h = 0; h < c.N; ++h)
         for (Index e = 0; e < c.D; ++e)
-          q.back().push_back(dbl(c.q[z(
-              offset(c.layout, b, (tnd ? q0[z(b)] : 0) + s, h, e, c.incre ? 1 : c.S1, c.N, c.D))]));
-    const Index t0 = tnd ? k0 : 0;
+          q.back().push_back(dbl(c.q[z(offset(c.layout, b, (tnd ? q0[z(b)] : q_start(c, b)) + s, h,
+                                              e, c.incre ? 1 : c.S1, c.N, c.D))]));
+    const Index t0 = tnd ? k0 : kv_start(c, b);
     for (Index t = 0; t < lk; ++t)
       for (Index h = 0; h < c.KVN; ++h) {
         for (Index e = 0; e < c.D; ++e) k.back().push_back(kv_at(c, false, b, t, h, e, t0));
@@ -868,14 +947,16 @@ std::string verify(const C& c) {
   const std::string ol = c.layout == "BNSD_BSND" ? "BSND" : c.layout;
   const bool flag = c.p.softmax_lse_flag;
   for (Index b = 0; b < c.B; ++b) {
-    const Index lq = c.q_len[z(b)], lk = kv_eff(c, b);
-    for (Index s = 0; s < (tnd ? lq : c.S1); ++s) {
+    const Index lq = c.q_len[z(b)], lk = kv_eff(c, b), i0 = tnd ? 0 : q_start(c, b);
+    for (Index s = 0; s < (tnd ? lq : c.S1); ++s) {  // row i = s - i0 of the batch's rows
+      const Index i = s - i0;
+      const bool row = i >= 0 && i < lq;  // else 0 and lse +inf
       // A row whose visible keys are all masked, with the fill semantics: the mean of V.
       Index visible = 0;
       bool all_masked = true;
-      if (s < lq)
+      if (row)
         for (Index j = 0; j < lk; ++j)
-          if (!excluded(c, bd, b, s, j)) ++visible, all_masked = all_masked && masked(c, b, s, j);
+          if (!excluded(c, bd, b, i, j)) ++visible, all_masked = all_masked && masked(c, b, i, j);
       const bool mean = fill && visible > 0 && all_masked;
       for (Index h = 0; h < c.N; ++h) {
         std::vector<double> got, w;
@@ -886,13 +967,13 @@ std::string verify(const C& c) {
           double x = 0;  // padded rows: 0
           if (mean) {
             for (Index j = 0; j < lk; ++j)
-              if (!excluded(c, bd, b, s, j)) x += v[z(b)][z((j * c.KVN + h / g) * c.Dv + e)];
+              if (!excluded(c, bd, b, i, j)) x += v[z(b)][z((j * c.KVN + h / g) * c.Dv + e)];
             x /= static_cast<double>(visible);
-          } else if (s < lq) {
-            x = want.o[z(b)][z((s * c.N + h) * c.Dv + e)];
+          } else if (row) {
+            x = want.o[z(b)][z((i * c.N + h) * c.Dv + e)];
             // the sink joins the denominator: Σ exp(s_j) -> Σ exp(s_j) + exp(sink_h)
             if (!c.sink.empty())
-              x /= 1 + std::exp(dbl(c.sink[z(h)]) - want.lse[z(b)][z(h * lq + s)]);
+              x /= 1 + std::exp(dbl(c.sink[z(h)]) - want.lse[z(b)][z(h * lq + i)]);
           }
           w.push_back(x);
         }
@@ -901,7 +982,7 @@ std::string verify(const C& c) {
           return "batch " + std::to_string(b) + " row " + std::to_string(s) + " head " +
                  std::to_string(h) + ": " + m;
         if (!flag) continue;
-        double l = s < lq ? want.lse[z(b)][z(h * lq + s)] : -HUGE_VAL;
+        double l = row ? want.lse[z(b)][z(h * lq + i)] : -HUGE_VAL;
         if (mean) l = c.incre ? -1e12 + std::log(static_cast<double>(visible)) : -double(FLT_MAX);
         if (l == -HUGE_VAL) l = c.incre ? kIncreEmpty : HUGE_VAL;  // no key, or a padded row
         const Index li = tnd ? (q0[z(b)] + s) * c.N + h : (b * c.N + h) * c.S1 + s;
@@ -967,6 +1048,22 @@ bool is_prompt_separate(const C& c) {  // (a bf16 query)
 template <class C>
 bool is_prompt_combined(const C& c) {  // (a half query)
   return is_prompt_aq(c) && c.aq == kCombined;
+}
+// A prompt configuration left padding may come with: one K/V tensor in BSH / BSND / BNSD /
+// BNSD_BSND, no paged cache, prefix or separate scales.
+template <class C>
+bool paddable(const C& c) {
+  return !c.incre && c.layout != "TND" && c.store != kPaged && !has_prefix(c) && c.aq != kSeparate;
+}
+template <class C>
+bool is_padded(const C& c) {  // (the builder's: a prompt configuration)
+  return c.qpad >= 0 || c.kvpad >= 0;
+}
+
+// query_padding_size or kv_padding_size 0 (what else the call has rejects it).
+template <class C>
+void add_pad(C& c, fuzz::Rng& r) {
+  set_pad(c, r.chance(0.5), 0, {1}, false);
 }
 
 // An output view with another shape, over a buffer large enough for it.
@@ -1221,13 +1318,6 @@ std::vector<fuzz::Perturbation<C>> prompt_edits() {
             c.p.block_size = 16;
           }),
       fuzz::edit<C>(
-          "kv_padding_size with Q_S > 1", true,
-          [](const C& c) { return !c.incre && c.store != kPaged; },
-          [](C& c, fuzz::Rng&) {
-            static const std::int64_t pad[1] = {0};
-            c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
-          }),
-      fuzz::edit<C>(
           "actual_seq_lengths past S1", true,
           [](const C& c) {
             return !c.incre && c.layout != "TND" && !c.in.actual_seq_lengths.empty();
@@ -1305,6 +1395,12 @@ std::vector<fuzz::Perturbation<C>> incre_edits() {
                       c.p.next_tokens = r.range(-5, 5);
                       c.p.sparse_mode = r.range(0, 4);
                       c.in.actual_seq_lengths = {-7, kHuge};
+                    }),
+      fuzz::edit<C>("query_padding_size with Q_S == 1 (ignored)", false, is_incre<C>,
+                    [](C& c, fuzz::Rng& r) {
+                      const std::int64_t v = r.chance(0.5) ? r.range(-2, 3) : kHuge;
+                      set_pad(c, false, v,
+                              r.chance(0.5) ? std::vector<Index>{} : std::vector<Index>{1}, false);
                     }),
       fuzz::edit<C>("inner_precise 2 or 3 with Q_S == 1", true, is_incre<C>,
                     [](C& c, fuzz::Rng& r) { c.p.inner_precise = r.range(2, 3); }),
@@ -1697,11 +1793,8 @@ std::vector<fuzz::Perturbation<C>> paged_prompt_edits() {
                       (value ? c.in.value : c.in.key)
                           .assign(1, StridedView<const K>(x.data(), cache_shape(c, w)));
                     }),
-      fuzz::edit<C>("kv_padding_size with a paged cache (Q_S > 1)", true, is_paged_prompt<C>,
-                    [](C& c, fuzz::Rng&) {
-                      static const std::int64_t pad[1] = {0};
-                      c.in.kv_padding_size = StridedView<const std::int64_t>(pad, {1});
-                    }),
+      fuzz::edit<C>("left padding with a paged cache (Q_S > 1)", true, is_paged_prompt<C>,
+                    add_pad<C>),
       fuzz::edit<C>(
           "int8 query / key / value with a paged cache (Q_S > 1)", true,
           [](const C& c) { return std::is_same_v<T, half> && is_paged_prompt(c); }, int8_probe<C>),
@@ -1725,9 +1818,9 @@ std::vector<fuzz::Perturbation<C>> paged_prompt_edits() {
                       c.in.actual_seq_lengths_kv = cu;
                     }),
       fuzz::edit<C>(
-          "TND paged with sparse_mode 1, 2 or 4 (4: not implemented)", true, is_paged_tnd<C>,
-          [](C& c, fuzz::Rng& r) {
-            c.p.sparse_mode = r.range(1, 3) == 3 ? 4 : r.range(1, 2);
+          "TND paged with sparse_mode 1 or 2", true, is_paged_tnd<C>,
+          [](C& c, fuzz::Rng& r) {  // (4 is taken since 14d3bcf, under its own rules)
+            c.p.sparse_mode = r.range(1, 2);
             c.in.atten_mask = StridedView<const std::uint8_t>(compressed_mask(), {2048, 2048});
           }),
       fuzz::edit<C>("TND paged with sparse_mode 0 and a mask", true, is_paged_tnd<C>,
@@ -1951,8 +2044,77 @@ std::vector<fuzz::Perturbation<C>> prompt_aq_edits() {
                       c.in.antiquant_scale_per_token =
                           StridedView<const float>(c.tok_s.data(), {2, c.B, c.W});
                     }),
-      fuzz::edit<C>("shared prefix with int8 key / value and Q_S > 1", true, is_prompt_aq<C>,
-                    add_prefix<C>),
+      // (the combined scales take a shared prefix since 14d3bcf)
+      fuzz::edit<C>("shared prefix with the separate K / V scales and Q_S > 1", true,
+                    is_prompt_separate<C>, add_prefix<C>),
+  };
+}
+
+// Left padding with Q_S > 1 (cann/detail/fia_parts.hpp, fia_left_padding): pads past the
+// slack, shapes of more than one value, pads without their lengths, and the layouts, caches and
+// inputs it does not take (its paged-cache rejection is in paged_prompt_edits).
+template <class C>
+std::vector<fuzz::Perturbation<C>> padding_edits() {
+  return {
+      fuzz::edit<C>(
+          "left padding past S - length (a window starting before position 0)", true,
+          [](const C& c) {
+            return paddable(c) &&
+                   (!c.in.actual_seq_lengths.empty() || !c.in.actual_seq_lengths_kv.empty());
+          },
+          [](C& c, fuzz::Rng& r) {  // the longest sequence's window one or more rows too far
+            const bool kv = c.in.actual_seq_lengths.empty() ||
+                            (!c.in.actual_seq_lengths_kv.empty() && r.chance(0.5));
+            const Index slack = kv ? c.S2 - max_of(c.kv_len) : c.S1 - max_of(c.q_len);
+            const std::int64_t v =
+                r.chance(0.2) ? std::numeric_limits<std::int64_t>::max() : slack + r.range(1, 3);
+            set_pad(c, kv, v, r.chance(0.3) ? std::vector<Index>{} : std::vector<Index>{1}, false);
+          }),
+      fuzz::edit<C>("left padding of shape [2] or [1, 1]", true, paddable<C>,
+                    [](C& c, fuzz::Rng& r) {  // (values 0)
+                      set_pad(c, r.chance(0.5), 0,
+                              r.chance(0.5) ? std::vector<Index>{2} : std::vector<Index>{1, 1},
+                              false);
+                    }),
+      fuzz::edit<C>(
+          "left padding without its actual lengths", true,
+          [](const C& c) {
+            return paddable(c) && (is_padded(c) || c.in.actual_seq_lengths.empty() ||
+                                   c.in.actual_seq_lengths_kv.empty());
+          },
+          [](C& c, fuzz::Rng& r) {  // a padded side's lengths cleared, or a pad without them
+            const bool q = c.qpad >= 0 || c.in.actual_seq_lengths.empty();
+            const bool kv = c.kvpad >= 0 || c.in.actual_seq_lengths_kv.empty();
+            const bool side = !q || (kv && r.chance(0.5));  // true: kv
+            if ((side ? c.kvpad : c.qpad) >= 0)
+              (side ? c.in.actual_seq_lengths_kv : c.in.actual_seq_lengths).clear();
+            else
+              set_pad(c, side, 0, {1}, false);
+          }),
+      fuzz::edit<C>(
+          "left padding with TND", true, [](const C& c) { return c.layout == "TND"; }, add_pad<C>),
+      fuzz::edit<C>(
+          "left padding with a shared prefix (Q_S > 1)", true,
+          [](const C& c) {
+            return !c.incre && c.layout != "TND" && c.store != kPaged &&
+                   (has_prefix(c) || is_padded(c));
+          },
+          [](C& c, fuzz::Rng& r) {  // (a pad on a side with its lengths when there is one)
+            const bool q = !c.in.actual_seq_lengths.empty(),
+                       kv = !c.in.actual_seq_lengths_kv.empty();
+            if (has_prefix(c))
+              set_pad(c, q == kv ? r.chance(0.5) : kv, 0, {1}, false);
+            else
+              add_prefix(c, r);
+          }),
+      fuzz::edit<C>("left padding with the separate K / V antiquant scales (Q_S > 1)", true,
+                    is_prompt_separate<C>, add_pad<C>),
+      fuzz::edit<C>(
+          "left padding with a per-channel quant_scale2", true,
+          [](const C& c) { return is_padded(c) && c.N * c.Dv > 1; },
+          [](C& c, fuzz::Rng&) {
+            c.in.quant_scale2 = StridedView<const float>(spare(c, c.N * c.Dv), {c.N, c.Dv});
+          }),
   };
 }
 
@@ -1961,9 +2123,10 @@ template <class C>
 const std::vector<fuzz::Perturbation<C>>& perturbations() {
   static const std::vector<fuzz::Perturbation<C>> list = [] {
     std::vector<fuzz::Perturbation<C>> all;
-    for (auto&& group : {lse_edits<C>(), common_edits<C>(), prompt_edits<C>(), incre_edits<C>(),
-                         pse_edits<C>(), antiquant_edits<C>(), separate_edits<C>(),
-                         prefix_edits<C>(), paged_prompt_edits<C>(), prompt_aq_edits<C>()})
+    for (auto&& group :
+         {lse_edits<C>(), common_edits<C>(), prompt_edits<C>(), incre_edits<C>(), pse_edits<C>(),
+          antiquant_edits<C>(), separate_edits<C>(), prefix_edits<C>(), paged_prompt_edits<C>(),
+          prompt_aq_edits<C>(), padding_edits<C>()})
       all.insert(all.end(), group.begin(), group.end());
     return all;
   }();
@@ -2032,7 +2195,7 @@ void run_t(fuzz::Run& run, std::uint64_t seed) {
       },
       verify<C>, &C::q, &C::k, &C::v, &C::o, &C::lse, &C::mask, &C::table, &C::sink, &C::pse,
       &C::pk, &C::pv, &C::aqs, &C::aqo, &C::tok_s, &C::tok_o, &C::ks, &C::ko, &C::vs, &C::vo,
-      &C::spare, &C::q8, &C::k8, &C::v8, &C::p8);
+      &C::spare, &C::q8, &C::k8, &C::v8, &C::p8, &C::pads);
 }
 
 // Cases 2k and 2k + 1 (one and two threads) share a type pair: half and bf16 data (each a third
