@@ -4,19 +4,27 @@
 // MLA (half or bf16; head size 512 + rope 64, one kv head, N in {1, 2, 4, 8} or 16): BSH / BSND /
 // BNSD with Q_S 1 (sparse_mode 0, no mask) or 2–4, rarely 16 (sparse_mode 3, rightDownCausal, the
 // 2048 x 2048 mask, content never read), TND with per-batch query lengths 0–4, rarely 16
-// (sparse_mode 0 or 3); always a paged cache ([blockNum, blockSize, 512], or [blockNum, 1,
+// (sparse_mode 0 or 3); a paged cache ([blockNum, blockSize, 512], or [blockNum, 1,
 // blockSize, 512] with a BNSD / TND query; blocks of 16, rarely 128), a shuffled block table (-1
 // past each sequence's blocks), NaN in spare blocks and in rows past each sequence's length; kv
 // lengths per batch (never cumulative), 0 and shorter than Q_S included (a row without keys is
 // exactly 0); a quarter of the cases write the head-major output of BSH_NBSD / BSND_NBSD /
-// BNSD_NBSD ([N, B, S, D]) or TND_NTD ([N, T, D]), the query read in the base layout. Tolerance
+// BNSD_NBSD ([N, B, S, D]) or TND_NTD ([N, T, D]), the query read in the base layout. 5 % of
+// the MLA cases use the sliding window (sparse_mode 4: BSND, 128 heads, pre_tokens 1–2048,
+// next_tokens 0, Q_S 1–4, rarely up to 16): row i of batch b sees keys [i + kv_b - q_b - pre,
+// i + kv_b - q_b], with per-batch query rows q_b <= Q_S in half of them (actual_seq_lengths; rows
+// i >= q_b exactly 0) and kv_b >= q_b; over a paged cache with blocks of 64 or 128 or a
+// contiguous BSND cache (key / value [B, S2, 1, 512], key_rope [B, S2, 1, 64], no block table,
+// NaN past each sequence, actual_seq_lengths_kv given or not). Tolerance
 // 1e-4 + rel·|want|, rel 1/128 (bf16) or 1/1024 (half). Head size 128 + rope 64 (bf16, the
 // prompt branch): TND, GQA, cumulative lengths, sparse_mode 0 or 3 (any of PFA's compressed-mask
 // forms), softmax_lse on or off (+inf for a row without keys). Random exec tiling; one or two
 // threads. Perturbations: the rules of cann/detail/fia_rope.hpp (MLA's heads, Q_S, sparse modes,
 // masks, layouts and head-major outputs, features, cache shapes and block sizes, block table,
-// lengths; head 128's layout, type and head sizes), each rejection leaving every buffer
-// untouched; a used block-table entry out of range must raise std::out_of_range.
+// lengths; the sliding window's layout, heads, pre / next tokens, block sizes, query lengths past
+// Q_S, kv lengths below the query rows, contiguous caches of other shapes, with a block table or
+// without the window; head 128's layout, type and head sizes), each rejection leaving every
+// buffer untouched; a used block-table entry out of range must raise std::out_of_range.
 
 #include <attnref/attnref.hpp>
 #include <limits>
@@ -70,6 +78,9 @@ struct Rope {
   Index B = 1, N = 1, KVN = 1, D = 512, S = 0, T1 = 0, T2 = 0;  // S: non-TND Q_S
   Index bs = 16, nb = 0, mb = 0;             // MLA: block size, blocks, table columns
   bool rank4 = false;                        // MLA cache [blockNum, 1, blockSize, W]
+  bool window = false;                       // MLA's sliding window (sparse_mode 4)
+  bool contiguous = false;                   // (window) the cache as [B, S2, 1, W] tensors
+  Index S2 = 0;                              // the contiguous cache's S
   bool nmajor = false;                       // MLA's head-major output: *_NBSD, TND_NTD
   std::vector<Index> q_len, kv_len, q0, k0;  // per batch; q0 / k0: TND offsets (B + 1)
   std::vector<T> q, qr, k, v, kr, o, junk;   // junk: views the operator must reject or ignore
@@ -123,9 +134,11 @@ void head_major(C& c, bool base_out = false) {
   c.out = StridedView<typename C::Q>(c.o.data(), oshape(c, !base_out));
 }
 
-// Offset of key-side row (b, t, h) of width w: MLA's cache row, or head 128's TND token.
+// Offset of key-side row (b, t, h) of width w: MLA's cache row (paged or contiguous), or head
+// 128's TND token.
 template <class C>
 Index kat(const C& c, Index b, Index t, Index h, Index w) {
+  if (c.mla && c.contiguous) return (b * c.S2 + t) * w;
   if (c.mla) return (c.table[z(b * c.mb + t / c.bs)] * c.bs + t % c.bs) * w;
   return ((c.k0[z(b)] + t) * c.KVN + h) * w;
 }
@@ -149,14 +162,16 @@ std::vector<i64> cumulative(std::vector<Index>& at, const std::vector<Index>& le
   return out;
 }
 
-// Every view of q / qr / k / v / kr: MLA's caches of rank 3 or 4, head 128's TND tensors.
+// Every view of q / qr / k / v / kr: MLA's caches of rank 3 or 4 (contiguous: [B, S2, 1, W]),
+// head 128's TND tensors.
 template <class C>
 void set_views(C& c) {
   using CT = StridedView<const typename C::Q>;
   const auto kv = [&](Index w) {
-    return !c.mla    ? Shape{c.T2, c.KVN, w}
-           : c.rank4 ? Shape{c.nb, 1, c.bs, w}
-                     : Shape{c.nb, c.bs, w};
+    return !c.mla         ? Shape{c.T2, c.KVN, w}
+           : c.contiguous ? Shape{c.B, c.S2, 1, w}
+           : c.rank4      ? Shape{c.nb, 1, c.bs, w}
+                          : Shape{c.nb, c.bs, w};
   };
   c.in.query = CT(c.q.data(), qshape(c, c.D)), c.in.query_rope = CT(c.qr.data(), qshape(c, kR));
   c.in.key = {CT(c.k.data(), kv(c.D))}, c.in.value = {CT(c.v.data(), kv(c.D))};
@@ -183,14 +198,107 @@ void finish(C& c, Rng& r) {
 }
 
 // What a rebuilt MLA case must have (0: drawn as usual): N, non-TND Q_S, block size, a TND batch
-// of that many query rows.
+// of that many query rows; win: the sliding window (sparse_mode 4), in `layout` (null: BSND),
+// over a contiguous cache (flat 1), a paged one (-1) or either (0), small (one batch, one or two
+// query rows, a few keys: the perturbations' window cases, whose 128 heads cost).
 struct Force {
   Index n = 0, qs = 0, bs = 0, tnd_len = 0;
+  bool win = false;
+  const char* layout = nullptr;
+  int flat = 0;
+  bool small = false;
 };
+
+// The latent cache of kv_len[b] rows per batch: a pool of shuffled blocks of c.bs rows with a
+// block table (NaN wherever no sequence owns a row) or, contiguous, [B, S2, 1, W] tensors (NaN
+// past each sequence).
+template <class C>
+void make_cache(C& c, Rng& r) {
+  using T = typename C::Q;
+  Index rows = 0;
+  std::vector<i32> ids;
+  if (c.contiguous) {
+    rows = c.B * c.S2;
+  } else {
+    Index used = 0, most = 0;
+    for (Index l : c.kv_len)
+      used += (l + c.bs - 1) / c.bs, most = std::max(most, (l + c.bs - 1) / c.bs);
+    c.mb = std::max<Index>(1, most + r.range(0, 1));
+    c.nb = used + (r.chance(0.7) ? 1 : 2);  // spare blocks: never referenced, NaN
+    for (Index i = 0; i < c.nb; ++i) ids.push_back(static_cast<i32>(i));
+    std::shuffle(ids.begin(), ids.end(), r.g);
+    c.table.assign(z(c.B * c.mb), -1);
+    rows = c.nb * c.bs;
+  }
+  fresh(c.k, rows * 512, T(kNaN)), fresh(c.v, rows * 512, T(kNaN)), fresh(c.kr, rows * kR, T(kNaN));
+  Index next = 0;
+  for (Index b = 0; b < c.B; ++b)
+    for (Index t = 0; t < c.kv_len[z(b)]; ++t) {
+      if (!c.contiguous && t % c.bs == 0) c.table[z(b * c.mb + t / c.bs)] = ids[z(next++)];
+      draw_normals(r, c.k.data() + kat(c, b, t, 0, 512), 512);
+      draw_normals(r, c.v.data() + kat(c, b, t, 0, 512), 512);
+      draw_normals(r, c.kr.data() + kat(c, b, t, 0, kR), kR);
+    }
+  if (!c.contiguous) c.in.block_table = StridedView<const i32>(c.table.data(), {c.B, c.mb});
+}
+
+// A list of per-batch lengths, sometimes one value for all when they agree (it broadcasts).
+std::vector<i64> lengths(Rng& r, const std::vector<Index>& len) {
+  std::vector<i64> out(len.begin(), len.end());
+  if (std::all_of(len.begin(), len.end(), [&](Index l) { return l == len[0]; }) && r.chance(0.3))
+    out.resize(1);
+  return out;
+}
+
+// MLA's sliding window (sparse_mode 4; BSND, 128 heads, pre_tokens in [1, 2048], next_tokens 0):
+// per-batch query rows q_b <= Q_S sometimes (actual_seq_lengths; rows past them 0), kv_b >= q_b,
+// a paged cache with blocks of 64 or 128 or contiguous BSND tensors (kv lengths optional).
+template <class C>
+void build_window(C& c, Rng& r, const Force& f) {
+  c.window = true;
+  c.layout = f.layout ? f.layout : "BSND";
+  c.N = f.n ? f.n : 128;
+  c.S = f.small          ? r.range(1, 2)
+        : r.chance(0.4)  ? 1
+        : r.chance(0.6)  ? 2
+        : r.chance(0.85) ? r.range(3, 4)
+                         : r.range(5, 16);
+  c.B = f.small || c.S > 4 ? 1 : c.S == 1 && r.chance(0.15) ? 3 : r.chance(0.2) ? 2 : 1;
+  c.contiguous = f.flat ? f.flat > 0 : !f.bs && r.chance(0.4);
+  c.bs = f.bs ? f.bs : r.chance(0.7) ? 64 : 128;
+  c.rank4 = c.layout == "BNSD" && !c.contiguous && r.chance(0.5);
+  const Index pre = r.chance(0.5)   ? r.range(1, 8)
+                    : r.chance(0.6) ? r.range(9, 80)
+                                    : r.range(81, 2048);
+  const bool qlens = r.chance(0.5);  // actual_seq_lengths: each batch's query rows
+  for (Index b = 0; b < c.B; ++b) {  // (128 heads: caches past 70 keys with 1 or 2 rows only)
+    const Index q = !qlens || r.chance(0.3) ? c.S : r.range(0, c.S);
+    const Index top = f.small ? 8 : r.chance(0.65) ? 24 : c.B * c.S > 2 ? 70 : 140;
+    c.q_len.push_back(q);
+    c.kv_len.push_back(q + (r.chance(0.15) ? 0 : r.range(1, top)));
+  }
+  if (qlens) c.in.actual_seq_lengths = lengths(r, c.q_len);
+  bool kv_given = true;
+  if (c.contiguous) {
+    c.S2 = *std::max_element(c.kv_len.begin(), c.kv_len.end()) + r.range(0, 2);
+    kv_given = r.chance(0.6);
+    if (!kv_given) c.kv_len.assign(z(c.B), c.S2);  // absent: every batch S2 keys
+  }
+  make_cache(c, r);
+  if (kv_given) c.in.actual_seq_lengths_kv = lengths(r, c.kv_len);
+  c.p.sparse_mode = 4;
+  c.in.atten_mask = mask_of({2048, 2048});
+  c.p.pre_tokens = pre;
+  c.p.next_tokens = 0;
+  c.p.num_key_value_heads = 1;
+  c.p.scale_value = std::uniform_real_distribution<double>(0.5, 2.0)(r.g) / 24;
+  c.p.block_size = c.contiguous ? 0 : c.bs, c.p.inner_precise = r.range(0, 1);
+  finish(c, r);
+}
 
 template <class C>
 void build_mla(C& c, Rng& r, const Force& f) {
-  using T = typename C::Q;
+  if (f.win) return build_window(c, r, f);
   static const char* layouts[] = {"BSH", "BSND", "BNSD", "TND"};
   static const Index heads[] = {1, 2, 4, 8};
   c.layout = f.tnd_len ? "TND" : layouts[r.range(0, f.qs ? 2 : 3)];
@@ -210,26 +318,7 @@ void build_mla(C& c, Rng& r, const Force& f) {
   if (f.tnd_len) c.q_len[z(r.range(0, c.B - 1))] = f.tnd_len;
   if (tnd) c.in.actual_seq_lengths = cumulative(c.q0, c.q_len);
   c.T1 = tnd ? c.q0.back() : 0;
-  Index used = 0, most = 0;  // the pool: shuffled blocks, NaN wherever no sequence owns a row
-  for (Index l : c.kv_len)
-    used += (l + c.bs - 1) / c.bs, most = std::max(most, (l + c.bs - 1) / c.bs);
-  c.mb = std::max<Index>(1, most + r.range(0, 1));
-  c.nb = used + (r.chance(0.7) ? 1 : 2);  // spare blocks: never referenced, NaN
-  std::vector<i32> ids(z(c.nb));
-  for (Index i = 0; i < c.nb; ++i) ids[z(i)] = static_cast<i32>(i);
-  std::shuffle(ids.begin(), ids.end(), r.g);
-  c.table.assign(z(c.B * c.mb), -1);
-  fresh(c.k, c.nb * c.bs * 512, T(kNaN)), fresh(c.v, c.nb * c.bs * 512, T(kNaN));
-  fresh(c.kr, c.nb * c.bs * kR, T(kNaN));
-  Index next = 0;
-  for (Index b = 0; b < c.B; ++b)
-    for (Index t = 0; t < c.kv_len[z(b)]; ++t) {
-      if (t % c.bs == 0) c.table[z(b * c.mb + t / c.bs)] = ids[z(next++)];
-      draw_normals(r, c.k.data() + kat(c, b, t, 0, 512), 512);
-      draw_normals(r, c.v.data() + kat(c, b, t, 0, 512), 512);
-      draw_normals(r, c.kr.data() + kat(c, b, t, 0, kR), kR);
-    }
-  c.in.block_table = StridedView<const i32>(c.table.data(), {c.B, c.mb});
+  make_cache(c, r);
   c.in.actual_seq_lengths_kv.assign(c.kv_len.begin(), c.kv_len.end());  // (never cumulative)
   c.p.sparse_mode = tnd ? (r.chance(0.5) ? 3 : 0) : (c.S > 1 ? 3 : 0);
   if (c.p.sparse_mode == 3) c.in.atten_mask = mask_of({2048, 2048});
@@ -268,11 +357,14 @@ void build_128(C& c, Rng& r, Index D) {
   finish(c, r);
 }
 
-// bf16: MLA or head 128; half: MLA (head 128 in half is a perturbation).
+// bf16: MLA or head 128; half: MLA (head 128 in half is a perturbation); 5 % of the MLA cases
+// the sliding window (its 128 heads make its cases the costliest).
 template <class C>
 void build(C& c, Rng& r) {
-  (std::is_same_v<typename C::Q, bfloat16> && r.chance(0.3)) ? build_128(c, r, 128)
-                                                             : build_mla(c, r, Force{});
+  if (std::is_same_v<typename C::Q, bfloat16> && r.chance(0.3)) return build_128(c, r, 128);
+  Force f;
+  f.win = r.chance(0.05);
+  build_mla(c, r, f);
 }
 
 // A perturbation's fresh case: MLA with f, or (d128 > 0) the head-128 one with head size d128.
@@ -280,6 +372,16 @@ template <class C>
 void rebuild(C& c, Rng& r, const Force& f, Index d128 = 0) {
   c = C{};
   d128 > 0 ? build_128(c, r, d128) : build_mla(c, r, f);
+}
+
+// A sliding-window case (over a contiguous cache when flat > 0): c itself when it is one, else a
+// fresh small one (the window's perturbations apply to every MLA case that way).
+template <class C>
+void to_window(C& c, Rng& r, int flat = 0) {
+  if (c.window && (flat == 0 || c.contiguous == (flat > 0))) return;
+  Force f;
+  f.win = true, f.flat = flat, f.small = true;
+  rebuild(c, r, f);
 }
 
 // ---- The reference ---------------------------------------------------------------------------
@@ -301,7 +403,9 @@ std::string verify(const C& c) {
   pr.head_size = static_cast<int>(D + kR);
   pr.v_head_size = static_cast<int>(D);
   pr.scale = c.p.scale_value;
-  pr.causal = c.p.sparse_mode == 3 ? ref::Causal::kBottomRight : ref::Causal::kNone;
+  pr.causal = c.p.sparse_mode >= 3 ? ref::Causal::kBottomRight : ref::Causal::kNone;
+  // sparse_mode 4: keys [i' - pre, i'], i' = i + kv_b - q_b
+  pr.window = c.window ? static_cast<int>(c.p.pre_tokens) + 1 : 0;
   ref::Seqs qs(z(c.B)), ks(z(c.B)), vs(z(c.B));
   for (Index b = 0; b < c.B; ++b) {
     pr.q_len.push_back(static_cast<int>(c.q_len[z(b)]));
@@ -341,6 +445,13 @@ std::string verify(const C& c) {
           return "softmax_lse " + where + ": got " + std::to_string(got) + ", want " +
                  std::to_string(l == -inf ? inf : l);
       }
+    // The sliding window's rows past the batch's query length: exactly 0.
+    for (Index i = ql; c.layout != "TND" && i < c.S; ++i)
+      for (Index h = 0; h < c.N; ++h)
+        for (Index e = 0; e < D; ++e)
+          if (!(static_cast<float>(c.o[z(oat(c, b, i, h) + e)]) == 0.0f))
+            return "(b, i, h) (" + std::to_string(b) + ", " + std::to_string(i) + ", " +
+                   std::to_string(h) + ") past the query length " + std::to_string(ql) + ": not 0";
   }
   if (!c.p.softmax_lse_flag)
     for (float x : c.lse)
@@ -349,6 +460,12 @@ std::string verify(const C& c) {
 }
 
 // ---- Perturbations ---------------------------------------------------------------------------
+
+// One of `list`, at random.
+template <class X>
+X pick(Rng& r, const std::vector<X>& list) {
+  return list[z(r.range(0, static_cast<Index>(list.size()) - 1))];
+}
 
 template <class C>
 using Ok = bool (*)(const C&);
@@ -372,6 +489,7 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
   const auto fine = [](auto n, Ok<C> o, Change<C> f) { return fuzz::edit<C>(n, false, o, f); };
   const Ok<C> mla = [](const C& c) { return c.mla; };
   const Ok<C> h128 = [](const C& c) { return !c.mla; };
+  const Ok<C> paged = [](const C& c) { return c.mla && !c.contiguous; };  // MLA's paged cache
   static const std::vector<fuzz::Perturbation<C>> list{
       must("query_rope or key_rope missing", nullptr,
            [](C& c, Rng& r) { (r.chance(0.5) ? c.in.query_rope : c.in.key_rope) = {}; }),
@@ -430,7 +548,10 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
             c.p.sparse_mode = 3;
             if (r.chance(0.7)) c.in.atten_mask = mask_of({2048, 2048});
           }),
-      must("sparse_mode 4 (MLA)", mla, [](C& c, Rng&) { c.p.sparse_mode = 4; }),
+      must(
+          "sparse_mode 4 outside the sliding window's rules (MLA: heads not 128, not BSND, or "
+          "pre_tokens / next_tokens left at their defaults)",
+          [](const C& c) { return c.mla && !c.window; }, [](C& c, Rng&) { c.p.sparse_mode = 4; }),
       must("sparse_mode 1, 2 or out of range, or 0 with Q_S > 1 (MLA)", mla,
            [](C& c, Rng& r) {
              const bool zero = c.S > 1 && r.chance(0.4);
@@ -445,8 +566,8 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
                 mask_of(r.chance(0.7) ? Shape{2048, 2048} : Shape{c.B, 1, 1, c.mb * c.bs});
           }),
       must(
-          "atten_mask missing or of another shape with sparse_mode 3",
-          [](const C& c) { return c.p.sparse_mode == 3; },
+          "atten_mask missing or of another shape with sparse_mode 3 or 4",
+          [](const C& c) { return c.p.sparse_mode >= 3; },
           [](C& c, Rng& r) {
             static const Shape bad[] = {
                 {2048, 2047}, {2047, 2048}, {2, 2048, 2048}, {1, 2048, 2048}, {1, 1, 2048, 2048}};
@@ -481,7 +602,7 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
              bump(q ? c.qr : c.kr, x, d, x.size(d) + 1);
            }),
       // MLA's cache, block table and lengths.
-      must("key_rope or value of other blocks (MLA)", mla,
+      must("key_rope or value of other blocks (MLA)", paged,
            [](C& c, Rng& r) {
              auto& x = r.chance(0.5) ? c.in.value[0] : c.in.key_rope;
              const bool fewer = r.chance(0.6);
@@ -489,19 +610,21 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
            }),
       must(
           "rank-4 cache with a BSH or BSND query (MLA)",
-          [](const C& c) { return c.mla && (c.layout == "BSH" || c.layout == "BSND"); },
+          [](const C& c) {
+            return c.mla && !c.contiguous && (c.layout == "BSH" || c.layout == "BSND");
+          },
           [](C& c, Rng&) { c.rank4 = true, set_views(c); }),
       must("cache block size not 16 or 128 (MLA)", mla,
            [](C& c, Rng& r) {
              static const Index bad[] = {32, 64, 8, 48};
              rebuild(c, r, {0, 0, bad[r.range(0, 3)]});
            }),
-      must("params.block_size differs from the cache's (MLA)", mla,
+      must("params.block_size differs from the cache's (MLA)", paged,
            [](C& c, Rng& r) {
              static const std::int64_t other[] = {0, -16, 32};
              c.p.block_size = r.chance(0.5) ? (c.bs == 16 ? 128 : 16) : other[r.range(0, 2)];
            }),
-      must("block_table missing or of another shape (MLA)", mla,
+      must("block_table missing or of another shape (MLA)", paged,
            [](C& c, Rng& r) {
              const Index w = r.range(0, 2);
              if (w == 0) c.in.block_table = {};
@@ -511,7 +634,8 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
       must(
           "a block_table entry a sequence uses out of [0, blockNum) (MLA)",
           [](const C& c) {
-            return c.mla && *std::max_element(c.kv_len.begin(), c.kv_len.end()) > 0;
+            return c.mla && !c.contiguous &&
+                   *std::max_element(c.kv_len.begin(), c.kv_len.end()) > 0;
           },
           [](C& c, Rng& r) {
             Index b = r.range(0, c.B - 1);
@@ -521,7 +645,7 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
             c.table[z(b * c.mb + r.range(0, (c.kv_len[z(b)] - 1) / c.bs))] = bad[r.range(0, 4)];
             c.want_out_of_range = true;
           }),
-      must("actual_seq_lengths_kv empty, short, negative or past the block table (MLA)", mla,
+      must("actual_seq_lengths_kv empty, short, negative or past the block table (MLA)", paged,
            [](C& c, Rng& r) {
              auto& kv = c.in.actual_seq_lengths_kv;
              const Index w = r.range(0, 3), b = r.range(0, c.B - 1);
@@ -539,6 +663,106 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
             if (w == 1) a.back() += r.range(1, 2);
             if (w >= 2) a[0] = w == 2 ? a.back() + 1 : -1;
           }),
+      // The sliding window's rules (sparse_mode 4), each on a sliding-window case (a fresh small
+      // one when the case drawn is not; three entries, so that the window's 128 heads stay a
+      // small share of the run).
+      must("sliding window: pre_tokens, next_tokens, layout, heads or block size outside its "
+           "rules",
+           mla,
+           [](C& c, Rng& r) {
+             Force f;
+             f.win = f.small = true;
+             switch (r.range(0, 5)) {
+               case 0:  // pre_tokens 0, negative or past 2048
+                 to_window(c, r);
+                 c.p.pre_tokens = pick<i64>(r, {0, -1, -2048, 2049, 2147483647});
+                 return;
+               case 1:  // next_tokens not 0
+                 to_window(c, r);
+                 c.p.next_tokens = pick<i64>(r, {1, -1, 7, 2147483647});
+                 return;
+               case 2:  // BSND_NBSD (the head-major output)
+                 rebuild(c, r, f);
+                 return head_major(c);
+               case 3:  // BSH or BNSD
+                 f.layout = r.chance(0.5) ? "BSH" : "BNSD";
+                 return rebuild(c, r, f);
+               case 4:  // 8, 16, 32 or 64 heads
+                 f.n = Index(8) << r.range(0, 3);
+                 return rebuild(c, r, f);
+               default:  // a paged cache with blocks of 16 or 32
+                 f.bs = r.chance(0.5) ? 16 : 32;
+                 return rebuild(c, r, f);
+             }
+           }),
+      must("sliding window: query lengths past Q_S, negative or a list of 2 for 3 batches, or a "
+           "kv length below the batch's query rows",
+           mla,
+           [](C& c, Rng& r) {
+             to_window(c, r);
+             auto& q = c.in.actual_seq_lengths;
+             auto& kv = c.in.actual_seq_lengths_kv;
+             const Index b = r.range(0, c.B - 1);
+             if (r.chance(0.5)) {  // the query lengths
+               q.assign(c.q_len.begin(), c.q_len.end());
+               if (c.B == 3 && r.chance(0.3)) return q.resize(2);
+               q[z(b)] = r.chance(0.7) ? c.S + r.range(1, 3) : -r.range(1, 3);
+               return;
+             }
+             if (c.q_len[z(b)] == 0) {  // that batch's query rows: Q_S
+               q.assign(c.q_len.begin(), c.q_len.end());
+               q[z(b)] = c.q_len[z(b)] = c.S;
+             }
+             kv.assign(c.kv_len.begin(), c.kv_len.end());
+             kv[z(b)] = r.range(0, c.q_len[z(b)] - 1);
+           }),
+      must("contiguous cache: another shape, a kv length past S2, negative or a list of 2 for 3 "
+           "batches, a block_table, or no sliding window",
+           mla,
+           [](C& c, Rng& r) {
+             to_window(c, r, 1);
+             auto& key = c.in.key[0];
+             auto& value = c.in.value[0];
+             auto& kv = c.in.actual_seq_lengths_kv;
+             switch (r.range(0, 9)) {
+               case 0:  // another batch (both)
+                 bump(c.k, key, 0, c.B + 1), bump(c.v, value, 0, c.B + 1);
+                 return;
+               case 1:  // two heads (both)
+                 bump(c.k, key, 2, 2), bump(c.v, value, 2, 2);
+                 return;
+               case 2:  // head size 256 (both)
+                 key = support::resized(key, 3, 256), value = support::resized(value, 3, 256);
+                 return;
+               case 3:  // the value of another length or head size
+                 value = c.S2 > 1 && r.chance(0.5) ? support::resized(value, 1, c.S2 - 1)
+                                                   : support::resized(value, 3, 256);
+                 return;
+               case 4: {  // key_rope: another batch, length or head size
+                 const int d = r.chance(0.3) ? 3 : static_cast<int>(r.range(0, 1));
+                 bump(c.kr, c.in.key_rope, d, d == 3 ? 32 : c.in.key_rope.size(d) + 1);
+                 return;
+               }
+               case 5:  // rank 3: [B, S2, 512]
+                 key = StridedView<const T>(c.k.data(), {c.B, c.S2, 512});
+                 value = StridedView<const T>(c.v.data(), {c.B, c.S2, 512});
+                 if (r.chance(0.5)) c.in.key_rope = CT(c.kr.data(), {c.B, c.S2, kR});
+                 return;
+               case 6:  // kv lengths
+                 kv.assign(c.kv_len.begin(), c.kv_len.end());
+                 if (c.B == 3 && r.chance(0.3)) return kv.resize(2);
+                 kv[z(r.range(0, c.B - 1))] = r.chance(0.7) ? c.S2 + r.range(1, 3) : -r.range(1, 3);
+                 return;
+               case 7:  // a block_table
+                 c.table.assign(z(c.B), 0);
+                 c.in.block_table = StridedView<const i32>(c.table.data(), {c.B, 1});
+                 if (r.chance(0.5)) c.p.block_size = 64;
+                 return;
+               default:  // sparse_mode 0 or 3 (no window)
+                 c.p.sparse_mode = c.S > 1 ? 3 : 0;
+                 if (c.S == 1) c.in.atten_mask = {};
+             }
+           }),
       // The head-128 configuration's rules.
       must("head-128 rope with layout BSND", h128,
            [](C& c, Rng&) {
@@ -582,7 +806,7 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
              c.junk.assign(z(kR), T(1e4f));
              c.in.key_rope_antiquant_scale = CT(c.junk.data(), {r.chance(0.5) ? kR : 1});
            }),
-      fine("garbage in block_table past each sequence's blocks (MLA)", mla,
+      fine("garbage in block_table past each sequence's blocks (MLA)", paged,
            [](C& c, Rng& r) {
              for (Index b = 0; b < c.B; ++b)
                for (Index j = (c.kv_len[z(b)] + c.bs - 1) / c.bs; j < c.mb; ++j)
@@ -591,6 +815,7 @@ const std::vector<fuzz::Perturbation<C>>& perturbations() {
            }),
       fine("actual_seq_lengths_kv longer than the batch (MLA; the rest ignored)", mla,
            [](C& c, Rng& r) {
+             c.in.actual_seq_lengths_kv.assign(c.kv_len.begin(), c.kv_len.end());
              for (Index i = r.range(1, 2); i > 0; --i)
                c.in.actual_seq_lengths_kv.push_back(r.range(0, 5000));
            }),
