@@ -236,6 +236,11 @@ TEST(FiaGqaNz, Rejections) {
   rejected([](Call& x) { x.p.sparse_mode = 0; }, "params.sparse_mode not supported");
   rejected([](Call& x) { x.in.atten_mask = {}; }, "atten_mask required");
   rejected([](Call& x) { x.p.inner_precise = 0; }, "params.inner_precise");
+  rejected(
+      [&](Call& x) {
+        x.in.atten_mask = {r.mask.data(), shp(1, 2048, 2048)};
+      },
+      "atten_mask.shape");
   rejected([](Call& x) { x.in.block_table = {}; }, "block_table missing");
   rejected([](Call& x) { x.p.block_size = 256; }, "not the NZ cache's block size");
   rejected([](Call& x) { x.p.value_antiquant_mode = 1; }, "params.key_antiquant_mode");

@@ -358,8 +358,9 @@ const std::vector<fuzz::Perturbation<Nz>>& perturbations() {
           "Q_S > 1 without the mask or with a mask of another shape",
           [](const Nz& c) { return c.S > 1; },
           [](Nz& c, Rng& r) {
-            static const Shape bad[] = {{2048, 2047}, {2047, 2048}, {2, 2048, 2048}};
-            const Index w = r.range(0, 3);
+            static const Shape bad[] = {
+                {2048, 2047}, {2047, 2048}, {2, 2048, 2048}, {1, 2048, 2048}, {1, 1, 2048, 2048}};
+            const Index w = r.range(0, 5);
             c.in.atten_mask = w == 0 ? StridedView<const std::uint8_t>{} : mask_of(bad[w - 1]);
           }),
       must("sparse_mode 1, 2, 4 or out of range", nullptr,

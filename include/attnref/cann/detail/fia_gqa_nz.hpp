@@ -7,7 +7,7 @@
 ///   query / output  bf16; head size 128; layouts BSH, BSND, BNSD
 ///   heads           (num_heads, num_key_value_heads) in (10, 1), (64, 8), (80, 8), (128, 16)
 ///   cache           key and value of that shape, blocks of 128 or 512 (= params.block_size)
-///   Q_S             1 (sparse_mode 0, no mask) to 16 (sparse_mode 3 with the 2048 x 2048
+///   Q_S             1 (sparse_mode 0, no mask) to 16 (sparse_mode 3 with the 2-D 2048 x 2048
 ///                   mask: bottom-right causal over each batch's kv length and Q_S rows; the
 ///                   query lengths are not read)
 ///   scales          key 0 / value 0 per channel (BSH (KV_N·D), BSND (KV_N, D), BNSD (KV_N, 1,
@@ -77,6 +77,9 @@ Index fia_gqa_nz_rules(const char* fn, const P& p, const In& in, Layout layout, 
        "params.sparse_mode", "not supported " + with,
        q_s == 1 ? "0 without a mask (Q_S 1)" : "3 with the 2048 x 2048 mask (Q_S > 1)",
        std::to_string(p.sparse_mode) + (in.atten_mask.absent() ? "" : " with a mask"));
+  const auto& m = in.atten_mask;
+  need(m.absent() || (m.rank() == 2 && m.size(0) == 2048 && m.size(1) == 2048), "atten_mask.shape",
+       "not the 2-D compressed mask the path takes", "[2048, 2048]", shape_str(m));
   need(p.inner_precise == 1, "params.inner_precise", "not supported " + with, "1",
        std::to_string(p.inner_precise));
   need(!in.block_table.absent(), "block_table", "missing " + with, "[B, maxBlocksPerSeq]", "none");
