@@ -187,7 +187,8 @@ In fia_gqa_nz_inputs(const char* fn, P& p, const In& in, Layout layout, Index q_
   // The gather: token t of batch b from block bt[b][t / bs], row t % bs.
   const std::array<Index, 4> sd{B, S2, kvn, D};
   const std::vector<Index> shape = pfa_shape(layout, sd);
-  d.k.assign(static_cast<size_t>(checked_mul(fn, "key", B * S2, kvn * D)), 0);
+  d.k.assign(static_cast<size_t>(checked_mul(fn, "key", checked_mul(fn, "key", B, S2), kvn * D)),
+             0);
   d.v.assign(d.k.size(), 0);
   const auto kv = pfa_view(d.k.data(), layout, sd), vv = pfa_view(d.v.data(), layout, sd);
   for (Index b = 0; b < B; ++b)
