@@ -23,6 +23,8 @@
 #include "attnref/core/softmax.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
+#include "attnref/dsa/lightning_indexer.hpp"
+#include "attnref/dsa/sparse_flash_attention.hpp"
 #include "attnref/mask/alibi.hpp"
 #include "attnref/mask/builders.hpp"
 #include "attnref/mask/norm_compress.hpp"
