@@ -235,6 +235,13 @@ TEST(DsaSparseAttention, EveryRuleRejectsByNameAndWritesNothing) {
   expect([](D&, C& x) { x.p.attention_mode = 0; }, "params.attention_mode");
   expect([](D&, C& x) { x.p.return_softmax_lse = true; }, "not implemented");
   expect([](D&, C& x) { x.p.layout_kv = "BSH"; }, "layout_kv");
+  expect(
+      [](D& e, C& x) {
+        x.p.layout_kv = "BSND", x.in.block_table = {};
+        x.in.key = {e.k.data(), {3, 72, 1, 512}};
+        x.in.key_rope = {e.kr.data(), {3, 72, 1, 64}};
+      },
+      "not paired with layout_query");
   expect([](D&, C& x) { x.in.block_table = {}; }, "block_table");
   expect([](D&, C& x) { x.in.actual_seq_lengths_kv.pop_back(); }, "actual_seq_lengths_kv");
   expect([](D&, C& x) { x.in.actual_seq_lengths_query.back() -= 1; }, "actual_seq_lengths_query");

@@ -176,11 +176,13 @@ void sfa_shapes(const SparseFlashAttentionParams& p, const SparseFlashAttentionI
 }
 
 /// The vendor's shape rules (params.strict).
-template <class T>
-void sfa_vendor_rules(const SfaPlan& pl) {
+inline void sfa_vendor_rules(const SparseFlashAttentionParams& p, const SfaPlan& pl) {
   constexpr const char* fn = "sparse_flash_attention";
   const DsaSeqs& s = pl.s;
   const std::string& rule = pl.rule;
+  ATTNREF_CHECK(p.layout_kv == "PA_BSND" || p.layout_kv == p.layout_query, std::invalid_argument,
+                fn, "params.layout_kv", "not paired with layout_query" + rule,
+                p.layout_query + " or PA_BSND", p.layout_kv);
   ATTNREF_CHECK(s.N2 == 1, std::invalid_argument, fn, "key.shape (N2)", "not supported" + rule, "1",
                 std::to_string(s.N2));
   ATTNREF_CHECK(s.N1 <= 128 && (s.N1 & (s.N1 - 1)) == 0, std::invalid_argument, fn,
@@ -344,7 +346,7 @@ void sparse_flash_attention_dense(const SparseFlashAttentionParams& p,
   SfaPlan pl;
   sfa_params(p, pl);
   sfa_shapes(p, in, out, pl);
-  if (p.strict) sfa_vendor_rules<T>(pl);
+  if (p.strict) sfa_vendor_rules(p, pl);
   sfa_indices(in, pl);
   if (!run) return;  // validate(): every check has run, nothing is written
   sfa_run(p, in, out, pl, exec);
