@@ -38,6 +38,57 @@ std::vector<double> indexer_scores(const Shape& sh, const Batch& b) {
   return out;
 }
 
+namespace {
+
+// x rounded to fp16 (nearest even; overflow to inf), exactly, from the bits of the double.
+double fp16(double x) {
+  if (std::isnan(x) || x == 0.0) return x;
+  const double a = std::fabs(x);
+  if (a >= 65520.0) return std::copysign(INFINITY, x);
+  int e = 0;
+  std::frexp(a, &e);                                          // a = m * 2^e, m in [0.5, 1)
+  const double ulp = std::ldexp(1.0, std::max(e - 11, -24));  // 11 bits; subnormals 2^-24
+  const double q = a / ulp, f = std::floor(q);
+  double r = q - f > 0.5 || (q - f == 0.5 && std::fmod(f, 2.0) != 0.0) ? f + 1 : f;
+  return std::copysign(r * ulp, x);
+}
+
+// The top `count` of row[0, n) by descending score, ties to the lower index, -1 after.
+void top(const double* row, long n, long count, std::int32_t* out) {
+  std::vector<long> keys(at(n));
+  std::iota(keys.begin(), keys.end(), 0L);
+  std::stable_sort(keys.begin(), keys.end(), [&](long x, long y) { return row[x] > row[y]; });
+  for (long e = 0; e < count; ++e) out[e] = e < n ? static_cast<std::int32_t>(keys[at(e)]) : -1;
+}
+
+}  // namespace
+
+std::vector<std::int32_t> quant_indexer_topk(const Shape& sh, const Batch& b,
+                                             const std::vector<double>& qs,
+                                             const std::vector<double>& ks, long count) {
+  const int G = sh.N1 / sh.N2;
+  std::vector<std::int32_t> out(at(long{b.q_len} * sh.N2 * count), -1);
+  for (int i = 0; i < b.q_len; ++i)
+    for (int g = 0; g < sh.N2; ++g) {
+      const long n = visible(sh, b, i);
+      std::vector<double> row(at(n), 0.0);
+      for (long s = 0; s < n; ++s) {
+        double total = 0.0;
+        for (int j = 0; j < G; ++j) {
+          const int h = g * G + j;
+          double dot = 0.0;
+          for (int x = 0; x < sh.D; ++x)
+            dot += b.q[at((long{i} * sh.N1 + h) * sh.D + x)] * b.k[at((s * sh.N2 + g) * sh.D + x)];
+          const long wi = long{i} * sh.N1 + h;
+          total += fp16(b.w[at(wi)] * qs[at(wi)]) * fp16(std::max(0.0, dot) / 1024.0);
+        }
+        row[at(s)] = total * ks[at(s * sh.N2 + g)];
+      }
+      top(row.data(), n, count, out.data() + (long{i} * sh.N2 + g) * count);
+    }
+  return out;
+}
+
 std::vector<std::int32_t> indexer_topk(const Shape& sh, const Batch& b, long count) {
   const std::vector<double> score = indexer_scores(sh, b);
   std::vector<std::int32_t> out(at(long{b.q_len} * sh.N2 * count), -1);

@@ -48,6 +48,14 @@ std::vector<double> indexer_scores(const Shape& sh, const Batch& b);
 /// The indexer's top-k [q_len][N2][count] from indexer_scores (ties to the lower index).
 std::vector<std::int32_t> indexer_topk(const Shape& sh, const Batch& b, long count);
 
+/// The quantized indexer's top-k (quant_lightning_indexer): b.q / b.k hold int8 values, b.w fp16
+/// weights, qs [q_len][N1] / ks [kv_len][N2] fp16 scales; score(i, g, s) = ks[s][g] * sum_h
+/// fp16(w * qs) * fp16(max(q.k, 0) / 1024), fp16() rounding to nearest even (the vendor golden's
+/// steps), then the top-k as indexer_topk.
+std::vector<std::int32_t> quant_indexer_topk(const Shape& sh, const Batch& b,
+                                             const std::vector<double>& qs,
+                                             const std::vector<double>& ks, long count);
+
 /// Sparse attention [q_len][N1][D] (not rounded) of the index lists b.idx, K entries each.
 std::vector<double> sparse_attention(const Shape& sh, const Batch& b, long K, long sbs,
                                      double scale);

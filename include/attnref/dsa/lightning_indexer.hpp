@@ -85,32 +85,31 @@ struct LightningIndexerOutputs {
 
 namespace detail {
 
-/// The scalar parameters.
-inline void li_params(const LightningIndexerParams& p) {
-  constexpr const char* fn = "lightning_indexer";
+/// The scalar parameters (`fn`: lightning_indexer or quant_lightning_indexer; `cap`: the
+/// vendor's sparse_count rule, 8192 with the multiples of 1024 above 2048, or 2048).
+template <class P>
+void li_params(const char* fn, const P& p, std::int64_t cap) {
   const std::int64_t c = p.sparse_count;
   ATTNREF_CHECK(c > 0 && c <= (std::int64_t{1} << 24), std::invalid_argument, fn,
                 "params.sparse_count", "out of range", "[1, 2^24]", std::to_string(c));
   if (p.strict)
-    ATTNREF_CHECK(c <= 2048 || (c % 1024 == 0 && c <= 8192), std::invalid_argument, fn,
-                  "params.sparse_count",
-                  "not supported (vendor rule; params.strict = false relaxes it)",
-                  "[1, 2048] or 3072, 4096, ..., 8192", std::to_string(c));
+    ATTNREF_CHECK(
+        c <= 2048 || (c % 1024 == 0 && c <= cap), std::invalid_argument, fn, "params.sparse_count",
+        "not supported (vendor rule; params.strict = false relaxes it)",
+        cap > 2048 ? "[1, 2048] or 3072, 4096, ..., 8192" : "[1, 2048]", std::to_string(c));
   ATTNREF_CHECK(p.sparse_mode == 0 || p.sparse_mode == 3, std::invalid_argument, fn,
                 "params.sparse_mode", "not supported", "0 or 3", std::to_string(p.sparse_mode));
   constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
   ATTNREF_CHECK(p.pre_tokens == big && p.next_tokens == big, std::invalid_argument, fn,
                 "params.pre_tokens / next_tokens", "not supported (only the default)", "2^63 - 1",
                 std::to_string(p.pre_tokens) + " / " + std::to_string(p.next_tokens));
-  ATTNREF_CHECK(!(p.return_value && p.layout_key == "PA_BSND"), std::invalid_argument, fn,
-                "params.return_value", "not supported with layout_key PA_BSND", "false", "true");
 }
 
-/// The tensors' shapes, the lengths and the block table; the vendor's rules when strict.
-template <class T, class TW>
-void li_shapes(const LightningIndexerParams& p, const LightningIndexerInputs<T, TW>& in,
-               const LightningIndexerOutputs<T>& out, DsaSeqs& s) {
-  constexpr const char* fn = "lightning_indexer";
+/// The tensors' shapes (the query's, key's and weights' views of `in`; `idx` and, when not
+/// absent, `val` the outputs), the lengths and the block table; the vendor's rules when strict.
+template <class P, class In, class TV>
+void li_shapes(const char* fn, const P& p, const In& in, const StridedView<std::int32_t>& idx,
+               const StridedView<TV>& val, DsaSeqs& s) {
   dsa_query(fn, p.layout_query, in.query, in.actual_seq_lengths_query, "actual_seq_lengths_query",
             s);
   dsa_keys(fn, p.layout_key, "key", in.key, in.block_table, in.actual_seq_lengths_key,
@@ -130,13 +129,11 @@ void li_shapes(const LightningIndexerParams& p, const LightningIndexerInputs<T, 
   o[qr - 2] = s.N2;
   o[qr - 1] = static_cast<Index>(p.sparse_count);
   const std::string want = s.q_tnd ? "[T1, N2, sparse_count]" : "[B, S1, N2, sparse_count]";
-  ATTNREF_CHECK(!out.sparse_indices.absent() && out.sparse_indices.shape() == o,
-                std::invalid_argument, fn, "sparse_indices.shape", "mismatch", want,
-                shape_str(out.sparse_indices));
-  if (p.return_value)
-    ATTNREF_CHECK(!out.sparse_values.absent() && out.sparse_values.shape() == o,
-                  std::invalid_argument, fn, "sparse_values.shape", "mismatch (return_value)", want,
-                  shape_str(out.sparse_values));
+  ATTNREF_CHECK(!idx.absent() && idx.shape() == o, std::invalid_argument, fn,
+                "sparse_indices.shape", "mismatch", want, shape_str(idx));
+  if (!val.absent())
+    ATTNREF_CHECK(val.shape() == o, std::invalid_argument, fn, "sparse_values.shape",
+                  "mismatch (return_value)", want, shape_str(val));
   if (!p.strict) return;
   const std::string rule = " (vendor rule; params.strict = false relaxes it)";
   ATTNREF_CHECK(p.layout_key == "PA_BSND" || p.layout_key == p.layout_query, std::invalid_argument,
@@ -164,9 +161,16 @@ void lightning_indexer_dense(const LightningIndexerParams& p,
                 "lightning_indexer: half or bfloat16 (float: attnref extension)");
   static_assert(std::is_same_v<TW, T> || std::is_same_v<TW, float>,
                 "lightning_indexer: weights of the query's type or float");
-  li_params(p);
+  constexpr const char* fn = "lightning_indexer";
+  li_params(fn, p, 8192);
+  ATTNREF_CHECK(!(p.return_value && p.layout_key == "PA_BSND"), std::invalid_argument, fn,
+                "params.return_value", "not supported with layout_key PA_BSND", "false", "true");
   DsaSeqs s;
-  li_shapes(p, in, out, s);
+  li_shapes(fn, p, in, out.sparse_indices, p.return_value ? out.sparse_values : StridedView<T>{},
+            s);
+  if (p.return_value)
+    ATTNREF_CHECK(!out.sparse_values.absent(), std::invalid_argument, fn, "sparse_values",
+                  "required with params.return_value", "a tensor", "none");
   if (!run) return;  // validate(): every check has run, nothing is written
   IndexerJob<T, TW> job{s,
                         in.query.data(),

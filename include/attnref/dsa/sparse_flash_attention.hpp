@@ -103,8 +103,8 @@ struct SfaPlan {
 };
 
 /// The scalar parameters.
-inline void sfa_params(const SparseFlashAttentionParams& p, SfaPlan& pl) {
-  constexpr const char* fn = "sparse_flash_attention";
+inline void sfa_params(const SparseFlashAttentionParams& p, SfaPlan& pl,
+                       const char* fn = "sparse_flash_attention") {
   pl.rule = p.strict ? " (vendor rule; params.strict = false relaxes it)" : "";
   ATTNREF_CHECK(std::isfinite(p.scale_value), std::invalid_argument, fn, "params.scale_value",
                 "not finite", "a finite value", std::to_string(p.scale_value));
@@ -204,9 +204,8 @@ inline void sfa_vendor_rules(const SparseFlashAttentionParams& p, const SfaPlan&
 /// Index data: every live row's list, valid entries first (a valid entry after −1 is
 /// std::invalid_argument), each −1 or a block starting inside the batch's keys
 /// (std::out_of_range). Repeated entries are allowed (the vendor counts them twice).
-template <class T>
-void sfa_indices(const SparseFlashAttentionInputs<T>& in, const SfaPlan& pl) {
-  constexpr const char* fn = "sparse_flash_attention";
+inline void sfa_indices(const char* fn, const StridedView<const std::int32_t>& indices,
+                        const SfaPlan& pl) {
   const DsaSeqs& s = pl.s;
   for (Index b = 0; b < s.B; ++b) {
     const Index kv = s.kv_len[static_cast<size_t>(b)];
@@ -214,7 +213,7 @@ void sfa_indices(const SparseFlashAttentionInputs<T>& in, const SfaPlan& pl) {
     for (Index i = 0; i < s.q_len[static_cast<size_t>(b)]; ++i)
       for (Index g = 0; g < s.N2; ++g) {
         const Index row = s.q_row0[static_cast<size_t>(b)] + i;
-        const std::int32_t* t = in.sparse_indices.data() + (row * s.N2 + g) * pl.K;
+        const std::int32_t* t = indices.data() + (row * s.N2 + g) * pl.K;
         bool ended = false;
         for (Index e = 0; e < pl.K; ++e) {
           if (t[e] == -1) {
@@ -323,12 +322,7 @@ template <class T>
 void sfa_run(const SparseFlashAttentionParams& p, const SparseFlashAttentionInputs<T>& in,
              const SparseFlashAttentionOutputs<T>& out, const SfaPlan& pl, const ExecConfig& exec) {
   const DsaSeqs& s = pl.s;
-  std::vector<Index> batch_of(static_cast<size_t>(s.rows), 0);
-  for (Index b = 0; b < s.B; ++b) {
-    const Index n = s.q_tnd ? s.q_len[static_cast<size_t>(b)] : s.S1;
-    for (Index i = 0; i < n; ++i)
-      batch_of[static_cast<size_t>(s.q_row0[static_cast<size_t>(b)] + i)] = b;
-  }
+  const std::vector<Index> batch_of = s.batch_of_rows();
   const Index per_row = std::max<Index>(1, s.N2 * std::min<Index>(pl.K * pl.sbs, Index{1} << 20));
   const Index chunk = std::max<Index>(1, (Index{1} << 20) / per_row);
   for (Index r0 = 0; r0 < s.rows; r0 += chunk)
@@ -347,7 +341,7 @@ void sparse_flash_attention_dense(const SparseFlashAttentionParams& p,
   sfa_params(p, pl);
   sfa_shapes(p, in, out, pl);
   if (p.strict) sfa_vendor_rules(p, pl);
-  sfa_indices(in, pl);
+  sfa_indices("sparse_flash_attention", in.sparse_indices, pl);
   if (!run) return;  // validate(): every check has run, nothing is written
   sfa_run(p, in, out, pl, exec);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "attnref/core/exec.hpp"
@@ -28,6 +29,9 @@ struct IndexerJob {
   T* val;             // the same, or null
   Index count = 0;
   bool causal = false;
+  /// quant_lightning_indexer (int8 q / k): fp16 per-(row, head) query and per-token key scales.
+  const half* q_scale = nullptr;  // [rows, N1]
+  const half* k_scale = nullptr;  // [tokens, N2]
 };
 
 /// out[c] = Σ_h prod[h][c] over G heads (rows of `ld` floats) in the vendor kernel's order:
@@ -71,7 +75,8 @@ void indexer_topk(const float* score, Index n, Index k, std::int32_t* idx, T* va
                     });
   for (Index e = 0; e < k; ++e) {
     idx[e] = e < take ? order[static_cast<size_t>(e)] : -1;
-    if (val) val[e] = T(e < take ? score[order[static_cast<size_t>(e)]] : ninf);
+    if constexpr (!std::is_same_v<T, std::int8_t>)  // (no values output for int8 inputs)
+      if (val) val[e] = T(e < take ? score[order[static_cast<size_t>(e)]] : ninf);
   }
 }
 
@@ -83,6 +88,34 @@ struct IndexerBuffers {
   std::vector<float> q, w, k, s, prod, score;
   std::vector<std::int32_t> order;
 };
+
+/// prod[h][c] (then the row's scores) from the dots S of one row's G heads against n keys:
+/// w · ReLU(dot) in fp32 and the kernel-order head sum, or (quant) w' · fp16(ReLU(dot / 1024))
+/// with fp16 products summed in head order in fp32, times the key's scale.
+template <class T, class TW>
+void indexer_row(const IndexerJob<T, TW>& job, const IndexerWork& it, const float* w,
+                 const float* S, Index n, Index t0, IndexerBuffers& buf, float* score) {
+  const Index G = job.s.N1 / job.s.N2;
+  if (!job.q_scale) {
+    for (Index h = 0; h < G; ++h) {
+      const float* sr = S + h * n;
+      float* pr = buf.prod.data() + h * n;
+      for (Index c = 0; c < n; ++c) pr[c] = w[h] * (sr[c] < 0.0f ? 0.0f : sr[c]);  // NaN stays
+    }
+    indexer_head_sum(buf.prod.data(), G, n, n, score);
+    return;
+  }
+  std::fill(score, score + n, 0.0f);
+  for (Index h = 0; h < G; ++h) {
+    const float* sr = S + h * n;
+    for (Index c = 0; c < n; ++c) {
+      const float x = sr[c] * (1.0f / 1024.0f);  // exact: the dot is an integer below 2^22
+      score[c] += w[h] * static_cast<float>(half(x < 0.0f ? 0.0f : x));
+    }
+  }
+  for (Index c = 0; c < n; ++c)
+    score[c] *= static_cast<float>(job.k_scale[job.s.token(it.b, t0 + c) * job.s.N2 + it.g]);
+}
 
 /// One work item: rows [i0, i1) of batch b, key head g.
 template <class T, class TW>
@@ -99,7 +132,9 @@ void indexer_item(const IndexerJob<T, TW>& job, const IndexerWork& it, IndexerBu
   for (Index r = 0; r < R; ++r)
     for (Index h = 0; h < G; ++h) {
       const Index src = (row0 + it.i0 + r) * s.N1 + it.g * G + h;
-      buf.w[static_cast<size_t>(r * G + h)] = static_cast<float>(job.w[src]);
+      const float wv = static_cast<float>(job.w[src]);  // quant: w' = fp16(w · q_scale)
+      buf.w[static_cast<size_t>(r * G + h)] =
+          job.q_scale ? static_cast<float>(half(wv * static_cast<float>(job.q_scale[src]))) : wv;
       if (span > 0)
         for (Index x = 0; x < D; ++x)
           buf.q[static_cast<size_t>((r * G + h) * D + x)] = static_cast<float>(job.q[src * D + x]);
@@ -118,15 +153,9 @@ void indexer_item(const IndexerJob<T, TW>& job, const IndexerWork& it, IndexerBu
     Eigen::Map<const RowMat> Q(buf.q.data(), R * G, D), K(buf.k.data(), n, D);
     Eigen::Map<RowMat> S(buf.s.data(), R * G, n);
     S.noalias() = Q * K.transpose();
-    for (Index r = 0; r < R; ++r) {
-      for (Index h = 0; h < G; ++h) {
-        const float wv = buf.w[static_cast<size_t>(r * G + h)];
-        const float* sr = buf.s.data() + (r * G + h) * n;
-        float* pr = buf.prod.data() + h * n;
-        for (Index c = 0; c < n; ++c) pr[c] = wv * (sr[c] < 0.0f ? 0.0f : sr[c]);  // NaN stays
-      }
-      indexer_head_sum(buf.prod.data(), G, n, n, buf.score.data() + r * span + t0);
-    }
+    for (Index r = 0; r < R; ++r)
+      indexer_row(job, it, buf.w.data() + r * G, buf.s.data() + r * G * n, n, t0, buf,
+                  buf.score.data() + r * span + t0);
   }
   for (Index r = 0; r < R; ++r) {
     const Index out = ((row0 + it.i0 + r) * s.N2 + it.g) * k;

@@ -35,6 +35,15 @@ struct DsaSeqs {
     if (kv != DsaKv::PA_BSND) return kv_tok0[static_cast<size_t>(b)] + pos;
     return Index{block_table(b, pos / block_size)} * block_size + pos % block_size;
   }
+  /// The batch of every query row (padded BSND rows included).
+  std::vector<Index> batch_of_rows() const {
+    std::vector<Index> of(static_cast<size_t>(rows), 0);
+    for (Index b = 0; b < B; ++b) {
+      const Index n = q_tnd ? q_len[static_cast<size_t>(b)] : S1;
+      for (Index i = 0; i < n; ++i) of[static_cast<size_t>(q_row0[static_cast<size_t>(b)] + i)] = b;
+    }
+    return of;
+  }
   /// The keys query row i of batch b may see: [0, limit) (sparse_mode 3: rightDownCausal, the
   /// last live row sees every key; sparse_mode 0: every key). 0 for padded rows.
   Index limit(Index b, Index i, bool causal) const {
