@@ -199,6 +199,14 @@ TEST(DsaIndexer, LayoutsAndThreadsGiveTheSameBits) {
     if (first.empty()) first = one.idx;
     EXPECT_EQ(first, one.idx) << lkv;
   }
+  // One row (decode): with two workers its 9000 keys are scored in chunks on both.
+  Case d = shape("BSND", "PA_BSND", false, 300);
+  d.ints = 0, d.qlen = {1}, d.kvlen = {9000}, d.S1 = 1, d.seed = 4;
+  Data<bfloat16> dd(d);
+  Call<bfloat16> one(dd), two(dd);
+  one.run(1), two.run(2);
+  EXPECT_EQ(one.idx, two.idx);
+  EXPECT_EQ(std::count(one.idx.begin(), one.idx.end(), -1), 0);
 }
 
 TEST(DsaIndexer, FloatWeightsAndEveryRuleRejectsByName) {

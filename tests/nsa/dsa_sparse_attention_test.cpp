@@ -104,6 +104,20 @@ TEST(DsaSparseAttention, Fp16RepeatedEntriesGqaAndRelaxedShapes) {
   expect_matches<float>(t);
 }
 
+TEST(DsaSparseAttention, MoreThan64HeadsRunInGroupsWithTheSameResultOnAnyThreadCount) {
+  for (int n1 : {128, 96}) {  // 2 groups of 64 / of 48 (relaxed)
+    Case c = vendor("BSND", "PA_BSND", 1, true);
+    c.N1 = n1, c.strict = n1 == 128, c.qlen = {1, 1}, c.kvlen = {50, 130}, c.S1 = 1, c.K = 40;
+    Data<bfloat16> d(c);
+    d.sfa_lists();
+    Call<bfloat16> one(d), two(d);
+    one.run(1), two.run(2);
+    EXPECT_TRUE(support::all_close(d.sfa_expected(), support::as_doubles(one.out),
+                                   support::tolerance(support::Kind::BF16)));
+    EXPECT_TRUE(support::bitwise_equal(support::as_floats(one.out), support::as_floats(two.out)));
+  }
+}
+
 TEST(DsaSparseAttention, LayoutsThreadsAndListOrderGiveTheSameBits) {
   std::vector<bfloat16> first;
   for (const char* lkv : {"BSND", "PA_BSND"})

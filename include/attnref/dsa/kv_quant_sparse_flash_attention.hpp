@@ -114,8 +114,8 @@ KvqRow kvq_checks(const KvQuantSparseFlashAttentionParams& p,
   DsaSeqs& s = pl.s;
   dsa_query(fn, p.layout_query, in.query, in.actual_seq_lengths_query, "actual_seq_lengths_query",
             s);
-  dsa_keys(fn, p.layout_kv, "key", in.key, in.block_table, in.actual_seq_lengths_kv,
-           "actual_seq_lengths_kv", s);
+  dsa_keys(fn, p.layout_kv, "params.layout_kv", "key", in.key, in.block_table,
+           in.actual_seq_lengths_kv, "actual_seq_lengths_kv", s);
   KvqRow r;
   r.rope = static_cast<Index>(p.rope_head_dim), r.tile = static_cast<Index>(p.tile_size);
   ATTNREF_CHECK(
@@ -228,11 +228,9 @@ void kvq_run_rows(const KvQuantSparseFlashAttentionParams& p,
   ein.k_rope =
       StridedView<const T, 4>(st ? st + r.nope : st, {E, max_len, 1, r.rope}, {0, C, C, 1});
   ein.seq.kv = kv_len;
-  AttentionParams ep;
-  ep.scale = p.scale_value;
   AttentionOutputs<T> eo;
   eo.o = StridedView<T, 4>(out.attention_out.data() + r0 * s.N1 * r.nope, {E, 1, G, r.nope});
-  detail::attention_with_pages(NsaVariant<T>{}, ein, ep, eo, pages, exec);
+  sfa_engine(ein, eo, pages, p.scale_value, exec);
 }
 
 template <class T>

@@ -112,8 +112,8 @@ void li_shapes(const char* fn, const P& p, const In& in, const StridedView<std::
                const StridedView<TV>& val, DsaSeqs& s) {
   dsa_query(fn, p.layout_query, in.query, in.actual_seq_lengths_query, "actual_seq_lengths_query",
             s);
-  dsa_keys(fn, p.layout_key, "key", in.key, in.block_table, in.actual_seq_lengths_key,
-           "actual_seq_lengths_key", s);
+  dsa_keys(fn, p.layout_key, "params.layout_key", "key", in.key, in.block_table,
+           in.actual_seq_lengths_key, "actual_seq_lengths_key", s);
   const int qr = in.query.rank();
   ATTNREF_CHECK(in.key.size(in.key.rank() - 1) == s.D, std::invalid_argument, fn, "key.shape",
                 "head size differs from the query's", std::to_string(s.D), shape_str(in.key));

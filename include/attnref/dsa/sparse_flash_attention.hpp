@@ -6,16 +6,20 @@
 /// heads, with the index list sparse_indices[row][g][0, K) (valid entries first, −1 after):
 ///   limit_i = s_b                       (sparse_mode 0)
 ///           = s_b − q_b + i + 1         (sparse_mode 3, rightDownCausal; ≤ 0: nothing visible)
-///   keys(i, g) = ∪ over the valid entries j of [j·sbs, min((j + 1)·sbs, limit_i))
+///   keys(i, g) = the tokens [j·sbs, min((j + 1)·sbs, limit_i)) of every entry j read (a list,
+///                repeats included; which entries are read: below)
 ///   out = softmax(scale_value · (q·k + q_rope·k_rope) over keys) · v over keys
-/// (sbs = sparse_block_size; fp32 scores, P and accumulation; the output in the query's type).
+/// (sbs = sparse_block_size; fp32 scores and accumulation, P normalised then rounded to the
+/// query's type before P·V as the vendor's golden; the output in the query's type).
 /// A row with no visible selected key gives 0, as do BSND rows past q_b. Entries are visited in
 /// ascending order (the set, and so the result up to rounding, is the kernel's).
 ///
 /// Index data: a valid entry must select a block that starts inside the batch's keys,
 /// j·sbs < s_b, else std::out_of_range naming the row; a valid entry after a −1 is
-/// std::invalid_argument (the vendor requires valid entries first), as is an entry repeated in
-/// one list. A selected block past limit_i is not an error: it contributes nothing.
+/// std::invalid_argument (the vendor requires valid entries first). A repeated entry counts
+/// twice (as the vendor's kernels and golden); a selected block past limit_i is not an error: it
+/// contributes nothing. Only the first min(K, ceil(limit_i / sbs)) slots are read (the vendor's
+/// slot rule).
 /// The vendor's constraints are checked by default (params.strict; see docs/dsa.md); strict =
 /// false keeps what the definition needs. Everything is checked before anything is written.
 ///
@@ -135,8 +139,8 @@ void sfa_shapes(const SparseFlashAttentionParams& p, const SparseFlashAttentionI
   DsaSeqs& s = pl.s;
   dsa_query(fn, p.layout_query, in.query, in.actual_seq_lengths_query, "actual_seq_lengths_query",
             s);
-  dsa_keys(fn, p.layout_kv, "key", in.key, in.block_table, in.actual_seq_lengths_kv,
-           "actual_seq_lengths_kv", s);
+  dsa_keys(fn, p.layout_kv, "params.layout_kv", "key", in.key, in.block_table,
+           in.actual_seq_lengths_kv, "actual_seq_lengths_kv", s);
   const int kr = in.key.rank();
   ATTNREF_CHECK(in.key.size(kr - 1) == s.D, std::invalid_argument, fn, "key.shape",
                 "head size differs from the query's", std::to_string(s.D), shape_str(in.key));
@@ -251,6 +255,42 @@ inline void sfa_runs(const std::int32_t* list, Index K, Index sbs, Index limit,
   std::sort(sel.begin(), sel.end());
 }
 
+/// The engine call of E sequences of G query heads (q / q_rope / o: [E, 1, G, d] with the
+/// heads of a sequence adjacent; k / v / k_rope: one kv head over `pages`). Groups of more than
+/// 64 heads are cut into P parts of at most 64, each its own sequence over the same pages: the
+/// engine runs a rounded-P sequence as one work item, so this gives DeepSeek's 128-head decode
+/// two items. P depends on G only, never on the thread count.
+template <class T>
+void sfa_engine(AttentionInputs<T, T>& in, AttentionOutputs<T>& out, KvPages<T>& pages,
+                double scale, const ExecConfig& exec) {
+  const Index E = in.q.size(0), G = in.q.size(2);
+  Index P = 1;
+  while (G / P > 64 && (G / P) % 2 == 0) P *= 2;
+  if (P > 1) {
+    auto cut = [&](auto& v) {  // [E, 1, G, d] -> [E·P, 1, G / P, d]
+      using V = std::decay_t<decltype(v)>;
+      v = V(v.data(), {E * P, 1, G / P, v.size(3)},
+            {v.stride(2) * (G / P), v.stride(1), v.stride(2), v.stride(3)});
+    };
+    cut(in.q), cut(in.q_rope), cut(out.o);
+    auto more = [&](auto& v) {  // [E, L, 1, d] (stride 0 over E) -> [E·P, L, 1, d]
+      using V = std::decay_t<decltype(v)>;
+      v = V(v.data(), {E * P, v.size(1), 1, v.size(3)}, {0, v.stride(1), v.stride(2), v.stride(3)});
+    };
+    more(in.k), more(in.v), more(in.k_rope);
+    std::vector<Index> kv, first;
+    for (Index e = 0; e < E; ++e)
+      for (Index j = 0; j < P; ++j) {
+        kv.push_back(in.seq.kv[static_cast<size_t>(e)]);
+        first.push_back(pages.first[static_cast<size_t>(e)]);
+      }
+    in.seq.kv = std::move(kv), pages.first = std::move(first);
+  }
+  AttentionParams ep;
+  ep.scale = scale;
+  detail::attention_with_pages(NsaVariant<T>{}, in, ep, out, pages, exec);
+}
+
 /// Rows [r0, r1) of the query as engine sequences (one per row and key head) over pages of
 /// their selected runs, pointing into the caller's tensors.
 template <class T>
@@ -310,11 +350,9 @@ void sfa_run_rows(const SparseFlashAttentionParams& p, const SparseFlashAttentio
   ein.k_rope =
       StridedView<const T, 4>(in.key_rope.data(), {E, max_len, 1, Dr}, {0, N2 * Dr, Dr, 1});
   ein.seq.kv = kv_len;
-  AttentionParams ep;
-  ep.scale = p.scale_value;
   AttentionOutputs<T> eo;
   eo.o = StridedView<T, 4>(out.attention_out.data() + r0 * s.N1 * D, {E, 1, G, D});
-  detail::attention_with_pages(NsaVariant<T>{}, ein, ep, eo, pages, exec);
+  sfa_engine(ein, eo, pages, p.scale_value, exec);
 }
 
 /// The query rows in chunks of at most ~2^20 selected keys (the pages stay O(chunk)).

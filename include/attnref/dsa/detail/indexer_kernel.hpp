@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -68,11 +69,12 @@ void indexer_topk(const float* score, Index n, Index k, std::int32_t* idx, T* va
   order.resize(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   const Index take = std::min(k, n);
-  std::partial_sort(order.begin(), order.begin() + take, order.end(),
-                    [&](std::int32_t x, std::int32_t y) {
-                      const float kx = key(x), ky = key(y);
-                      return kx > ky || (kx == ky && x < y);
-                    });
+  auto better = [&](std::int32_t x, std::int32_t y) {
+    const float kx = key(x), ky = key(y);
+    return kx > ky || (kx == ky && x < y);  // a strict total order: the result is unique
+  };
+  if (take < n) std::nth_element(order.begin(), order.begin() + take, order.end(), better);
+  std::sort(order.begin(), order.begin() + take, better);
   for (Index e = 0; e < k; ++e) {
     idx[e] = e < take ? order[static_cast<size_t>(e)] : -1;
     if constexpr (!std::is_same_v<T, std::int8_t>)  // (no values output for int8 inputs)
@@ -117,34 +119,48 @@ void indexer_row(const IndexerJob<T, TW>& job, const IndexerWork& it, const floa
     score[c] *= static_cast<float>(job.k_scale[job.s.token(it.b, t0 + c) * job.s.N2 + it.g]);
 }
 
-/// One work item: rows [i0, i1) of batch b, key head g.
+/// The keys the rows of item `it` see (the longest row's).
 template <class T, class TW>
-void indexer_item(const IndexerJob<T, TW>& job, const IndexerWork& it, IndexerBuffers& buf) {
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  constexpr Index tile = 512;
+Index indexer_span(const IndexerJob<T, TW>& job, const IndexerWork& it) {
+  Index span = 0;
+  for (Index i = it.i0; i < it.i1; ++i) span = std::max(span, job.s.limit(it.b, i, job.causal));
+  return span;
+}
+
+/// The item's query rows and weights (quant: w' = fp16(w · q_scale)) into buf.q / buf.w.
+template <class T, class TW>
+void indexer_load(const IndexerJob<T, TW>& job, const IndexerWork& it, IndexerBuffers& buf) {
   const DsaSeqs& s = job.s;
-  const Index G = s.N1 / s.N2, D = s.D, R = it.i1 - it.i0, k = job.count;
+  const Index G = s.N1 / s.N2, D = s.D, R = it.i1 - it.i0;
   const Index row0 = s.q_row0[static_cast<size_t>(it.b)];
-  Index span = 0;  // keys the block's rows see
-  for (Index i = it.i0; i < it.i1; ++i) span = std::max(span, s.limit(it.b, i, job.causal));
   buf.q.resize(static_cast<size_t>(R * G * D));
   buf.w.resize(static_cast<size_t>(R * G));
   for (Index r = 0; r < R; ++r)
     for (Index h = 0; h < G; ++h) {
       const Index src = (row0 + it.i0 + r) * s.N1 + it.g * G + h;
-      const float wv = static_cast<float>(job.w[src]);  // quant: w' = fp16(w · q_scale)
+      const float wv = static_cast<float>(job.w[src]);
       buf.w[static_cast<size_t>(r * G + h)] =
           job.q_scale ? static_cast<float>(half(wv * static_cast<float>(job.q_scale[src]))) : wv;
-      if (span > 0)
-        for (Index x = 0; x < D; ++x)
-          buf.q[static_cast<size_t>((r * G + h) * D + x)] = static_cast<float>(job.q[src * D + x]);
+      for (Index x = 0; x < D; ++x)
+        buf.q[static_cast<size_t>((r * G + h) * D + x)] = static_cast<float>(job.q[src * D + x]);
     }
-  buf.score.resize(static_cast<size_t>(R * span));
+}
+
+/// The scores of keys [k0, k1) (k0 on the 512-key tile grid) of the item's rows into `score`
+/// (rows of `span` floats): one GEMM per tile, then indexer_row. The tile grid is fixed, so a
+/// key's score does not depend on how the keys are split.
+template <class T, class TW>
+void indexer_scores(const IndexerJob<T, TW>& job, const IndexerWork& it, IndexerBuffers& buf,
+                    Index span, Index k0, Index k1, float* score) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  constexpr Index tile = 512;
+  const DsaSeqs& s = job.s;
+  const Index G = s.N1 / s.N2, D = s.D, R = it.i1 - it.i0;
   buf.k.resize(static_cast<size_t>(tile * D));
   buf.s.resize(static_cast<size_t>(R * G * tile));
   buf.prod.resize(static_cast<size_t>(G * tile));
-  for (Index t0 = 0; t0 < span; t0 += tile) {
-    const Index n = std::min(tile, span - t0);
+  for (Index t0 = k0; t0 < k1; t0 += tile) {
+    const Index n = std::min(tile, k1 - t0);
     for (Index c = 0; c < n; ++c) {
       const T* src = job.k + (s.token(it.b, t0 + c) * s.N2 + it.g) * D;
       for (Index x = 0; x < D; ++x)
@@ -155,19 +171,29 @@ void indexer_item(const IndexerJob<T, TW>& job, const IndexerWork& it, IndexerBu
     S.noalias() = Q * K.transpose();
     for (Index r = 0; r < R; ++r)
       indexer_row(job, it, buf.w.data() + r * G, buf.s.data() + r * G * n, n, t0, buf,
-                  buf.score.data() + r * span + t0);
-  }
-  for (Index r = 0; r < R; ++r) {
-    const Index out = ((row0 + it.i0 + r) * s.N2 + it.g) * k;
-    indexer_topk(buf.score.data() + r * span, s.limit(it.b, it.i0 + r, job.causal), k,
-                 job.idx + out, job.val ? job.val + out : nullptr, buf.order);
+                  score + r * span + t0);
   }
 }
 
-/// Every (batch, key head, block of 16 rows) as a work item, on exec.threads workers.
+/// Each row's top-k from its scores (rows of `span` floats).
+template <class T, class TW>
+void indexer_select(const IndexerJob<T, TW>& job, const IndexerWork& it, const float* score,
+                    Index span, IndexerBuffers& buf) {
+  const DsaSeqs& s = job.s;
+  const Index row0 = s.q_row0[static_cast<size_t>(it.b)], k = job.count;
+  for (Index r = 0; r < it.i1 - it.i0; ++r) {
+    const Index out = ((row0 + it.i0 + r) * s.N2 + it.g) * k;
+    indexer_topk(score + r * span, s.limit(it.b, it.i0 + r, job.causal), k, job.idx + out,
+                 job.val ? job.val + out : nullptr, buf.order);
+  }
+}
+
+/// Every (batch, key head, block of 16 rows) as a work item, on exec.threads workers. With fewer
+/// items than workers (decode), each item's keys are scored in chunks of 8 tiles on all the
+/// workers first; the bits are the same either way.
 template <class T, class TW>
 void indexer_run(const IndexerJob<T, TW>& job, const ExecConfig& exec) {
-  constexpr Index rows_per_item = 16;
+  constexpr Index rows_per_item = 16, chunk = 8 * 512;
   const DsaSeqs& s = job.s;
   std::vector<IndexerWork> items;
   for (Index b = 0; b < s.B; ++b) {
@@ -176,10 +202,41 @@ void indexer_run(const IndexerJob<T, TW>& job, const ExecConfig& exec) {
       for (Index i0 = 0; i0 < rows; i0 += rows_per_item)
         items.push_back({b, g, i0, std::min(rows, i0 + rows_per_item)});
   }
-  parallel_for(
-      resolve_threads(exec.threads), static_cast<Index>(items.size()),
-      [] { return IndexerBuffers{}; },
-      [&](IndexerBuffers& buf, Index i) { indexer_item(job, items[static_cast<size_t>(i)], buf); });
+  const int nt = resolve_threads(exec.threads);
+  const Index n = static_cast<Index>(items.size());
+  auto make = [] { return IndexerBuffers{}; };
+  if (nt <= 1 || n >= nt) {
+    parallel_for(nt, n, make, [&](IndexerBuffers& buf, Index i) {
+      const IndexerWork& it = items[static_cast<size_t>(i)];
+      const Index span = indexer_span(job, it);
+      buf.score.resize(static_cast<size_t>((it.i1 - it.i0) * span));
+      indexer_load(job, it, buf);
+      indexer_scores(job, it, buf, span, 0, span, buf.score.data());
+      indexer_select(job, it, buf.score.data(), span, buf);
+    });
+    return;
+  }
+  std::vector<Index> spans;
+  std::vector<std::vector<float>> scores;
+  std::vector<std::array<Index, 3>> pieces;  // item, first key, end key
+  for (Index i = 0; i < n; ++i) {
+    const IndexerWork& it = items[static_cast<size_t>(i)];
+    spans.push_back(indexer_span(job, it));
+    scores.emplace_back(static_cast<size_t>((it.i1 - it.i0) * spans.back()));
+    for (Index k0 = 0; k0 < spans.back(); k0 += chunk)
+      pieces.push_back({i, k0, std::min(spans.back(), k0 + chunk)});
+  }
+  parallel_for(nt, static_cast<Index>(pieces.size()), make, [&](IndexerBuffers& buf, Index p) {
+    const auto& pc = pieces[static_cast<size_t>(p)];
+    const IndexerWork& it = items[static_cast<size_t>(pc[0])];
+    indexer_load(job, it, buf);
+    indexer_scores(job, it, buf, spans[static_cast<size_t>(pc[0])], pc[1], pc[2],
+                   scores[static_cast<size_t>(pc[0])].data());
+  });
+  parallel_for(nt, n, make, [&](IndexerBuffers& buf, Index i) {
+    indexer_select(job, items[static_cast<size_t>(i)], scores[static_cast<size_t>(i)].data(),
+                   spans[static_cast<size_t>(i)], buf);
+  });
 }
 
 }  // namespace attnref::detail

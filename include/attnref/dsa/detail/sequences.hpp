@@ -88,8 +88,8 @@ inline std::vector<Index> dsa_lengths(const char* fn, const char* arg,
 template <class T>
 void dsa_query(const char* fn, const std::string& layout, const StridedView<const T>& q,
                const std::vector<std::int64_t>& lens, const char* lens_arg, DsaSeqs& s) {
-  ATTNREF_CHECK(layout == "BSND" || layout == "TND", std::invalid_argument, fn, "layout_query",
-                "not supported", "BSND or TND", layout);
+  ATTNREF_CHECK(layout == "BSND" || layout == "TND", std::invalid_argument, fn,
+                "params.layout_query", "not supported", "BSND or TND", layout);
   s.q_tnd = layout == "TND";
   const int rank = s.q_tnd ? 3 : 4;
   ATTNREF_CHECK(!q.absent() && q.rank() == rank && q.size(rank - 2) > 0 && q.size(rank - 1) > 0,
@@ -121,11 +121,12 @@ void dsa_query(const char* fn, const std::string& layout, const StridedView<cons
 /// optional, S2 each by default). Every block-table entry a batch uses must lie in
 /// [0, blockNum) (std::out_of_range).
 template <class T>
-void dsa_keys(const char* fn, const std::string& layout, const char* key_arg,
-              const StridedView<const T>& k, const StridedView<const std::int32_t>& bt,
-              const std::vector<std::int64_t>& lens, const char* lens_arg, DsaSeqs& s) {
+void dsa_keys(const char* fn, const std::string& layout, const char* layout_arg,
+              const char* key_arg, const StridedView<const T>& k,
+              const StridedView<const std::int32_t>& bt, const std::vector<std::int64_t>& lens,
+              const char* lens_arg, DsaSeqs& s) {
   ATTNREF_CHECK(layout == "BSND" || layout == "TND" || layout == "PA_BSND", std::invalid_argument,
-                fn, "layout_kv", "not supported", "BSND, TND or PA_BSND", layout);
+                fn, layout_arg, "not supported", "BSND, TND or PA_BSND", layout);
   s.kv = layout == "TND" ? DsaKv::TND : layout == "PA_BSND" ? DsaKv::PA_BSND : DsaKv::BSND;
   const int rank = s.kv == DsaKv::TND ? 3 : 4;
   const std::string karg = std::string(key_arg) + ".shape";
