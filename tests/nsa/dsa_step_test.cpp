@@ -29,6 +29,7 @@ struct Step {
   std::vector<bfloat16> out;
   std::vector<i32> idx;
   std::vector<long> oshape, ishape;
+  i32* idx_ptr = nullptr;  // the indices' output (null: idx)
 
   static Case indexer_case(Case c) {
     c.N1 = 4, c.D = 128, c.Dr = 0;  // the same seed: the same block pool and table
@@ -56,7 +57,7 @@ struct Step {
   }
   void run() {
     EXPECT_EQ(lat.bt, ind.bt);  // one table pages both caches
-    attnref::dsa_step(p, in, {{out.data(), oshape}, {idx.data(), ishape}});
+    attnref::dsa_step(p, in, {{out.data(), oshape}, {idx_ptr ? idx_ptr : idx.data(), ishape}});
   }
 };
 
@@ -157,6 +158,12 @@ TEST(DsaStep, EveryCheckOfBothOperatorsRunsBeforeAnyWrite) {
       "params.sparse_count");
   expect([](Step& s) { s.ishape.back() = 8; }, "outputs.sparse_indices.shape");
   expect([](Step& s) { s.lat.bt[1] = s.ind.bt[1] = -3; }, "block_table", true);
+  expect(
+      [](Step& s) {  // the indices' output over the block table
+        s.p.sparse_count = 1, s.ishape.back() = 1;
+        s.idx_ptr = s.lat.bt.data();
+      },
+      "outputs.sparse_indices");
 }
 
 }  // namespace dsa_step_test

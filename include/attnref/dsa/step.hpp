@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "attnref/attention/attention.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/exec.hpp"
 #include "attnref/core/view.hpp"
@@ -109,6 +110,13 @@ void dsa_step_call(const DsaStepParams& p, const DsaStepInputs<T, TW>& in,
     ATTNREF_CHECK(out.sparse_indices.shape() == c.idx_shape, std::invalid_argument, fn,
                   "outputs.sparse_indices.shape", "mismatch", shape_str(iv),
                   shape_str(out.sparse_indices));
+  if (!out.sparse_indices.absent()) {  // (output's overlaps: sparse_flash_attention's checks)
+    const auto& o = out.sparse_indices;
+    check_out_overlaps(fn, "outputs.sparse_indices", o, "output", out.output, "index_query",
+                       in.index_query, "weights", in.weights, "index_key", in.index_key, "query",
+                       in.query, "query_rope", in.query_rope, "key", in.key, "key_rope",
+                       in.key_rope, "block_table", in.block_table);
+  }
   validate(c.lp, c.li, LightningIndexerOutputs<T>{iv, {}}, exec);
   validate(c.sp, c.si, SparseFlashAttentionOutputs<T>{out.output}, exec);
   if (!run) return;
