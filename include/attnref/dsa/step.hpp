@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attnref/attention/attention.hpp"
+#include "attnref/core/dense.hpp"
 #include "attnref/core/error.hpp"
 #include "attnref/core/exec.hpp"
 #include "attnref/core/view.hpp"
@@ -83,10 +84,15 @@ struct DsaStepCalls {
     si.query = in.query, si.query_rope = in.query_rope;
     si.key = in.key, si.key_rope = in.key_rope;
     // The indices: the query's leading dimensions, one key head, sparse_count entries.
-    const Dims q = in.query.shape();
+    const Dims q = in.query.shape(), iq = in.index_query.shape();
     ATTNREF_CHECK(!in.query.absent() && (q.size() == 3 || q.size() == 4), std::invalid_argument,
                   "dsa_step", "query.shape", "mismatch", "[B, S1, N1, 512] or [T1, N1, 512]",
                   shape_str(in.query));
+    ATTNREF_CHECK(!in.index_query.absent() && iq.size() == q.size() && iq[0] == q[0] &&
+                      (q.size() == 3 || iq[1] == q[1]),
+                  std::invalid_argument, "dsa_step", "index_query.shape",
+                  "rows differ from the query's", "the query's leading dimensions",
+                  shape_str(in.index_query));
     ATTNREF_CHECK(p.sparse_count > 0 && p.sparse_count <= (std::int64_t{1} << 24),
                   std::invalid_argument, "dsa_step", "params.sparse_count", "out of range",
                   "[1, 2^24]", std::to_string(p.sparse_count));
@@ -98,25 +104,34 @@ template <class T, class TW>
 void dsa_step_call(const DsaStepParams& p, const DsaStepInputs<T, TW>& in,
                    const DsaStepOutputs<T>& out, const ExecConfig& exec, bool run) {
   constexpr const char* fn = "dsa_step";
+  CallerScope scope(fn);  // the inner operators' rejections are reported as dsa_step's
   check_exec(fn, exec);
-  check_views(fn, "output", out.output, "sparse_indices", out.sparse_indices);
+  check_views(fn, "index_query", in.index_query, "weights", in.weights, "index_key", in.index_key,
+              "query", in.query, "query_rope", in.query_rope, "key", in.key, "key_rope",
+              in.key_rope, "block_table", in.block_table, "output", out.output,
+              "outputs.sparse_indices", out.sparse_indices);
   DsaStepCalls<T, TW> c(p, in);
   Index n = 1;
   for (Index e : c.idx_shape) n = checked_mul(fn, "sparse_indices' size", n, e);
+  ATTNREF_CHECK(n <= DenseArena::kMaxDenseCopy, std::invalid_argument, fn,
+                "rows * params.sparse_count", "too large for the step's index buffer",
+                "<= 2^31 entries", std::to_string(n));
+  if (!out.sparse_indices.absent())
+    ATTNREF_CHECK(out.sparse_indices.shape() == c.idx_shape, std::invalid_argument, fn,
+                  "outputs.sparse_indices.shape", "mismatch",
+                  shape_str(StridedView<const std::int32_t>(nullptr, c.idx_shape)),
+                  shape_str(out.sparse_indices));
+  // Overlaps sparse_flash_attention cannot see: with the indexer's inputs, and of the indices.
+  check_out_overlaps(fn, "output", out.output, "index_query", in.index_query, "weights", in.weights,
+                     "index_key", in.index_key);
+  if (!out.sparse_indices.absent())
+    check_out_overlaps(fn, "outputs.sparse_indices", out.sparse_indices, "output", out.output,
+                       "index_query", in.index_query, "weights", in.weights, "index_key",
+                       in.index_key, "query", in.query, "query_rope", in.query_rope, "key", in.key,
+                       "key_rope", in.key_rope, "block_table", in.block_table);
   std::vector<std::int32_t> idx(static_cast<size_t>(n), -1);
   const StridedView<std::int32_t> iv(idx.data(), c.idx_shape);
   c.si.sparse_indices = StridedView<const std::int32_t>(idx.data(), c.idx_shape);
-  if (!out.sparse_indices.absent())
-    ATTNREF_CHECK(out.sparse_indices.shape() == c.idx_shape, std::invalid_argument, fn,
-                  "outputs.sparse_indices.shape", "mismatch", shape_str(iv),
-                  shape_str(out.sparse_indices));
-  if (!out.sparse_indices.absent()) {  // (output's overlaps: sparse_flash_attention's checks)
-    const auto& o = out.sparse_indices;
-    check_out_overlaps(fn, "outputs.sparse_indices", o, "output", out.output, "index_query",
-                       in.index_query, "weights", in.weights, "index_key", in.index_key, "query",
-                       in.query, "query_rope", in.query_rope, "key", in.key, "key_rope",
-                       in.key_rope, "block_table", in.block_table);
-  }
   validate(c.lp, c.li, LightningIndexerOutputs<T>{iv, {}}, exec);
   validate(c.sp, c.si, SparseFlashAttentionOutputs<T>{out.output}, exec);
   if (!run) return;
