@@ -789,58 +789,63 @@ std::vector<fuzz::Perturbation<C>> common() {
   };
 }
 
+// The index-list and scalar rules sparse_flash_attention and its int8-cache form share.
+template <class C>
+std::vector<fuzz::Perturbation<C>> sparse_rules() {
+  return {must<C>(
+              "index past the batch's blocks", any_live<C>,
+              [](C& c, R& r) {
+                const auto [b, row] = live_row(c, r);
+                c.idx[z((row * c.N2 + r.range(0, c.N2 - 1)) * c.K + r.range(0, c.K - 1))] =
+                    static_cast<i32>(sblocks(c, b) + pick<Index>(r, {0, 0, 1, 1 << 20}));
+              },
+              Want::kRange),
+          must<C>(
+              "index below -1", any_live<C>,
+              [](C& c, R& r) {
+                const auto [b, row] = live_row(c, r);
+                (void)b;
+                c.idx[z((row * c.N2 + r.range(0, c.N2 - 1)) * c.K + r.range(0, c.K - 1))] =
+                    pick<i32>(r, {-2, -3, std::numeric_limits<i32>::min()});
+              },
+              Want::kRange),
+          must<C>(
+              "valid index after -1",
+              [](const C& c) {
+                if (c.K < 2) return false;
+                for (Index b = 0; b < c.B; ++b)
+                  if (c.qlen[z(b)] > 0 && sblocks(c, b) > 0) return true;
+                return false;
+              },
+              [](C& c, R& r) {
+                const auto [b, row] = live_row<C>(
+                    c, r, +[](const C& x, Index bb) { return sblocks(x, bb) > 0; });
+                const Index at = (row * c.N2 + r.range(0, c.N2 - 1)) * c.K;
+                const Index e1 = r.range(0, c.K - 2), e2 = r.range(e1 + 1, c.K - 1);
+                c.idx[z(at + e1)] = -1;
+                c.idx[z(at + e2)] = static_cast<i32>(r.range(0, sblocks(c, b) - 1));
+              }),
+          must<C>("sparse_block_size out of range", nullptr,
+                  [](C& c, R& r) {
+                    c.p.sparse_block_size = pick<i64>(r, {0, -1, (i64{1} << 30) + 1, kHuge});
+                  }),
+          must<C>("scale_value not finite", nullptr,
+                  [](C& c, R& r) {
+                    c.p.scale_value =
+                        pick<double>(r, {std::nan(""), std::numeric_limits<double>::infinity(),
+                                         -std::numeric_limits<double>::infinity()});
+                  }),
+          must<C>("attention_mode not 2", nullptr, [](C& c, R& r) {
+            c.p.attention_mode = pick<i64>(r, {0, 1, 3});
+          })};
+}
+
 const std::vector<fuzz::Perturbation<Sfa>>& sfa_perturbations() {
   using C = Sfa;
   static const std::vector<fuzz::Perturbation<C>> list = [] {
     std::vector<fuzz::Perturbation<C>> l = common<C>();
+    for (auto& x : sparse_rules<C>()) l.push_back(x);
     const std::vector<fuzz::Perturbation<C>> own{
-        must<C>(
-            "index past the batch's blocks", any_live<C>,
-            [](C& c, R& r) {
-              const auto [b, row] = live_row(c, r);
-              c.idx[z((row * c.N2 + r.range(0, c.N2 - 1)) * c.K + r.range(0, c.K - 1))] =
-                  static_cast<i32>(sblocks(c, b) + pick<Index>(r, {0, 0, 1, 1 << 20}));
-            },
-            Want::kRange),
-        must<C>(
-            "index below -1", any_live<C>,
-            [](C& c, R& r) {
-              const auto [b, row] = live_row(c, r);
-              (void)b;
-              c.idx[z((row * c.N2 + r.range(0, c.N2 - 1)) * c.K + r.range(0, c.K - 1))] =
-                  pick<i32>(r, {-2, -3, std::numeric_limits<i32>::min()});
-            },
-            Want::kRange),
-        must<C>(
-            "valid index after -1",
-            [](const C& c) {
-              if (c.K < 2) return false;
-              for (Index b = 0; b < c.B; ++b)
-                if (c.qlen[z(b)] > 0 && sblocks(c, b) > 0) return true;
-              return false;
-            },
-            [](C& c, R& r) {
-              const auto [b, row] = live_row<C>(
-                  c, r, +[](const C& x, Index bb) { return sblocks(x, bb) > 0; });
-              const Index at = (row * c.N2 + r.range(0, c.N2 - 1)) * c.K;
-              const Index e1 = r.range(0, c.K - 2), e2 = r.range(e1 + 1, c.K - 1);
-              c.idx[z(at + e1)] = -1;
-              c.idx[z(at + e2)] = static_cast<i32>(r.range(0, sblocks(c, b) - 1));
-            }),
-        must<C>("sparse_block_size out of range", nullptr,
-                [](C& c, R& r) {
-                  c.p.sparse_block_size = pick<i64>(r, {0, -1, (i64{1} << 30) + 1, kHuge});
-                }),
-        must<C>("scale_value not finite", nullptr,
-                [](C& c, R& r) {
-                  c.p.scale_value =
-                      pick<double>(r, {std::nan(""), std::numeric_limits<double>::infinity(),
-                                       -std::numeric_limits<double>::infinity()});
-                }),
-        must<C>("attention_mode not 2", nullptr,
-                [](C& c, R& r) {
-                  c.p.attention_mode = pick<i64>(r, {0, 1, 3});
-                }),
         must<C>("return_softmax_lse (not implemented)", nullptr,
                 [](C& c, R&) { c.p.return_softmax_lse = true; }),
         must<C>("value of another shape", nullptr,
@@ -1550,54 +1555,8 @@ const std::vector<fuzz::Perturbation<Kvq<T>>>& kvq_perturbations() {
   using C = Kvq<T>;
   static const std::vector<fuzz::Perturbation<C>> list = [] {
     std::vector<fuzz::Perturbation<C>> l = common<C>();
+    for (auto& x : sparse_rules<C>()) l.push_back(x);
     const std::vector<fuzz::Perturbation<C>> own{
-        must<C>(
-            "index past the batch's blocks", any_live<C>,
-            [](C& c, R& r) {
-              const auto [b, row] = live_row(c, r);
-              c.idx[z((row * c.N2 + r.range(0, c.N2 - 1)) * c.K + r.range(0, c.K - 1))] =
-                  static_cast<i32>(sblocks(c, b) + pick<Index>(r, {0, 0, 1, 1 << 20}));
-            },
-            Want::kRange),
-        must<C>(
-            "index below -1", any_live<C>,
-            [](C& c, R& r) {
-              const auto [b, row] = live_row(c, r);
-              (void)b;
-              c.idx[z((row * c.N2 + r.range(0, c.N2 - 1)) * c.K + r.range(0, c.K - 1))] =
-                  pick<i32>(r, {-2, -3, std::numeric_limits<i32>::min()});
-            },
-            Want::kRange),
-        must<C>(
-            "valid index after -1",
-            [](const C& c) {
-              if (c.K < 2) return false;
-              for (Index b = 0; b < c.B; ++b)
-                if (c.qlen[z(b)] > 0 && sblocks(c, b) > 0) return true;
-              return false;
-            },
-            [](C& c, R& r) {
-              const auto [b, row] = live_row<C>(
-                  c, r, +[](const C& x, Index bb) { return sblocks(x, bb) > 0; });
-              const Index at = (row * c.N2 + r.range(0, c.N2 - 1)) * c.K;
-              const Index e1 = r.range(0, c.K - 2), e2 = r.range(e1 + 1, c.K - 1);
-              c.idx[z(at + e1)] = -1;
-              c.idx[z(at + e2)] = static_cast<i32>(r.range(0, sblocks(c, b) - 1));
-            }),
-        must<C>("sparse_block_size out of range", nullptr,
-                [](C& c, R& r) {
-                  c.p.sparse_block_size = pick<i64>(r, {0, -1, (i64{1} << 30) + 1, kHuge});
-                }),
-        must<C>("scale_value not finite", nullptr,
-                [](C& c, R& r) {
-                  c.p.scale_value =
-                      pick<double>(r, {std::nan(""), std::numeric_limits<double>::infinity(),
-                                       -std::numeric_limits<double>::infinity()});
-                }),
-        must<C>("attention_mode not 2", nullptr,
-                [](C& c, R& r) {
-                  c.p.attention_mode = pick<i64>(r, {0, 1, 3});
-                }),
         must<C>("key_quant_mode / value_quant_mode / quant_scale_repo_mode", nullptr,
                 [](C& c, R& r) {
                   const int which = static_cast<int>(r.range(0, 2));
