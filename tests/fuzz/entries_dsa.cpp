@@ -40,11 +40,11 @@
 // reference's double + fp16 formula), descending, nothing left out scoring higher; a quarter of
 // the cases (small integers, power-of-2 positive scales: every fp32 step exact) must equal the
 // reference's lists exactly.
-// kv_quant_sparse_flash_attention: half on even seeds, bfloat16 on odd ones; nope = tile · 1..4,
+// kv_quant_sparse_flash_attention: bfloat16 queries (half: in the unit tests); nope = tile · 1..4,
 // tile 4-16, rope 2-8; packed rows (int8 latent, rope values in T, fp32 tile scales of either
 // sign), all 0xFF bytes in unused rows; value / key / value dequant scales absent or junk (never
 // read); the output against ref::dsa::sparse_attention over the rows dequantized here from the
-// documented layout (tolerance 4e-3 (half) / 3e-2 (bfloat16) · (1 + |want|)).
+// documented layout (tolerance 3e-2 · (1 + |want|); the helper also takes half: 4e-3).
 // dsa_step (float): its own index geometry (Ni heads, Di) beside the latent one (N1, D, Dr), one
 // cache head, sparse_indices output present or absent; == lightning_indexer then
 // sparse_flash_attention (sparse_block_size 1) called directly, bit for bit (indices included),
@@ -2132,9 +2132,11 @@ void run_kvq_t(fuzz::Run& run, std::uint64_t seed) {
       &C::o);
 }
 
-// half on even seeds, bfloat16 on odd ones.
+// bfloat16 (run_kvq_t takes half too).
 void run_kvq(fuzz::Run& run, std::uint64_t seed) {
-  seed % 2 == 0 ? run_kvq_t<half>(run, seed) : run_kvq_t<bfloat16>(run, seed);
+  // bfloat16 only: a half instantiation doubled this entry's share of the sanitizer build (the
+  // engine's two-pass split-score path once more); tests/nsa/dsa_kv_quant_test.cpp runs half.
+  run_kvq_t<bfloat16>(run, seed);
 }
 
 void run_step(fuzz::Run& run, std::uint64_t seed) {
