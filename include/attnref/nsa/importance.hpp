@@ -81,21 +81,28 @@ inline void nsa_force_blocks(float* score, Index n_sel) {
 }
 
 /// The k largest of score[0, n) as indices, descending, ties to the lower index (NaN ranks
-/// lowest); positions past n (k > n) get -1.
-inline void nsa_topk(const float* score, Index n, Index k, std::int32_t* out) {
-  std::vector<std::int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
+/// lowest); positions past n (k > n) get -1. `order` is scratch (reused across calls).
+inline void nsa_topk(const float* score, Index n, Index k, std::int32_t* out,
+                     std::vector<std::int32_t>& order) {
+  order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
   auto key = [&](std::int32_t i) {
     const float s = score[i];
     return s != s ? -std::numeric_limits<float>::infinity() : s;
   };
+  auto better = [&](std::int32_t x, std::int32_t y) {
+    const float kx = key(x), ky = key(y);
+    return kx > ky || (kx == ky && x < y);  // a strict total order: the result is unique
+  };
   const Index take = std::min(k, n);
-  std::partial_sort(idx.begin(), idx.begin() + take, idx.end(),
-                    [&](std::int32_t x, std::int32_t y) {
-                      const float kx = key(x), ky = key(y);
-                      return kx > ky || (kx == ky && x < y);
-                    });
-  for (Index i = 0; i < k; ++i) out[i] = i < take ? idx[static_cast<size_t>(i)] : -1;
+  if (take < n) std::nth_element(order.begin(), order.begin() + take, order.end(), better);
+  std::sort(order.begin(), order.begin() + take, better);
+  for (Index i = 0; i < k; ++i) out[i] = i < take ? order[static_cast<size_t>(i)] : -1;
+}
+
+inline void nsa_topk(const float* score, Index n, Index k, std::int32_t* out) {
+  std::vector<std::int32_t> order;
+  nsa_topk(score, n, k, out, order);
 }
 
 }  // namespace attnref

@@ -17,6 +17,7 @@
 #include "attnref/core/types.hpp"
 #include "attnref/detail/threading.hpp"
 #include "attnref/dsa/detail/sequences.hpp"
+#include "attnref/nsa/importance.hpp"
 
 namespace attnref::detail {
 
@@ -59,27 +60,16 @@ inline void indexer_head_sum(float* prod, Index G, Index ld, Index n, float* out
   std::copy(prod, prod + n, out);
 }
 
-/// The k best of score[0, n) (descending, ties to the lower index, NaN as −inf) into idx / val
-/// (val may be null), −1 / −inf after them.
+/// The k best of score[0, n) (nsa_topk: descending, ties to the lower index, NaN as −inf) into
+/// idx, and their scores into val (may be null), −1 / −inf after them.
 template <class T>
 void indexer_topk(const float* score, Index n, Index k, std::int32_t* idx, T* val,
                   std::vector<std::int32_t>& order) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  auto key = [&](std::int32_t i) { return score[i] != score[i] ? ninf : score[i]; };
-  order.resize(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  const Index take = std::min(k, n);
-  auto better = [&](std::int32_t x, std::int32_t y) {
-    const float kx = key(x), ky = key(y);
-    return kx > ky || (kx == ky && x < y);  // a strict total order: the result is unique
-  };
-  if (take < n) std::nth_element(order.begin(), order.begin() + take, order.end(), better);
-  std::sort(order.begin(), order.begin() + take, better);
-  for (Index e = 0; e < k; ++e) {
-    idx[e] = e < take ? order[static_cast<size_t>(e)] : -1;
-    if constexpr (!std::is_same_v<T, std::int8_t>)  // (no values output for int8 inputs)
-      if (val) val[e] = T(e < take ? score[order[static_cast<size_t>(e)]] : ninf);
-  }
+  nsa_topk(score, n, k, idx, order);
+  if constexpr (!std::is_same_v<T, std::int8_t>)  // (no values output for int8 inputs)
+    if (val)
+      for (Index e = 0; e < k; ++e)
+        val[e] = T(idx[e] >= 0 ? score[idx[e]] : -std::numeric_limits<float>::infinity());
 }
 
 struct IndexerWork {

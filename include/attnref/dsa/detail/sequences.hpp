@@ -167,15 +167,10 @@ void dsa_keys(const char* fn, const std::string& layout, const char* layout_arg,
   s.block_table = StridedView<const std::int32_t, 2>(bt.data(), {bt.size(0), bt.size(1)});
   const Index cap = checked_mul(fn, "block_table.shape[1] * blockSize", bt.size(1), k.size(1));
   s.kv_len = dsa_lengths(fn, lens_arg, lens, false, cap, 0, nullptr);
-  for (Index b = 0; b < s.B; ++b) {
-    const Index used = (s.kv_len[static_cast<size_t>(b)] + s.block_size - 1) / s.block_size;
-    for (Index j = 0; j < used; ++j) {
-      const std::int32_t id = s.block_table(b, j);
-      ATTNREF_CHECK(id >= 0 && id < k.size(0), std::out_of_range, fn,
-                    "block_table[" + std::to_string(b) + "][" + std::to_string(j) + "]",
-                    "out of range", "[0, " + std::to_string(k.size(0)) + ")", std::to_string(id));
-    }
-  }
+  // Every entry a batch uses: the one block-table check (PagedKvCache::validate).
+  const StridedView<const T, 4> pool(k.data(), {k.size(0), k.size(1), k.size(2), k.size(3)});
+  PagedKvCache<const T>{pool, pool, s.block_table, s.kv_len}.validate(
+      fn, {key_arg, key_arg, "block_table", lens_arg, "key.shape[1] (blockSize)", "blockSize"});
 }
 
 /// A tensor laid out like the key ([.., N2, width] with the key's leading dimensions).
