@@ -208,6 +208,49 @@ inline void round_to_half(float* x, Index n) {
   for (; i < n; ++i) x[i] = static_cast<float>(half(x[i]));
 }
 
+/// x[i] = float(bfloat16(x[i])): rounds n floats to bf16 precision in place, as Eigen's
+/// conversion does (round to nearest even on the bits, overflow to inf, a NaN to the quiet NaN
+/// of its sign), the same bits at every level.
+inline void round_to_bfloat16(float* x, Index n) {
+  Index i = 0;
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() == Level::Avx512) {
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    const __m512i qnan = _mm512_set1_epi32(0x7fc00000);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      const __m512i b = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
+      __m512i r = _mm512_and_si512(_mm512_add_epi32(b, _mm512_add_epi32(lsb, bias)), high);
+      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_and_si512(b, sign), qnan));
+      _mm512_storeu_ps(x + i, _mm512_castsi512_ps(r));
+    }
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    const __m256i qnan = _mm256_set1_epi32(0x7fc00000);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256i b = _mm256_castps_si256(v);
+      const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), one);
+      const __m256i r = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(lsb, bias)), high);
+      const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+      const __m256i q = _mm256_or_si256(_mm256_and_si256(b, sign), qnan);
+      _mm256_storeu_ps(x + i,
+                       _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+    }
+  }
+#endif
+  for (; i < n; ++i) x[i] = static_cast<float>(bfloat16(x[i]));
+}
+
 /// x[i] = float(half(x[i] * a)): one float multiply, then rounding to fp16, in place (the same
 /// bits at every level).
 inline void mul_round_to_half(float* x, Index n, float a) {

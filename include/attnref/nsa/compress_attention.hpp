@@ -110,6 +110,8 @@ struct NsaVariant {
   void round_p(const Coord&, Acc* row, Index cols) const {
     if constexpr (std::is_same_v<T, half> && std::is_same_v<Acc, float>) {
       simd::round_to_half(row, cols);  // the same bits as the loop below, vectorised
+    } else if constexpr (std::is_same_v<T, bfloat16> && std::is_same_v<Acc, float>) {
+      simd::round_to_bfloat16(row, cols);  // (likewise)
     } else {
       for (Index j = 0; j < cols; ++j)
         row[j] = static_cast<Acc>(static_cast<float>(T(static_cast<float>(row[j]))));

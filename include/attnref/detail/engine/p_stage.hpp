@@ -109,6 +109,36 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
 }
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::visible_columns(const Head& hd, const SeqInfo& si,
+                                                            Index q0, Index nq, Index j0,
+                                                            Index cols, Index r0, Index r1,
+                                                            Index& c0, Index& c1) const {
+  c0 = 0;
+  c1 = cols;
+  if constexpr (has_row_interval<Variant>::value) {
+    Index lo = cols, hi = 0;  // the union of the rows' intervals in the tile
+    for (Index r = r0; r < r1; ++r) {
+      const Index gi = r / nq;
+      KvRange vr{0, 0};
+      if (!var.row_interval(
+              si, Coord{si.batch, q0 + r % nq, j0, hd.kv_head * g.group + gi, hd.kv_head}, vr))
+        return;  // a row without an interval: every column
+      const Index b = std::clamp<Index>(vr.begin - j0, 0, cols);
+      const Index e = std::clamp<Index>(vr.end - j0, b, cols);
+      if (e > b) lo = std::min(lo, b), hi = std::max(hi, e);
+    }
+    if (hi <= lo) {  // nothing visible to the block
+      c0 = c1 = 0;
+      return;
+    }
+    c0 = lo / 16 * 16;
+    c1 = std::min(cols, (hi + 15) / 16 * 16);
+  } else {
+    (void)hd, (void)si, (void)q0, (void)nq, (void)j0, (void)r0, (void)r1;
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
 void Engine<Acc, TQ, TKV, TO, TS, Variant>::flag_overflow(const Head& hd, Index r, const Acc* raw,
                                                           Index n) const {
   // x · 0 is 0 for a finite x and NaN for ±inf / NaN: one vectorised pass, no branch.

@@ -57,16 +57,23 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const Work
     const auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, vmaps(ws, h), /*dense=*/true);
     // A masked position is never read for its row: with a non-finite value in the tile, a
     // partial tile takes the row-by-row product, which skips masked keys (0 · NaN is NaN).
-    const bool guarded = partial && !V.allFinite();
+    const bool guarded = partial && !all_finite(V);
     for (Index r0 = 0; r0 < rows; r0 += kPanelRows) {
       const Index r1 = std::min(rows, r0 + kPanelRows);
-      kernels::panel_scores(level, hd.q + r0 * n, n, r1 - r0, ws.kpanel.data(), cols, n,
-                            hd.s + r0 * ld(), ld());
+      // Both products run on the block's visible columns [c0, c1) only (16-key aligned): the
+      // hooks set the scores outside to -inf, whose P is exactly 0.
+      Index c0 = 0, c1 = cols;
+      if (partial) visible_columns(hd, si, it.q_begin, nq, j0, cols, r0, r1, c0, c1);
+      if (c1 > c0)
+        kernels::panel_scores(level, hd.q + r0 * n, n, r1 - r0, ws.kpanel.data() + c0 * n, c1 - c0,
+                              n, hd.s + r0 * ld() + c0, ld());
       apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, r0, r1);
       softmax_update(hd, si, r0, r1, cols, partial, it.q_begin, nq, j0);
       if (!guarded) {
-        kernels::panel_pv(level, hd.s + r0 * ld(), ld(), r1 - r0, V.data(), V.outerStride(), cols,
-                          dv, hd.o + r0 * dv, dv);
+        if (c1 > c0)
+          kernels::panel_pv(level, hd.s + r0 * ld() + c0, ld(), r1 - r0,
+                            V.data() + c0 * V.outerStride(), V.outerStride(), c1 - c0, dv,
+                            hd.o + r0 * dv, dv);
         continue;
       }
       masked_pv(hd, V, hd.o, r0, r1, cols);
@@ -173,7 +180,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     RowMap<Acc> T(kQuantP ? ws.pv.data() : hd.o, rows, dv, Eigen::OuterStride<>(dv));
     const bool pan = panel(rows);
     auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, vmaps(ws, h), pan);
-    if (partial && !V.allFinite()) {
+    if (partial && !all_finite(V)) {
       if (kQuantP) T.setZero();
       masked_pv(hd, V, T.data(), 0, rows, cols);
     } else if (pan) {

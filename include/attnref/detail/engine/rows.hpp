@@ -24,6 +24,15 @@ using ArrayMap = Eigen::Map<Eigen::Array<Acc, Eigen::Dynamic, 1>>;
 template <class T>
 using AlignedVector = std::vector<T, Eigen::aligned_allocator<T>>;
 
+/// True when every entry of m is finite: x · 0 is 0 for a finite x and NaN for ±inf / NaN, one
+/// vectorised pass per row (Eigen's allFinite tests entry by entry on a strided map).
+template <class Acc>
+inline bool all_finite(const ConstRowMap<Acc>& m) {
+  for (Index r = 0; r < m.rows(); ++r)
+    if (!((m.row(r).array() * Acc(0)).sum() == Acc(0))) return false;
+  return true;
+}
+
 /// dst[i] = Acc(src[i * stride]) * mul for i < n (vectorised when stride == 1).
 template <class Acc, class T>
 inline void load_row(const T* src, Index stride, Index n, Acc* dst, Acc mul) {

@@ -247,6 +247,15 @@ struct Engine {
     }
   }
 
+  /// Rows gathered from anywhere (sparse attention's selected tokens, paged blocks) are fetched
+  /// kGatherAhead rows ahead of their conversion, which the hardware prefetcher cannot guess;
+  /// fp16 / bf16 / int8 rows only, as the small-row kernels (kernels::kPrefetchRows).
+  static constexpr Index kGatherAhead = 4;
+  static bool scattered(const std::vector<const TKV*>& row, Index cols, Index token_stride) {
+    return kernels::kPrefetchRows<TKV> && cols > kGatherAhead &&
+           row[static_cast<size_t>(cols - 1)] != row[0] + (cols - 1) * token_stride;
+  }
+
   /// K or V rows of the current tile for kv head h as an Acc matrix: a Map into the input when
   /// the storage is Acc with a contiguous head dimension and the rows are evenly spaced (one
   /// page, or adjacent pages), else converted once into `buf`. `dq` (kv_dequant: the tile's
@@ -264,9 +273,12 @@ struct Engine {
       if (even)
         return ConstRowMap<Acc>(row[0] + hs, cols, width, Eigen::OuterStride<>(x.stride(1)));
     }
+    const bool ahead = scattered(row, cols, x.stride(1));
     for (Index c = 0; c < cols; ++c) {
       Acc* dst = buf.data() + c * width;
       const TKV* src = row[static_cast<size_t>(c)] + hs;
+      if (ahead && c + kGatherAhead < cols)
+        kernels::prefetch_row(row[static_cast<size_t>(c + kGatherAhead)] + hs, width * x.stride(3));
       if (dq == nullptr) {
         load_row<Acc>(src, x.stride(3), width, dst, Acc(1));
         continue;
@@ -295,8 +307,14 @@ struct Engine {
     // (split scores never come with the kv_dequant hook: run_attention rejects the pair)
     const Index d = g.head_size - g.rope_size, r = g.rope_size, n = g.head_size;
     const Index hs = h * in.k.stride(2), hr = h * in.k_rope.stride(2);
+    const bool ahead = scattered(ws.krow, cols, in.k.stride(1));
     for (Index c = 0; c < cols; ++c) {
       Acc* dst = ws.k.data() + c * n;
+      if (ahead && c + kGatherAhead < cols) {
+        const size_t a = static_cast<size_t>(c + kGatherAhead);
+        kernels::prefetch_row(ws.krow[a] + hs, d * in.k.stride(3));
+        kernels::prefetch_row(ws.kr_row[a] + hr, r * in.k_rope.stride(3));
+      }
       load_row<Acc>(ws.krow[static_cast<size_t>(c)] + hs, in.k.stride(3), d, dst, Acc(1));
       load_row<Acc>(ws.kr_row[static_cast<size_t>(c)] + hr, in.k_rope.stride(3), r, dst + d,
                     Acc(1));
@@ -375,6 +393,11 @@ struct Engine {
   /// -inf and are flagged, visible ones go through the transform hook.
   void apply_hooks(const Head& hd, const SeqInfo& si, Index q0, Index nq, Index j0, Index cols,
                    TileMask tm, Index r0, Index r1) const;
+  /// The columns [c0, c1) of a partial tile that rows [r0, r1) of one head can see: the union
+  /// of the rows' row_interval ranges, widened to 16-key blocks (every column when a row has
+  /// no interval; c0 == c1 when no row sees any). The panel products skip the rest.
+  void visible_columns(const Head& hd, const SeqInfo& si, Index q0, Index nq, Index j0, Index cols,
+                       Index r0, Index r1, Index& c0, Index& c1) const;
   /// Marks row r when one of its n visible raw scores is not finite: scale·q·k overflowed the
   /// compute type (or an unmasked input holds inf / NaN), so the row's softmax is undefined and
   /// its result NaN (SoftmaxState::overflow) — whatever the other scores of the row.
