@@ -245,7 +245,13 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
           if (st.l == Acc(0) && !st.undefined()) {
             row.setZero();
           } else {
-            row = (row - st.m).exp() * inv;
+            // (the first pass's exponential: P sums to l's normalisation at the vector levels)
+            bool vec = false;
+            if constexpr (std::is_same_v<Acc, float>)
+              vec = simd::with_vector(level, [&](auto v) {
+                simd::exp_shift_scale<decltype(v)>(srow, cols, st.m, inv);
+              });
+            if (!vec) row = (row - st.m).exp() * inv;
             if (partial)
               for (Index c = 0; c < cols; ++c)
                 if (frow[c]) srow[c] = Acc(0);
