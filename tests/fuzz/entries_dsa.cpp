@@ -547,6 +547,16 @@ void bump(C& c, std::vector<U>& buf, StridedView<V>& v, int d, Index e, U fill) 
   grow(c, buf, std::max<Index>(1, v.numel()), fill);
 }
 
+// A drawn dimension of v one longer (bump), or v absent when the draw is its rank.
+template <class C, class U, class V>
+void bump_or_drop(C& c, std::vector<U>& buf, StridedView<V>& v, R& r, U fill) {
+  const int d = static_cast<int>(r.range(0, v.rank()));
+  if (d == v.rank())
+    v = {};
+  else
+    bump(c, buf, v, d, v.size(d) + 1, fill);
+}
+
 // Calls f(view) on the k-th present view of c (inputs, then outputs) with elements; returns the
 // number of such views.
 template <class C, class F>
@@ -883,14 +893,7 @@ const std::vector<fuzz::Perturbation<Sfa>>& sfa_perturbations() {
                   }
                 }),
         must<C>("attention_out of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.out.attention_out;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.o, v, d, v.size(d) + 1, kSentinel);
-                }),
+                [](C& c, R& r) { bump_or_drop(c, c.o, c.out.attention_out, r, kSentinel); }),
         must<C>(
             "attention_out overlapping the query", [](const C& c) { return c.rows() > 0; },
             [](C& c, R&) {
@@ -956,25 +959,11 @@ const std::vector<fuzz::Perturbation<Li>>& li_perturbations() {
                     bump(c, c.w, v, d, v.size(d) + 1, kNaN);
                 }),
         must<C>("sparse_indices of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.out.sparse_indices;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.idx, v, d, v.size(d) + 1, kIdxSentinel);
-                }),
+                [](C& c, R& r) { bump_or_drop(c, c.idx, c.out.sparse_indices, r, kIdxSentinel); }),
         must<C>(
             "sparse_values of another shape or missing (return_value)",
             [](const C& c) { return c.p.return_value; },
-            [](C& c, R& r) {
-              auto& v = c.out.sparse_values;
-              const int d = static_cast<int>(r.range(0, v.rank()));
-              if (d == v.rank())
-                v = {};
-              else
-                bump(c, c.val, v, d, v.size(d) + 1, kSentinel);
-            }),
+            [](C& c, R& r) { bump_or_drop(c, c.val, c.out.sparse_values, r, kSentinel); }),
         must<C>(
             "return_value with PA_BSND", [](const C& c) { return c.paged(); },
             [](C& c, R&) {
@@ -1277,14 +1266,7 @@ const std::vector<fuzz::Perturbation<Qli>>& qli_perturbations() {
     std::vector<fuzz::Perturbation<C>> l = common<C>();
     const std::vector<fuzz::Perturbation<C>> own{
         must<C>("weights of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.in.weights;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.w, v, d, v.size(d) + 1, half(kNaN));
-                }),
+                [](C& c, R& r) { bump_or_drop(c, c.w, c.in.weights, r, half(kNaN)); }),
         must<C>("query_dequant_scale of another shape or missing", nullptr,
                 [](C& c, R& r) {
                   auto& v = c.in.query_dequant_scale;
@@ -1311,14 +1293,7 @@ const std::vector<fuzz::Perturbation<Qli>>& qli_perturbations() {
                       pick<i64>(r, {1, 2, -1});
                 }),
         must<C>("sparse_indices of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.out.sparse_indices;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.idx, v, d, v.size(d) + 1, kIdxSentinel);
-                }),
+                [](C& c, R& r) { bump_or_drop(c, c.idx, c.out.sparse_indices, r, kIdxSentinel); }),
         must<C>("sparse_count out of range", nullptr,
                 [](C& c, R& r) {
                   c.p.sparse_count = pick<i64>(r, {0, -1, (i64{1} << 24) + 1});
@@ -1587,14 +1562,7 @@ const std::vector<fuzz::Perturbation<Kvq<T>>>& kvq_perturbations() {
                   bump(c, c.o, v, v.rank() - 1, r.chance(0.5) ? c.D : c.nope + 1, T(kSentinel));
                 }),
         must<C>("attention_out of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.out.attention_out;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.o, v, d, v.size(d) + 1, T(kSentinel));
-                }),
+                [](C& c, R& r) { bump_or_drop(c, c.o, c.out.attention_out, r, T(kSentinel)); }),
         must<C>("sparse_indices of another shape or missing", nullptr,
                 [](C& c, R& r) {
                   auto& v = c.in.sparse_indices;
@@ -1863,42 +1831,22 @@ const std::vector<fuzz::Perturbation<Step>>& step_perturbations() {
         must<C>("weights of another shape or missing", nullptr,
                 [](C& c, R& r) {
                   c.by = kByLi;
-                  auto& v = c.in.weights;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.w, v, d, v.size(d) + 1, kNaN);
+                  bump_or_drop(c, c.w, c.in.weights, r, kNaN);
                 }),
         must<C>("query_rope of another shape or missing", nullptr,
                 [](C& c, R& r) {
                   c.by = kBySfa;
-                  auto& v = c.in.query_rope;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.qr, v, d, v.size(d) + 1, kNaN);
+                  bump_or_drop(c, c.qr, c.in.query_rope, r, kNaN);
                 }),
         must<C>("key_rope of another shape or missing", nullptr,
                 [](C& c, R& r) {
                   c.by = kBySfa;
-                  auto& v = c.in.key_rope;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.kr, v, d, v.size(d) + 1, kNaN);
+                  bump_or_drop(c, c.kr, c.in.key_rope, r, kNaN);
                 }),
         must<C>("output of another shape or missing", nullptr,
                 [](C& c, R& r) {
                   c.by = kBySfa;
-                  auto& v = c.out.output;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank())
-                    v = {};
-                  else
-                    bump(c, c.o, v, d, v.size(d) + 1, kSentinel);
+                  bump_or_drop(c, c.o, c.out.output, r, kSentinel);
                 }),
         must<C>(
             "output overlapping the query or the key",
