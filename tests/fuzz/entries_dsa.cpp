@@ -557,6 +557,20 @@ void bump_or_drop(C& c, std::vector<U>& buf, StridedView<V>& v, R& r, U fill) {
     bump(c, buf, v, d, v.size(d) + 1, fill);
 }
 
+// The sparse attention's index list of another shape or missing: a drawn dimension one longer,
+// no K (any K > 0 is a shape), or absent.
+template <class C>
+void indices_shape_or_missing(C& c, R& r) {
+  auto& v = c.in.sparse_indices;
+  const int d = static_cast<int>(r.range(0, v.rank()));
+  if (d == v.rank())
+    v = {};
+  else if (d == v.rank() - 1)
+    v = support::resized(v, d, 0);
+  else
+    bump(c, c.idx, v, d, v.size(d) + 1, -1);
+}
+
 // Calls f(view) on the k-th present view of c (inputs, then outputs) with elements; returns the
 // number of such views.
 template <class C, class F>
@@ -881,17 +895,7 @@ const std::vector<fuzz::Perturbation<Sfa>>& sfa_perturbations() {
                   bump(c, c.kr, c.in.key_rope, d, c.in.key_rope.size(d) + 1, kNaN);
                 }),
         must<C>("sparse_indices of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.in.sparse_indices;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank()) {
-                    v = {};
-                  } else if (d == v.rank() - 1) {  // (any K > 0 is a shape: K = 0)
-                    v = support::resized(v, d, 0);
-                  } else {
-                    bump(c, c.idx, v, d, v.size(d) + 1, -1);
-                  }
-                }),
+                [](C& c, R& r) { indices_shape_or_missing(c, r); }),
         must<C>("attention_out of another shape or missing", nullptr,
                 [](C& c, R& r) { bump_or_drop(c, c.o, c.out.attention_out, r, kSentinel); }),
         must<C>(
@@ -1564,17 +1568,7 @@ const std::vector<fuzz::Perturbation<Kvq<T>>>& kvq_perturbations() {
         must<C>("attention_out of another shape or missing", nullptr,
                 [](C& c, R& r) { bump_or_drop(c, c.o, c.out.attention_out, r, T(kSentinel)); }),
         must<C>("sparse_indices of another shape or missing", nullptr,
-                [](C& c, R& r) {
-                  auto& v = c.in.sparse_indices;
-                  const int d = static_cast<int>(r.range(0, v.rank()));
-                  if (d == v.rank()) {
-                    v = {};
-                  } else if (d == v.rank() - 1) {
-                    v = support::resized(v, d, 0);
-                  } else {
-                    bump(c, c.idx, v, d, v.size(d) + 1, -1);
-                  }
-                }),
+                [](C& c, R& r) { indices_shape_or_missing(c, r); }),
         must<C>(
             "attention_out overlapping the query or the key",
             [](const C& c) { return c.rows() > 0; },
