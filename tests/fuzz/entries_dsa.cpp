@@ -408,7 +408,10 @@ void set_views(Li& c) {
     c.out.sparse_values = StridedView<float>(c.val.data(), c.qshape(c.N2, c.count));
 }
 
-void draw_li(Li& c, R& r, Vendor f) {
+// The two indexers' layouts, heads, lengths, causality and top-k count: free shapes, or the
+// vendor's (D 128, N2 1, N1 <= 64, paired layouts) with rule f.broken broken.
+template <class C>
+void draw_indexer_shape(C& c, R& r, Vendor f) {
   static const std::vector<std::string> kls{"BSND", "TND", "PA_BSND"};
   c.ql = r.chance(0.4) ? "TND" : "BSND";
   c.kl = pick(r, kls);
@@ -417,7 +420,7 @@ void draw_li(Li& c, R& r, Vendor f) {
     draw_heads(c, r);
     c.D = r.range(1, 40);
     c.bs = r.range(1, 8);
-  } else {  // the vendor's shapes (D 128, N2 1, N1 <= 64, paired layouts), or one rule broken
+  } else {
     if (f.broken == 0) c.kl = c.ql == "TND" ? "BSND" : "TND";
     if (f.broken == 4) c.kl = "PA_BSND";
     if (f.broken != 0 && !c.paged()) c.kl = c.ql;
@@ -429,6 +432,10 @@ void draw_li(Li& c, R& r, Vendor f) {
   draw_geo(c, r, 40, c.qlens, c.klens);
   c.causal = r.chance(0.5);
   c.count = r.chance(0.3) ? r.range(1, 3) : r.chance(0.6) ? r.range(4, 12) : r.range(13, 50);
+}
+
+void draw_li(Li& c, R& r, Vendor f) {
+  draw_indexer_shape(c, r, f);
   if (f.broken == 5) c.count = r.chance(0.5) ? r.range(2049, 2060) : 5000;
   fill_rows(c, r, c.N1 * c.D, c.q);
   fill_rows(c, r, c.N1, c.w);
@@ -1136,26 +1143,7 @@ half draw_scale(R& r, bool exact) {
 }
 
 void draw_qli(Qli& c, R& r, Vendor f) {
-  static const std::vector<std::string> kls{"BSND", "TND", "PA_BSND"};
-  c.ql = r.chance(0.4) ? "TND" : "BSND";
-  c.kl = pick(r, kls);
-  c.B = r.range(1, 3);
-  if (!f.on) {
-    draw_heads(c, r);
-    c.D = r.range(1, 40);
-    c.bs = r.range(1, 8);
-  } else {  // the vendor's shapes (D 128, N2 1, N1 <= 64, paired layouts), or one rule broken
-    if (f.broken == 0) c.kl = c.ql == "TND" ? "BSND" : "TND";
-    if (f.broken == 4) c.kl = "PA_BSND";
-    if (f.broken != 0 && !c.paged()) c.kl = c.ql;
-    c.N2 = f.broken == 2 ? 2 : 1;
-    c.N1 = f.broken == 3 ? r.range(65, 68) : c.N2 * (r.chance(0.1) ? 64 : r.range(1, 8));
-    c.D = f.broken == 1 ? pick<Index>(r, {64, 130}) : 128;
-    c.bs = f.broken == 4 ? pick<Index>(r, {8, 24}) : pick<Index>(r, {16, 32});
-  }
-  draw_geo(c, r, 40, c.qlens, c.klens);
-  c.causal = r.chance(0.5);
-  c.count = r.chance(0.3) ? r.range(1, 3) : r.chance(0.6) ? r.range(4, 12) : r.range(13, 50);
+  draw_indexer_shape(c, r, f);
   if (f.broken == 5) c.count = pick<Index>(r, {2049, 2050, 3072, 4096});
   c.exact = r.chance(0.25);
   const bool ex = c.exact;
