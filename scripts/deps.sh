@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages attnref builds with, when missing (quiet when all are present).
+#   scripts/deps.sh            the C++ library, tests, benchmarks and demo
+#   scripts/deps.sh --python   also the Python module and its tests (pybind11, NumPy, pytest, torch)
 set -euo pipefail
+pkgs=(g++ cmake libeigen3-dev libgtest-dev libbenchmark-dev)
+if [ "${1:-}" = "--python" ]; then
+  pkgs+=(python3 python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-torch)
+fi
 need=()
-for pkg in g++ cmake libeigen3-dev libgtest-dev libbenchmark-dev; do
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -1,0 +1,3 @@
+"""Layer 1, CANN: PromptFlashAttention, IncreFlashAttention, FusedInferAttentionScore."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""Layer 1, DSA: LightningIndexer, SparseFlashAttention."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""torch_npu's CANN calls."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""torch_npu's DSA calls."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""torch_npu's MLA calls."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""torch_npu's NSA calls."""
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""Layer 1, NSA: the Native Sparse Attention operators."""
+
+__all__ = []

@@ -1,0 +1,9 @@
+/// CANN operators for Python (layer 1's C++ side; see atb.cpp for the pattern).
+
+#include "bind.hpp"
+
+namespace attnref::python {
+
+void bind_cann(py::module_& m) { (void)m; }
+
+}  // namespace attnref::python

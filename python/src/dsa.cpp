@@ -1,0 +1,9 @@
+/// DSA operators for Python (layer 1's C++ side; see atb.cpp for the pattern).
+
+#include "bind.hpp"
+
+namespace attnref::python {
+
+void bind_dsa(py::module_& m) { (void)m; }
+
+}  // namespace attnref::python
