@@ -33,13 +33,13 @@ reshape_and_cache = make_operator(
     """ATB ReshapeAndCache into ND caches: writes key [numTokens, kvHead, headSize] (and value)
     into key_cache (value_cache) [numBlocks, blockSize, kvHead, headSize(V)] in place at the
     int32 slot_mapping [numTokens] (a negative slot skips the token). Returns None.""",
-    returns_out=False)
+    outputs=())
 
 reshape_and_cache_nz = make_operator(
     "reshape_and_cache_nz", no_exec(_attnref._reshape_and_cache_nz), None,
     """ATB ReshapeAndCache into FRACTAL_NZ caches [numBlocks, kvHead*headSize/C0, blockSize,
     C0] (C0 = 16 for float16 / bfloat16, 32 for int8), in place. Returns None.""",
-    returns_out=False)
+    outputs=())
 
 __all__ = ["PagedAttentionParams", "SelfAttentionParams", "paged_attention", "self_attention",
            "reshape_and_cache", "reshape_and_cache_nz"]

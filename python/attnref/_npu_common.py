@@ -9,13 +9,16 @@ EXEC = _attnref.ExecConfig()
 
 
 def call(name, impl, renames, *args):
-    """Runs ``impl(*args)``; an error message names the torch_npu call and its arguments."""
+    """Runs ``impl(*args)``; an error message names the torch_npu call and its arguments: each of
+    our names in ``renames`` is replaced, as a whole name, by torch_npu's, and ``params.`` is
+    dropped from the rest (a params field is a torch_npu argument of the same name)."""
     try:
         return impl(*args)
     except (ValueError, IndexError, TypeError) as e:
         msg = str(e)
         for ours, theirs in renames.items():
-            msg = re.sub(rf"\b{ours}\b", theirs, msg)
+            msg = re.sub(r"(?<![\w.])" + re.escape(ours) + r"(?!\w)", theirs, msg)
+        msg = re.sub(r"(?<![\w.])params\.(\w+)", r"\1", msg)
         raise type(e)(f"torch_npu.{name}: {msg}") from None
 
 

@@ -43,8 +43,15 @@ def no_exec(impl):
     return lambda tensors, exec: impl(tensors)
 
 
-def make_operator(op, impl, params_cls, doc, returns_out=True):
-    """A Python function for the bound operator ``impl(params, tensors, exec)``."""
+def make_operator(op, impl, params_cls, doc, outputs=("out",), returns_out=True):
+    """A Python function for the bound operator ``impl(params, tensors, exec)``.
+
+    ``outputs`` names the operator's results in order: a result the caller passed is returned
+    as the caller's own object (the same torch tensor, not a new one over its memory); none
+    (or returns_out False): the function returns None.
+    """
+    if not returns_out:
+        outputs = ()
     names = frozenset(params_cls.fields) if params_cls is not None else frozenset()
 
     def operator(params=None, *, exec=None, threads=None, **kwargs):
@@ -58,10 +65,12 @@ def make_operator(op, impl, params_cls, doc, returns_out=True):
             result = impl(tensors, x)
         else:
             result = impl(_params(op, params_cls, params, fields), tensors, x)
-        if not returns_out:
+        if not outputs:
             return None
-        out = kwargs.get("out")
-        return out if out is not None else conv.result(result)
+        result = conv.result(result)
+        if isinstance(result, tuple):
+            return tuple(r if kwargs.get(n) is None else kwargs[n] for n, r in zip(outputs, result))
+        return result if kwargs.get(outputs[0]) is None else kwargs[outputs[0]]
 
     operator.__name__ = op
     operator.__qualname__ = op

@@ -24,12 +24,13 @@ namespace py = pybind11;
 /// The element types an array may hold, as the module names them.
 enum class Dtype { f32, f16, bf16, f64, i8, u8, i32, i64, other };
 
-/// The element type of a NumPy array (uint16 is bf16).
+/// The element type of a NumPy array (uint16 is bf16; bool is uint8: masks hold 0 / 1 bytes).
 inline Dtype dtype_of(const py::array& a) {
   const char kind = a.dtype().kind();
   const auto size = a.itemsize();
   if (kind == 'f')
     return size == 4 ? Dtype::f32 : size == 2 ? Dtype::f16 : size == 8 ? Dtype::f64 : Dtype::other;
+  if (kind == 'b') return size == 1 ? Dtype::u8 : Dtype::other;
   if (kind == 'u') return size == 2 ? Dtype::bf16 : size == 1 ? Dtype::u8 : Dtype::other;
   if (kind == 'i')
     return size == 1 ? Dtype::i8 : size == 4 ? Dtype::i32 : size == 8 ? Dtype::i64 : Dtype::other;
@@ -238,7 +239,17 @@ class Args {
   py::array output(const char* name, StridedView<T, R>& v, const std::vector<Index>& shape) {
     if (!has(name)) {
       py::dict d;
-      d[name] = new_array<T>(shape);
+      try {
+        d[name] = new_array<T>(shape);
+      } catch (py::error_already_set& e) {
+        // A shape derived from bad arguments (a huge head count, say): the operator's checks,
+        // which run after the allocation, would reject it; NumPy cannot even allocate it.
+        if (!e.matches(PyExc_MemoryError) && !e.matches(PyExc_ValueError)) throw;
+        std::string s;
+        for (Index x : shape) s += (s.empty() ? "" : ", ") + std::to_string(x);
+        value_error(op_, name, "cannot be allocated with the shape [" + s +
+                                   "] the other arguments imply (check them)");
+      }
       Args fresh(op_, d);
       fresh.view(name, v);
       taken_.push_back(name);

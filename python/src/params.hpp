@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 
 #include <initializer_list>
+#include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,6 +23,24 @@ py::enum_<E> bind_enum(py::handle scope, const char* name,
   py::enum_<E> e(scope, name);
   for (const auto& [n, v] : values) e.value(n, v);
   return e;
+}
+
+/// The enum value of a vendor integer: ValueError when it does not fit E's underlying type (the
+/// range of the values themselves is the operator's check).
+template <class E>
+E enum_from_int(const char* field, const py::object& v) {
+  using U = std::underlying_type_t<E>;
+  long long x = 0;
+  try {
+    x = v.cast<long long>();
+  } catch (const py::cast_error&) {
+    x = std::numeric_limits<long long>::max();
+  }
+  if (x < static_cast<long long>(std::numeric_limits<U>::min()) ||
+      x > static_cast<long long>(std::numeric_limits<U>::max()))
+    throw py::value_error(std::string("attnref: ") + field + " = " + std::string(py::str(v)) +
+                          " is outside the enum's range");
+  return static_cast<E>(static_cast<U>(x));
 }
 
 /// Binds the parameter struct P field by field.
@@ -40,11 +60,11 @@ class ParamsBinder {
     if constexpr (std::is_enum_v<F>) {
       cls_.def_property(
           name, [member](const P& p) { return p.*member; },
-          [member](P& p, const py::object& v) {
+          [member, name](P& p, const py::object& v) {
             if (py::isinstance<F>(v))
               p.*member = v.cast<F>();
             else if (py::isinstance<py::int_>(v))
-              p.*member = static_cast<F>(v.cast<int>());
+              p.*member = enum_from_int<F>(name, v);
             else
               throw py::type_error("attnref: an enum field takes its enum or an int, got " +
                                    std::string(py::str(v.get_type().attr("__name__"))));

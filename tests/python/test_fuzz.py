@@ -93,7 +93,116 @@ def flash_qlens(rng):
         out=np.zeros((t, 2, 16), np.float16)), ("out",)
 
 
-ENTRIES = {f.__name__: f for f in (reshape_and_cache, paged, splitfuse, paged_mla, flash, flash_qlens)}
+MASK2048 = np.triu(np.ones((2048, 2048), np.bool_), 1)
+
+
+def pfa(rng):
+    b, n, kvn, s, d = rng.integers(1, 3), 4, 2, rng.integers(1, 9), 16
+    return torch_npu.npu_prompt_flash_attention, dict(
+        query=f16(rng, b, n, s, d), key=f16(rng, b, kvn, s, d), value=f16(rng, b, kvn, s, d),
+        atten_mask=MASK2048, num_heads=n, scale_value=0.25, input_layout="BNSD",
+        num_key_value_heads=kvn, sparse_mode=3), ()
+
+
+def ifa_paged(rng):
+    b, n, kvn, d, bs, per = rng.integers(1, 3), 4, 2, 16, 16, 2
+    lens = [int(x) for x in rng.integers(1, bs * per + 1, b)]
+    return torch_npu.npu_incre_flash_attention, dict(
+        query=f16(rng, b, 1, n * d), key=f16(rng, b * per, bs, kvn * d),
+        value=f16(rng, b * per, bs, kvn * d), actual_seq_lengths=lens,
+        block_table=rng.permutation(b * per).reshape(b, per).astype(np.int32), num_heads=n,
+        scale_value=0.25, input_layout="BSH", num_key_value_heads=kvn, block_size=bs), ()
+
+
+def fia_tnd_paged(rng):
+    n, kvn, d, bs, per = 4, 2, 16, 128, 2
+    ql = [int(x) for x in rng.integers(1, 5, rng.integers(1, 3))]
+    kl = [q + int(rng.integers(0, 100)) for q in ql]
+    b = len(ql)
+    return torch_npu.npu_fused_infer_attention_score, dict(
+        query=f16(rng, sum(ql), n, d), key=f16(rng, b * per, bs, kvn * d),
+        value=f16(rng, b * per, bs, kvn * d), atten_mask=MASK2048,
+        block_table=rng.permutation(b * per).reshape(b, per).astype(np.int32),
+        actual_seq_lengths=np.cumsum(ql).tolist(), actual_seq_lengths_kv=kl, num_heads=n,
+        scale=0.25, input_layout="TND", num_key_value_heads=kvn, sparse_mode=3,
+        block_size=bs, softmax_lse_flag=bool(rng.integers(2))), ()
+
+
+def fia_bnsd_decode(rng):
+    b, n, kvn, s, d = rng.integers(1, 3), 4, 2, rng.integers(1, 20), 16
+    return torch_npu.npu_fused_infer_attention_score, dict(
+        query=f16(rng, b, n, 1, d), key=f16(rng, b, kvn, s, d), value=f16(rng, b, kvn, s, d),
+        actual_seq_lengths_kv=[int(s)] * int(b), num_heads=n, scale=0.25, input_layout="BNSD",
+        num_key_value_heads=kvn), ()
+
+
+def nsa_compress(rng):
+    n, d = 2, 16
+    cu = np.cumsum(rng.integers(0, 80, rng.integers(1, 3))).tolist()
+    return torch_npu.npu_nsa_compress, dict(
+        input=f16(rng, max(cu[-1], 1), n, d), weight=f16(rng, 32, n), compress_block_size=32,
+        compress_stride=16, actual_seq_len=cu), ()
+
+
+def nsa_select_infer(rng):
+    from test_nsa import K, KVN, LS, N, PBS, SCALE, decode_case, random_topk
+    c = decode_case(qlen=[1, 1, 1])
+    return torch_npu.npu_nsa_select_attention_infer, dict(
+        query=c["q"], key=c["kr"], value=c["vr"], topk_indices=random_topk(c, 3),
+        scale_value=SCALE, head_num=N, key_value_head_num=KVN, select_block_size=LS,
+        select_block_count=K, page_block_size=PBS, layout="TND", block_table=c["table"],
+        actual_seq_qlen=[1, 1, 1], actual_seq_kvlen=c["sel"]), ()
+
+
+def nsa_compress_attention_infer(rng):
+    from test_nsa import CPBS, D, K, KVN, L, LS, N, SCALE, decode_case
+    c = decode_case()
+    return torch_npu.npu_nsa_compress_attention_infer, dict(
+        query=c["q"], key=c["kc"], value=c["vc"], scale_value=SCALE, head_num=N,
+        key_value_head_num=KVN, select_block_size=LS, select_block_count=K,
+        page_block_size=CPBS, compress_block_size=L, compress_stride=D,
+        atten_mask=np.ones((4, 4), np.bool_), block_table=c["ctab"],
+        actual_seq_qlen=list(c["qlen"]), actual_cmp_seq_kvlen=c["cmp"],
+        actual_sel_seq_kvlen=c["sel"]), ()
+
+
+def mla_preprocess(rng):
+    import test_mla as M
+    t = M.problem("token")
+    names = ["input", "gamma0", "beta0", "wdqkv", "descale0", "gamma1", "beta1", "wuq", "descale1",
+             "gamma2", "cos", "sin", "wuk"]
+    kw = dict(zip(names, M.npu_args(t)))
+    kw.update(kv_cache=np.zeros((3, 64, 1, M.C), np.float16),
+              kv_cache_rope=np.zeros((3, 64, 1, M.R), np.float16), slotmapping=t["slot_mapping"],
+              cache_mode="krope_ctkv", quant_mode="per_token_quant_symm")
+    return torch_npu.atb.npu_mla_preprocess, kw, ("kv_cache", "kv_cache_rope")
+
+
+def lightning_indexer(rng):
+    import test_dsa as D
+    q, k, w = D.indexer_problem()
+    return torch_npu.npu_lightning_indexer, dict(
+        query=q, key=k, weights=w, actual_seq_lengths_query=D.cumulative(D.Q_LENS),
+        actual_seq_lengths_key=np.array(D.KV_LENS, np.int32), block_table=D.TABLE,
+        layout_query="TND", layout_key="PA_BSND", sparse_count=24, sparse_mode=3), ()
+
+
+def sparse_flash_attention(rng):
+    import test_dsa as D
+    q, qr, cache, idx = D.sfa_problem()
+    key = np.ascontiguousarray(cache[..., :512])
+    return torch_npu.npu_sparse_flash_attention, dict(
+        query=q, key=key, value=key, sparse_indices=idx, scale_value=0.05, block_table=D.TABLE,
+        actual_seq_lengths_query=D.cumulative(D.Q_LENS),
+        actual_seq_lengths_kv=np.array(D.KV_LENS, np.int32), query_rope=qr,
+        key_rope=np.ascontiguousarray(cache[..., 512:]), layout_query="TND", layout_kv="PA_BSND",
+        sparse_mode=3, attention_mode=2), ()
+
+
+ENTRIES = {f.__name__: f for f in (
+    reshape_and_cache, paged, splitfuse, paged_mla, flash, flash_qlens, pfa, ifa_paged,
+    fia_tnd_paged, fia_bnsd_decode, nsa_compress, nsa_select_infer, nsa_compress_attention_infer,
+    mla_preprocess, lightning_indexer, sparse_flash_attention)}
 
 
 def perturb(rng, kw):
@@ -124,12 +233,26 @@ def perturb(rng, kw):
             if y.size:
                 y.flat[rng.integers(y.size)] = rng.choice([np.nan, np.inf, -np.inf, 1.0, 6e4])
             kw[name] = y
-        elif choice == 8:
+        elif choice == 8 and x.size < 10000:
             kw[name] = x.tolist()
         elif choice == 9:
             kw[name] = np.concatenate([x, x]) if x.ndim else x
         else:
             kw[name] = x[::2] if x.ndim else x
+    elif isinstance(x, list):
+        y = list(x)
+        choice = rng.integers(4)
+        if choice == 0 and y:
+            y[rng.integers(len(y))] = int(rng.choice([-1, 0, 2**31, 2**63 - 1]))
+        elif choice == 1 and y:
+            y.pop()
+        elif choice == 2:
+            y.append(int(rng.integers(0, 300)))
+        else:
+            y = np.array(y, rng.choice([np.int32, np.int64, np.float32]))
+        kw[name] = y
+    elif isinstance(x, str):
+        kw[name] = str(rng.choice(["BSH", "BSND", "BNSD", "TND", "NTD", "", x.lower()]))
     elif isinstance(x, bool):
         kw[name] = not x
     elif isinstance(x, int):
