@@ -14,13 +14,21 @@ import numpy as np
 __all__ = ["to_array", "Converter"]
 
 
-def _torch():
-    return sys.modules.get("torch")
-
-
-def _is_tensor(x):
-    torch = _torch()
-    return torch is not None and isinstance(x, torch.Tensor)
+def _tensor_to_array(torch, x, op, name):
+    if not x.is_cpu:
+        raise TypeError(
+            f"attnref.{op}: {name} is a tensor on '{x.device}'; attnref computes on CPU "
+            f"tensors (move it with .cpu())")
+    if x.layout is not torch.strided:
+        raise TypeError(f"attnref.{op}: {name} is a {x.layout} tensor; a strided one is needed")
+    if x.requires_grad:
+        x = x.detach()
+    if x.dtype is torch.bfloat16:
+        return x.view(torch.int16).numpy().view(np.uint16)
+    try:
+        return x.numpy()
+    except TypeError as e:
+        raise TypeError(f"attnref.{op}: {name} has dtype {x.dtype}, not supported") from e
 
 
 def to_array(x, op, name):
@@ -28,23 +36,13 @@ def to_array(x, op, name):
 
     Raises TypeError for a tensor off the CPU or of a kind that is not an array.
     """
-    if x is None or isinstance(x, np.ndarray):
+    if x is None or type(x) is np.ndarray:
         return x
-    if _is_tensor(x):
-        torch = _torch()
-        if x.device.type != "cpu":
-            raise TypeError(
-                f"attnref.{op}: {name} is a tensor on '{x.device}'; attnref computes on CPU "
-                f"tensors (move it with .cpu())")
-        if x.layout != torch.strided:
-            raise TypeError(f"attnref.{op}: {name} is a {x.layout} tensor; a strided one is needed")
-        x = x.detach()
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).numpy().view(np.uint16)
-        try:
-            return x.numpy()
-        except TypeError as e:
-            raise TypeError(f"attnref.{op}: {name} has dtype {x.dtype}, not supported") from e
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _tensor_to_array(torch, x, op, name)
+    if isinstance(x, np.ndarray):
+        return x
     if isinstance(x, (list, tuple)):
         return [to_array(e, op, f"{name}[{i}]") for i, e in enumerate(x)]
     if isinstance(x, (int, np.integer)):
@@ -56,7 +54,7 @@ def to_array(x, op, name):
 
 
 def _to_tensor(a):
-    torch = _torch()
+    torch = sys.modules["torch"]
     if a.dtype == np.uint16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -72,8 +70,14 @@ class Converter:
         self.torch = False
 
     def __call__(self, x, name):
-        if x is not None and not isinstance(x, np.ndarray):
-            if _is_tensor(x) or (isinstance(x, (list, tuple)) and any(_is_tensor(e) for e in x)):
+        if x is None or type(x) is np.ndarray:
+            return x
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            if isinstance(x, torch.Tensor):
+                self.torch = True
+                return _tensor_to_array(torch, x, self.op, name)
+            if isinstance(x, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in x):
                 self.torch = True
         return to_array(x, self.op, name)
 

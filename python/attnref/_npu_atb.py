@@ -1,11 +1,29 @@
 """torch_npu's ATB calls (the _npu_* functions)."""
 
+import functools
+
 from . import _attnref
 from ._arrays import Converter
 from ._npu_common import EXEC, call, heads_view, host_int32, merge_heads, out_tensor, tensor
 
 _PA = _attnref.PagedAttentionParams
 _SA = _attnref.SelfAttentionParams
+
+
+def _make_pa_params(num_heads, num_kv_heads, scale_value):
+    return _PA(num_heads=num_heads, num_kv_heads=num_kv_heads, qk_scale=scale_value)
+
+
+_cached_pa_params = functools.lru_cache(maxsize=64)(_make_pa_params)
+
+
+def _pa_params(num_heads, num_kv_heads, scale_value):
+    """The PagedAttention params of a decode call. A serving loop repeats them at every step, so
+    they are built once (and never changed: the C++ only reads them)."""
+    try:
+        return _cached_pa_params(num_heads, num_kv_heads, scale_value)
+    except TypeError:  # an unhashable argument: built anew, to raise the field's own error
+        return _make_pa_params(num_heads, num_kv_heads, scale_value)
 
 
 def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
@@ -88,7 +106,7 @@ def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
     accepted and ignored (the NPU's scratch memory)."""
     del workspace
     conv = Converter("_npu_paged_attention")
-    p = _PA(num_heads=num_heads, num_kv_heads=num_kv_heads, qk_scale=scale_value)
+    p = _pa_params(num_heads, num_kv_heads, scale_value)
     _paged(conv, p, query, key_cache, value_cache, block_table, context_lens, out)
 
 

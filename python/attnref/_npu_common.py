@@ -6,6 +6,7 @@ import numpy as np
 
 from . import _attnref
 EXEC = _attnref.ExecConfig()
+_INT32 = np.dtype(np.int32)
 
 
 def call(name, impl, renames, *args):
@@ -33,7 +34,7 @@ def tensor(conv, x, name):
 def host_int32(conv, x, name):
     """A length tensor torch_npu reads on the host as int32 (1-D)."""
     a = tensor(conv, x, name)
-    if a.dtype != np.int32:
+    if a.dtype is not _INT32 and a.dtype != _INT32:
         raise TypeError(f"torch_npu.{conv.op}: {name} must be int32 (torch_npu reads it as int32 "
                         f"on the host), got {a.dtype}")
     return a
