@@ -3,7 +3,7 @@
     python3 bench/python/binding_overhead.py [--threads N] [--rounds R]
 
 Needs an `attnref` built optimised (`pip install .`, or PYTHONPATH=<a CMake build>/python: the test
-preset's module is built at -O1). Two cases, with the inputs of a serving stack:
+preset's module is built at -O0). Two cases, with the inputs of a serving stack:
   decode   _npu_paged_attention, a small decode: B 1, 8 / 2 heads, D 128, 256 keys, fp16 paged
            cache (the kernel takes microseconds, so what the binding adds shows);
   prefill  _npu_flash_attention, one sequence of 2048 tokens, 32 / 8 heads, D 128, fp16, causal.

@@ -6,7 +6,7 @@ attnref.torch_npu as torch_npu`). Prefill: the new keys and values go into the p
 3); decode: one token per sequence, written, then PagedAttention. Both steps are checked against
 scaled-dot-product attention in torch (torch.nn.functional's where it has it, else the formula).
 
-    PYTHONPATH=build/default/python python3 examples/python/vllm_attention_layer.py
+    PYTHONPATH=build/default/python /usr/bin/python3 examples/python/vllm_attention_layer.py
 """
 
 import math
