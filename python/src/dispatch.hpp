@@ -1,8 +1,10 @@
 #pragma once
 /// Element-type dispatch of the bound operators: a run-time Dtype onto a template argument.
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "args.hpp"
 
@@ -60,6 +62,22 @@ py::object run_kernel(int repeats, py::object result, F&& kernel) {
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return py::float_(seconds / repeats);
+}
+
+/// `shape`, or all zeros when an extent is negative or the count passes 2^31 elements: an output
+/// shape derived from a params value out of range. The operator then rejects that value; nothing
+/// huge is allocated first (Args::output turns a failed allocation into ValueError as well).
+inline std::vector<Index> allocatable_shape(std::vector<Index> shape) {
+  Index n = 1;
+  bool ok = true;
+  for (Index e : shape) {
+    if (e < 0 || (e > 0 && n > (Index{1} << 31) / e))
+      ok = false;
+    else
+      n *= e;
+  }
+  if (!ok) std::fill(shape.begin(), shape.end(), Index{0});
+  return shape;
 }
 
 /// The trailing extent of array `name` (0 when absent).

@@ -90,21 +90,6 @@ void bind_attention_params(py::module_& m) {
   d.finish();
 }
 
-/// `shape`, or all zeros when an extent is negative or the count passes 2^31 elements (a params
-/// value out of range): the operator then rejects that argument; nothing huge is allocated.
-std::vector<Index> allocatable(std::vector<Index> shape) {
-  Index n = 1;
-  bool ok = true;
-  for (Index e : shape) {
-    if (e < 0 || (e > 0 && n > (Index{1} << 31) / e))
-      ok = false;
-    else
-      n *= e;
-  }
-  if (!ok) std::fill(shape.begin(), shape.end(), Index{0});
-  return shape;
-}
-
 /// The indices' shape: `q`'s with [-2] = the key heads, [-1] = count.
 std::vector<Index> indices_shape(const Args& a, const char* q, const char* key, Index count) {
   if (count < 1 || count > (Index{1} << 24)) count = 0;  // rejected by the operator
@@ -114,7 +99,7 @@ std::vector<Index> indices_shape(const Args& a, const char* q, const char* key, 
     shape[shape.size() - 2] = k.size() >= 2 ? k[k.size() - 2] : 1;
     shape.back() = count;
   }
-  return allocatable(shape);
+  return allocatable_shape(shape);
 }
 
 /// Calls f(Tag<T>{}, Tag<TW>{}) for the query's type T and the weights' TW (T or float).
@@ -229,7 +214,7 @@ py::object kv_quant_sparse_flash_attention_t(const KVQP& p, Args& a, const ExecC
   const Index rope = static_cast<Index>(p.rope_head_dim);  // out of range: rejected by the operator
   if (!shape.empty()) shape.back() = rope > 0 && rope < shape.back() ? shape.back() - rope : 0;
   KvQuantSparseFlashAttentionOutputs<T> out;
-  py::object result = a.output("attention_out", out.attention_out, allocatable(shape));
+  py::object result = a.output("attention_out", out.attention_out, allocatable_shape(shape));
   a.finish();
   py::gil_scoped_release unlocked;
   kv_quant_sparse_flash_attention(p, in, out, x);
@@ -264,7 +249,7 @@ py::object dsa_step_t(const STEP& p, Args& a, const ExecConfig& x) {
   std::vector<Index> shape = extents(a, "query");
   const bool count_ok = p.sparse_count >= 1 && p.sparse_count <= (std::int64_t{1} << 24);
   if (shape.size() >= 2) shape[shape.size() - 2] = 1, shape.back() = count_ok ? p.sparse_count : 0;
-  py::object idx = a.output("sparse_indices", out.sparse_indices, allocatable(shape));
+  py::object idx = a.output("sparse_indices", out.sparse_indices, allocatable_shape(shape));
   a.finish();
   {
     py::gil_scoped_release unlocked;

@@ -105,21 +105,6 @@ void weight(Args& a, const char* name, WeightRef<W>& w, Index out, Index in, boo
     w.format = out_in ? WeightFormat::NdOutIn : WeightFormat::NdInOut;
 }
 
-/// `shape`, or all zeros when an extent is negative or the count passes 2^31 elements (a params
-/// value out of range): the operator then rejects that argument; nothing huge is allocated.
-std::vector<Index> allocatable(std::vector<Index> shape) {
-  Index n = 1;
-  bool ok = true;
-  for (Index e : shape) {
-    if (e < 0 || (e > 0 && n > (Index{1} << 31) / e))
-      ok = false;
-    else
-      n *= e;
-  }
-  if (!ok) std::fill(shape.begin(), shape.end(), Index{0});
-  return shape;
-}
-
 /// A params dimension, or 0 outside [0, 2^31) (the operator rejects it; no overflow meanwhile).
 Index dim(Index v) { return v >= 0 && v < (Index{1} << 31) ? v : Index{0}; }
 
@@ -177,13 +162,13 @@ py::object mla_preprocess_t(const MP& p, Args& a, const ExecConfig& x) {
   py::object q = py::none(), q8 = py::none(), qr = py::none();
   const MlaCacheMode cm = p.cache_mode;
   if (cm == MlaCacheMode::KvCache)
-    q = a.output("q_out", out.q_out, allocatable({N, H, C + R}));
+    q = a.output("q_out", out.q_out, allocatable_shape({N, H, C + R}));
   else if (cm == MlaCacheMode::Int8NzCache)
-    q8 = a.output("q_out_i8", out.q_out_i8, allocatable({N, H, C}));
+    q8 = a.output("q_out_i8", out.q_out_i8, allocatable_shape({N, H, C}));
   else
-    q = a.output("q_out", out.q_out, allocatable({N, H, C}));
+    q = a.output("q_out", out.q_out, allocatable_shape({N, H, C}));
   if (cm != MlaCacheMode::KvCache)
-    qr = a.output("q_rope_out", out.q_rope_out, allocatable({N, H, R}));
+    qr = a.output("q_rope_out", out.q_rope_out, allocatable_shape({N, H, R}));
   // The outputs another mode writes: rejected by the operator when given.
   if (q.is_none()) a.view("q_out", out.q_out);
   if (q8.is_none()) a.view("q_out_i8", out.q_out_i8);
@@ -315,7 +300,7 @@ py::object int8_matmul_t(Args& a, const ExecConfig& x) {
   const Index m = first_extent(a, "a"), k = last_extent(a, "a");
   stage_weight(a, in.w, n, k);
   StridedView<T> out;
-  py::object result = a.output("out", out, allocatable({m, n}));
+  py::object result = a.output("out", out, allocatable_shape({m, n}));
   a.take("dtype");
   a.finish();
   py::gil_scoped_release unlocked;
@@ -343,7 +328,7 @@ py::object float_matmul_t(Args& a, const ExecConfig& x) {
   WeightRef<T> w;
   stage_weight(a, w, n, k);
   StridedView<T> out;
-  py::object result = a.output("out", out, allocatable({m, n}));
+  py::object result = a.output("out", out, allocatable_shape({m, n}));
   a.finish();
   py::gil_scoped_release unlocked;
   float_matmul<T>(lhs, w, out, x);
@@ -442,7 +427,7 @@ void bind_mla_decode_params(py::module_& m) {
 std::vector<Index> decode_out_shape(const MD& p, const Args& a, const char* q) {
   std::vector<Index> shape = extents(a, q);
   if (shape.size() == 3) shape[2] = dim(p.kv_lora_rank);
-  return allocatable(shape);
+  return allocatable_shape(shape);
 }
 
 template <class T>
