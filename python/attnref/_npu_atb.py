@@ -4,7 +4,8 @@ import functools
 
 from . import _attnref
 from ._arrays import Converter
-from ._npu_common import EXEC, call, heads_view, host_int32, merge_heads, out_tensor, tensor
+from ._npu_common import (EXEC, call, heads_view, host_int32, index32, merge_heads, out_tensor,
+                          tensor)
 
 _PA = _attnref.PagedAttentionParams
 _SA = _attnref.SelfAttentionParams
@@ -32,7 +33,7 @@ def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     conv = Converter("_npu_reshape_and_cache")
     kw = {"key": tensor(conv, key, "key"), "value": tensor(conv, value, "value"),
           "key_cache": tensor(conv, key_cache, "key_cache"), "value_cache": tensor(conv, value_cache, "value_cache"),
-          "slot_mapping": tensor(conv, slot_indices, "slot_indices")}
+          "slot_mapping": index32(conv, slot_indices, "slot_indices")}
     call(conv.op, _attnref._reshape_and_cache, {"slot_mapping": "slot_indices"}, kw)
 
 
@@ -74,7 +75,7 @@ def _npu_flash_attention_qlens(query, key_cache, value_cache, block_table, mask,
     kw = {"query": heads_view(tensor(conv, query, "query"), num_heads),
           "key": merge_heads(tensor(conv, key_cache, "key_cache")),
           "value": merge_heads(tensor(conv, value_cache, "value_cache")),
-          "block_tables": tensor(conv, block_table, "block_table"), "mask": m,
+          "block_tables": index32(conv, block_table, "block_table"), "mask": m,
           "seq_len": host_int32(conv, seq_len, "seq_len"),
           "kv_seq_len": host_int32(conv, context_lens, "context_lens"),
           "out": heads_view(o, num_heads)}
@@ -92,7 +93,7 @@ def _paged(conv, p, query, key_cache, value_cache, block_table, context_lens, ou
     kw = {"query": heads_view(tensor(conv, query, "query"), p.num_heads),
           "key_cache": tensor(conv, key_cache, "key_cache"),
           "value_cache": None if p.mla_v_head_size else tensor(conv, value_cache, "value_cache"),
-          "block_tables": tensor(conv, block_table, "block_table"),
+          "block_tables": index32(conv, block_table, "block_table"),
           "context_lens": host_int32(conv, context_lens, "context_lens"),
           "out": heads_view(out_tensor(conv, out), p.num_heads)}
     kw.update(extra)

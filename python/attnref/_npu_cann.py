@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _attnref
 from ._arrays import Converter
-from ._npu_common import EXEC
+from ._npu_common import EXEC, index32
 from ._npu_common import call as _call
 
 _PFA = _attnref.PromptFlashAttentionParams
@@ -110,7 +110,7 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
           "actual_seq_lengths": _ints(conv, actual_seq_lengths, "actual_seq_lengths"),
           "antiquant_scale": conv(antiquant_scale, "antiquant_scale"),
           "antiquant_offset": conv(antiquant_offset, "antiquant_offset"),
-          "block_table": conv(block_table, "block_table"),
+          "block_table": index32(conv, block_table, "block_table", False),
           "kv_padding_size": conv(kv_padding_size, "kv_padding_size")}
     out = _call(op, _attnref._incre_flash_attention, _common_renames(), p, kw, EXEC)
     return conv.result(out)
@@ -159,7 +159,8 @@ def _fia_kwargs(op, conv, a):
              value_antiquant_mode=a["value_antiquant_mode"],
              softmax_lse_flag=bool(a["softmax_lse_flag"]))
     kw = {"query": q, "key": conv(a["key"], "key"), "value": conv(a["value"], "value")}
-    for n in ("pse_shift", "atten_mask", "block_table", "query_padding_size", "kv_padding_size",
+    kw["block_table"] = index32(conv, a["block_table"], "block_table", False)
+    for n in ("pse_shift", "atten_mask", "query_padding_size", "kv_padding_size",
               "key_shared_prefix", "value_shared_prefix", "query_rope", "key_rope",
               "key_rope_antiquant_scale"):
         kw[n] = conv(a[n], n)

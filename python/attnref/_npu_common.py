@@ -40,6 +40,16 @@ def host_int32(conv, x, name):
     return a
 
 
+def index32(conv, x, name, required=True):
+    """An index tensor (block table, slot mapping, sparse indices): int32, as torch_npu's kernels
+    read it (attnref's layer 1 also takes int64). None passes when not ``required``."""
+    a = tensor(conv, x, name) if required or x is not None else None
+    if a is not None and a.dtype is not _INT32 and a.dtype != _INT32:
+        raise TypeError(f"torch_npu.{conv.op}: {name} must be int32 (torch_npu's kernel reads "
+                        f"int32 indices), got {a.dtype}")
+    return a
+
+
 def out_tensor(conv, x, name="out"):
     """The caller's output: required, contiguous (as torch_npu checks), written in place."""
     a = tensor(conv, x, name)

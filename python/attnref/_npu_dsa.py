@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _attnref
 from ._arrays import Converter
-from ._npu_common import EXEC, call, tensor
+from ._npu_common import EXEC, call, index32, tensor
 
 _BIG = 2**63 - 1
 
@@ -43,7 +43,7 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query=None,
     conv = Converter("npu_lightning_indexer")
     q = tensor(conv, query, "query")
     kw = {"query": q, "key": tensor(conv, key, "key"), "weights": tensor(conv, weights, "weights"),
-          "block_table": conv(block_table, "block_table"),
+          "block_table": index32(conv, block_table, "block_table", False),
           "actual_seq_lengths_query": _lengths(conv, actual_seq_lengths_query,
                                                "actual_seq_lengths_query"),
           "actual_seq_lengths_key": _lengths(conv, actual_seq_lengths_key,
@@ -78,8 +78,8 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
                          "(aclnnSparseFlashAttentionV2's attention sinks)")
     kw = {"query": tensor(conv, query, "query"), "key": tensor(conv, key, "key"),
           "value": tensor(conv, value, "value"),
-          "sparse_indices": tensor(conv, sparse_indices, "sparse_indices"),
-          "block_table": conv(block_table, "block_table"),
+          "sparse_indices": index32(conv, sparse_indices, "sparse_indices"),
+          "block_table": index32(conv, block_table, "block_table", False),
           "actual_seq_lengths_query": _lengths(conv, actual_seq_lengths_query,
                                                "actual_seq_lengths_query"),
           "actual_seq_lengths_kv": _lengths(conv, actual_seq_lengths_kv, "actual_seq_lengths_kv"),

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _attnref
 from ._arrays import Converter
-from ._npu_common import EXEC, call, out_tensor, tensor
+from ._npu_common import EXEC, call, index32, out_tensor, tensor
 
 _MP = _attnref.MlaPreprocessParams
 _CM = _attnref.MlaCacheMode
@@ -113,7 +113,7 @@ def npu_mla_preprocess(input, gamma0, beta0, wdqkv, descale0, gamma1, beta1, wuq
            "beta1": beta1, "wuq": wuq, "gamma2": gamma2, "cos": cos, "sin": sin, "wuk": wuk}
     kw = {k: tensor(conv, v, k) for k, v in req.items()}
     kw["wdqkv"], kw["wuq"] = _nz_weight(kw["wdqkv"]), _nz_weight(kw["wuq"])
-    kw["slot_mapping"] = tensor(conv, slotmapping, "slotmapping")
+    kw["slot_mapping"] = index32(conv, slotmapping, "slotmapping")
     opt = {"quant_scale0": quant_scale0, "quant_offset0": quant_offset0, "bias0": bias0,
            "quant_scale1": quant_scale1, "quant_offset1": quant_offset1, "bias1": bias1,
            "ctkv_scale": ctkv_scale, "q_nope_scale": q_nope_scale}

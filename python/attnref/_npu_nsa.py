@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _attnref
 from ._arrays import Converter
-from ._npu_common import EXEC, call
+from ._npu_common import EXEC, call, index32
 
 _FLAG = np.ones(1, np.uint8)  # a present attention mask (its content is never read)
 
@@ -84,8 +84,8 @@ def npu_nsa_compress_infer(input, weight, slot_mapping, compress_block_size, com
                                             page_block_size=page_block_size,
                                             act_seq_len_type=1, layout="TND")
     kw = {"input": conv(input, "input"), "weight": conv(weight, "weight"),
-          "slot_mapping": conv(slot_mapping, "slot_mapping"),
-          "block_table": conv(block_table, "block_table"),
+          "slot_mapping": index32(conv, slot_mapping, "slot_mapping"),
+          "block_table": index32(conv, block_table, "block_table", False),
           "act_seq_len": _lengths(actual_seq_len), "output_cache": conv(cache, "cache")}
     renames = dict(_COMPRESS_RENAMES, **_strict("nsa_compress_with_cache"))
     call(conv.op, _attnref._nsa_compress_with_cache, renames, p, kw, EXEC)
@@ -131,7 +131,7 @@ def npu_nsa_compress_attention_infer(query, key, value, scale_value, head_num, k
         scale_value=scale_value, layout=layout, page_block_size=page_block_size, sparse_mode=0)
     kw = {"query": conv(query, "query"), "key": conv(key, "key"), "value": conv(value, "value"),
           "atten_mask": None if mask is None else _FLAG,
-          "block_table": conv(block_table, "block_table"),
+          "block_table": index32(conv, block_table, "block_table", False),
           "actual_q_seq_len": _lengths(actual_seq_qlen),
           "actual_cmp_kv_seq_len": _lengths(actual_cmp_seq_kvlen),
           "actual_sel_kv_seq_len": _lengths(actual_sel_seq_kvlen)}
@@ -166,7 +166,7 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
     atten_mask is reserved by the vendor and not read. Returns the attention output."""
     conv = Converter("npu_nsa_select_attention_infer")
     conv(atten_mask, "atten_mask")  # reserved by the vendor: checked as a tensor, not read
-    topk = conv(topk_indices, "topk_indices")
+    topk = index32(conv, topk_indices, "topk_indices")
     if (isinstance(topk, np.ndarray) and topk.ndim == 3 and str(layout).upper() != "TND"):
         topk = topk[:, None]  # [B, KV_N, count]: one query token per batch
     p = _attnref.NsaSelectedAttentionInferParams(
@@ -174,7 +174,7 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
         select_block_size=select_block_size, select_block_count=select_block_count,
         page_block_size=page_block_size, scale_value=scale_value, layout=layout, sparse_mode=0)
     kw = {"query": conv(query, "query"), "key": conv(key, "key"), "value": conv(value, "value"),
-          "topk_indices": topk, "block_table": conv(block_table, "block_table"),
+          "topk_indices": topk, "block_table": index32(conv, block_table, "block_table", False),
           "actual_q_seq_len": _lengths(actual_seq_qlen),
           "actual_sel_kv_seq_len": _lengths(actual_seq_kvlen)}
     renames = dict(_ATTENTION_RENAMES, actual_sel_kv_seq_len="actual_seq_kvlen", output="out",

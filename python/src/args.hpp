@@ -13,6 +13,9 @@
 #include <attnref/core/types.hpp>
 #include <attnref/core/view.hpp>
 #include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -164,13 +167,7 @@ class Args {
     py::array a = array(name);
     check_dtype<T>(name, a);
     const int nd = static_cast<int>(a.ndim());
-    if constexpr (R == dynamic_rank) {
-      if (nd < 1 || nd > max_dynamic_rank)
-        value_error(op_, name, "must have 1 to 8 dimensions, got " + std::to_string(nd));
-    } else if (nd != R) {
-      value_error(op_, name,
-                  "must have " + std::to_string(R) + " dimensions, got " + std::to_string(nd));
-    }
+    check_rank<R>(name, nd);
     T* data = data_of<T>(name, a);
     std::array<Index, (R == dynamic_rank ? max_dynamic_rank : R)> shape{}, strides{};
     for (int d = 0; d < nd; ++d) {
@@ -189,6 +186,56 @@ class Args {
       v = StridedView<T>(data, Dims(sh), Dims(st));
     } else {
       v = StridedView<T, R>(data, shape, strides);
+    }
+  }
+
+  /// Fills `v` from the index array `name` (block tables, slot mappings, sparse indices): int32
+  /// is viewed; int64 is converted to an int32 copy the call owns (IndexError, naming the
+  /// element, for a value outside int32: no table or cache has that many rows).
+  template <int R>
+  void index_view(const char* name, StridedView<const std::int32_t, R>& v) {
+    if (!has(name)) return view(name, v);
+    py::array a = array(name);
+    if (dtype_of(a) == Dtype::i32) return view(name, v);
+    if (dtype_of(a) != Dtype::i64)
+      type_error(op_, name, "must hold int32 or int64 indices, got " + label_of(a));
+    taken_.push_back(name);
+    const int nd = static_cast<int>(a.ndim());
+    check_rank<R>(name, nd);
+    std::vector<Index> shape(a.shape(), a.shape() + nd), pos(static_cast<size_t>(nd), 0);
+    Index n = 1;
+    for (Index e : shape) n *= e;  // NumPy's own sizes: no overflow
+    owned_.emplace_back(static_cast<size_t>(n));
+    std::vector<std::int32_t>& dst = owned_.back();
+    const auto* base = static_cast<const char*>(a.data());
+    for (Index i = 0; i < n; ++i) {
+      const char* p = base;
+      for (int d = 0; d < nd; ++d) p += pos[static_cast<size_t>(d)] * a.strides(d);
+      std::int64_t x = 0;
+      std::memcpy(&x, p, sizeof x);
+      if (x < std::numeric_limits<std::int32_t>::min() ||
+          x > std::numeric_limits<std::int32_t>::max()) {
+        std::string at;
+        for (Index q : pos) at += (at.empty() ? "" : ", ") + std::to_string(q);
+        throw py::index_error("attnref." + op_ + ": " + name + "[" + at + "] holds " +
+                              std::to_string(x) + ", outside the int32 range of an index");
+      }
+      dst[static_cast<size_t>(i)] = static_cast<std::int32_t>(x);
+      for (int d = nd - 1; d >= 0 && ++pos[static_cast<size_t>(d)] == shape[static_cast<size_t>(d)];
+           --d)
+        pos[static_cast<size_t>(d)] = 0;
+    }
+    std::vector<Index> strides(static_cast<size_t>(nd), 1);
+    for (int d = nd - 2; d >= 0; --d)
+      strides[static_cast<size_t>(d)] =
+          strides[static_cast<size_t>(d) + 1] * shape[static_cast<size_t>(d) + 1];
+    if constexpr (R == dynamic_rank) {
+      v = StridedView<const std::int32_t>(dst.data(), Dims(shape), Dims(strides));
+    } else {
+      std::array<Index, R> sh{}, st{};
+      std::copy(shape.begin(), shape.end(), sh.begin());
+      std::copy(strides.begin(), strides.end(), st.begin());
+      v = StridedView<const std::int32_t, R>(dst.data(), sh, st);
     }
   }
 
@@ -283,13 +330,27 @@ class Args {
   }
 
  private:
+  template <int R>
+  void check_rank(const char* name, int nd) const {
+    if constexpr (R == dynamic_rank) {
+      if (nd < 1 || nd > max_dynamic_rank)
+        value_error(op_, name, "must have 1 to 8 dimensions, got " + std::to_string(nd));
+    } else if (nd != R) {
+      value_error(op_, name,
+                  "must have " + std::to_string(R) + " dimensions, got " + std::to_string(nd));
+    }
+  }
   template <class T>
   void check_dtype(const char* name, const py::array& a) const {
-    const Dtype d = dtype_of(a);
-    if (d != dtype_v<T>())
+    if (dtype_of(a) != dtype_v<T>())
       type_error(
           op_, name,
-          std::string("must hold ") + dtype_label(dtype_v<T>()) + " here, got " + dtype_label(d));
+          std::string("must hold ") + dtype_label(dtype_v<T>()) + " here, got " + label_of(a));
+  }
+  /// The element type of `a` as the module names it, or as NumPy does when unsupported.
+  static std::string label_of(const py::array& a) {
+    const Dtype d = dtype_of(a);
+    return d != Dtype::other ? dtype_label(d) : std::string(py::str(a.dtype()));
   }
   template <class T>
   T* data_of(const char* name, py::array& a) const {
@@ -323,6 +384,7 @@ class Args {
   py::dict kw_;
   std::vector<Item> items_;
   std::vector<const char*> taken_;
+  std::deque<std::vector<std::int32_t>> owned_;  ///< int64 index arrays converted to int32
 };
 
 }  // namespace attnref::python

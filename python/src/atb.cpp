@@ -137,7 +137,7 @@ py::object paged_attention_t(const PA& p, Args& a, const ExecConfig& x, int repe
   a.view("query", in.query);
   a.view("key_cache", in.key_cache);
   a.view("value_cache", in.value_cache);
-  a.view("block_tables", in.block_tables);
+  a.index_view("block_tables", in.block_tables);
   a.ints("context_lens", in.context_lens);
   a.ints("q_seq_lens", in.q_seq_lens);
   a.view("mask", in.mask);
@@ -216,7 +216,7 @@ py::object self_attention_t(const SA& p, Args& a, const ExecConfig& x, int repea
   if (!layer.empty()) in.layer_id = layer[0];
   a.ints("batch_run_status", in.batch_run_status);
   a.ints("kv_seq_len", in.kv_seq_len);
-  a.view("block_tables", in.block_tables);
+  a.index_view("block_tables", in.block_tables);
   a.view_list("key_cache_list", in.key_cache_list);
   a.view_list("value_cache_list", in.value_cache_list);
   SelfAttentionOutputs<T> out;
@@ -288,7 +288,7 @@ void reshape_and_cache_t(Args& a, bool nz) {
   ReshapeAndCacheInputs<T> in;
   a.view("key", in.key);
   a.view("value", in.value);
-  a.view("slot_mapping", in.slot_mapping);
+  a.index_view("slot_mapping", in.slot_mapping);
   StridedView<T, 4> kc, vc;
   a.view("key_cache", kc);
   a.view("value_cache", vc);

@@ -234,7 +234,7 @@ py::object ifa_t(const IFA& p, Args& a, const ExecConfig& x) {
   a.view("antiquant_scale_per_token", in.antiquant_scale_per_token);
   a.view("antiquant_offset_per_token", in.antiquant_offset_per_token);
   a.view("kv_padding_size", in.kv_padding_size);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.view("quant_scale2", in.quant_scale2);
   a.view("quant_offset2", in.quant_offset2);
   IncreFlashAttentionOutputs<T> out;
@@ -301,7 +301,7 @@ void fia_inputs(Args& a, FusedInferAttentionScoreInputs<T, TKV>& in) {
   a.view("key_shared_prefix", in.key_shared_prefix);
   a.view("value_shared_prefix", in.value_shared_prefix);
   a.ints("actual_shared_prefix_len", in.actual_shared_prefix_len);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.view("query_padding_size", in.query_padding_size);
   a.view("kv_padding_size", in.kv_padding_size);
   a.view("learnable_sink", in.learnable_sink);

@@ -123,7 +123,7 @@ py::object lightning_indexer_t(const LIP& p, Args& a, const ExecConfig& x) {
   a.view("query", in.query);
   a.view("key", in.key);
   a.view("weights", in.weights);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_seq_lengths_query", in.actual_seq_lengths_query);
   a.ints("actual_seq_lengths_key", in.actual_seq_lengths_key);
   const auto shape = indices_shape(a, "query", "key", static_cast<Index>(p.sparse_count));
@@ -157,7 +157,7 @@ py::object quant_lightning_indexer_py(const QLIP& p, const py::dict& kw, const E
   a.view("weights", in.weights);
   a.view("query_dequant_scale", in.query_dequant_scale);
   a.view("key_dequant_scale", in.key_dequant_scale);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_seq_lengths_query", in.actual_seq_lengths_query);
   a.ints("actual_seq_lengths_key", in.actual_seq_lengths_key);
   const auto shape = indices_shape(a, "query", "key", static_cast<Index>(p.sparse_count));
@@ -179,8 +179,8 @@ py::object sparse_flash_attention_t(const SFAP& p, Args& a, const ExecConfig& x)
   a.view("value", in.value);
   a.view("query_rope", in.query_rope);
   a.view("key_rope", in.key_rope);
-  a.view("sparse_indices", in.sparse_indices);
-  a.view("block_table", in.block_table);
+  a.index_view("sparse_indices", in.sparse_indices);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_seq_lengths_query", in.actual_seq_lengths_query);
   a.ints("actual_seq_lengths_kv", in.actual_seq_lengths_kv);
   SparseFlashAttentionOutputs<T> out;
@@ -206,8 +206,8 @@ py::object kv_quant_sparse_flash_attention_t(const KVQP& p, Args& a, const ExecC
   a.view("value", in.value);
   a.view("key_dequant_scale", in.key_dequant_scale);
   a.view("value_dequant_scale", in.value_dequant_scale);
-  a.view("sparse_indices", in.sparse_indices);
-  a.view("block_table", in.block_table);
+  a.index_view("sparse_indices", in.sparse_indices);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_seq_lengths_query", in.actual_seq_lengths_query);
   a.ints("actual_seq_lengths_kv", in.actual_seq_lengths_kv);
   std::vector<Index> shape = extents(a, "query");
@@ -241,7 +241,7 @@ py::object dsa_step_t(const STEP& p, Args& a, const ExecConfig& x) {
   a.view("query_rope", in.query_rope);
   a.view("key", in.key);
   a.view("key_rope", in.key_rope);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_seq_lengths_query", in.actual_seq_lengths_query);
   a.ints("actual_seq_lengths_kv", in.actual_seq_lengths_kv);
   DsaStepOutputs<T> out;

@@ -147,7 +147,7 @@ void mla_pre_inputs(const MP& p, Args& a, MlaPreprocessInputs<T>& in) {
   a.view("sin", in.sin);
   a.view("wuk", in.wuk.tensor);
   in.wuk.nz = in.wuk.tensor.rank() == 4;
-  a.view("slot_mapping", in.slot_mapping);
+  a.index_view("slot_mapping", in.slot_mapping);
   a.view("ctkv_scale", in.ctkv_scale);
   a.view("q_nope_scale", in.q_nope_scale);
 }
@@ -201,7 +201,7 @@ void mla_reshape_and_cache_t(Args& a) {
   MlaCaches<T> caches;
   a.view("k_nope", k_nope);
   a.view("k_rope", k_rope);
-  a.view("slot_mapping", slot_mapping);
+  a.index_view("slot_mapping", slot_mapping);
   a.view("quant_scale3", quant_scale3);
   a.view("kv_cache", caches.kv_cache);
   a.view("ctkv", caches.ctkv);
@@ -435,7 +435,7 @@ py::object mla_decode_t(const MD& p, Args& a, const ExecConfig& x) {
   MlaDecodeInputs<T> in;
   a.view("q", in.q);
   a.view("kv_cache", in.kv_cache);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.ints("context_lens", in.context_lens);
   MlaDecodeOutputs<T> out;
   py::object result = a.output("out", out.out, decode_out_shape(p, a, "q"));
@@ -452,7 +452,7 @@ py::object mla_decode_unabsorbed_t(const MD& p, Args& a, const ExecConfig& x) {
   a.view("q_rope", in.q_rope);
   a.view("wuk", in.wuk);
   a.view("kv_cache", in.kv_cache);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.ints("context_lens", in.context_lens);
   MlaDecodeOutputs<T> out;
   py::object result = a.output("out", out.out, decode_out_shape(p, a, "q_nope"));

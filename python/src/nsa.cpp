@@ -143,9 +143,9 @@ py::object compress_with_cache_t(const CWP& p, Args& a, const ExecConfig& x) {
   NsaCompressWithCacheInputs<T> in;
   a.view("input", in.input);
   a.view("weight", in.weight);
-  a.view("slot_mapping", in.slot_mapping);
+  a.index_view("slot_mapping", in.slot_mapping);
   a.ints("act_seq_len", in.act_seq_len);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   NsaCompressWithCacheOutputs<T> out;
   py::object result = a.array("output_cache");  // written in place: required
   a.view("output_cache", out.output_cache);
@@ -160,10 +160,10 @@ void update_compressed_cache_t(const DP& p, Args& a, const ExecConfig& x) {
   NsaCacheUpdateInputs<T> in;
   a.view("key", in.key);
   a.view("value", in.value);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.view("key_weight", in.key_weight);
   a.view("value_weight", in.value_weight);
-  a.view("cmp_block_table", in.cmp_block_table);
+  a.index_view("cmp_block_table", in.cmp_block_table);
   a.ints("actual_sel_kv_seq_len", in.actual_sel_kv_seq_len);
   a.ints("actual_new_kv_len", in.actual_new_kv_len);
   NsaCacheUpdateOutputs<T> out;
@@ -185,7 +185,7 @@ py::object compress_attention_t(const CAP& p, Args& a, const ExecConfig& x) {
   a.view("key", in.key);
   a.view("value", in.value);
   a.view("atten_mask", in.atten_mask);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_q_seq_len", in.actual_q_seq_len);
   a.ints("actual_cmp_kv_seq_len", in.actual_cmp_kv_seq_len);
   a.ints("actual_sel_kv_seq_len", in.actual_sel_kv_seq_len);
@@ -212,8 +212,8 @@ py::object selected_attention_t(const SAP& p, Args& a, const ExecConfig& x) {
   a.view("query", in.query);
   a.view("key", in.key);
   a.view("value", in.value);
-  a.view("topk_indices", in.topk_indices);
-  a.view("block_table", in.block_table);
+  a.index_view("topk_indices", in.topk_indices);
+  a.index_view("block_table", in.block_table);
   a.ints("actual_q_seq_len", in.actual_q_seq_len);
   a.ints("actual_sel_kv_seq_len", in.actual_sel_kv_seq_len);
   const Index dv = value_head_size(a, "value", p.num_key_value_heads);
@@ -233,10 +233,10 @@ void decode_inputs(Args& a, NsaDecodeInputs<T>& in) {
   a.view("query", in.query);
   a.view("key", in.key);
   a.view("value", in.value);
-  a.view("block_table", in.block_table);
+  a.index_view("block_table", in.block_table);
   a.view("cmp_key", in.cmp_key);
   a.view("cmp_value", in.cmp_value);
-  a.view("cmp_block_table", in.cmp_block_table);
+  a.index_view("cmp_block_table", in.cmp_block_table);
   a.view("gates", in.gates);
   a.ints("actual_q_seq_len", in.actual_q_seq_len);
   a.ints("actual_sel_kv_seq_len", in.actual_sel_kv_seq_len);

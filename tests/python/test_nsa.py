@@ -540,9 +540,9 @@ def test_layer_1_errors_name_the_argument_and_write_nothing():
     with pytest.raises(IndexError, match=r"topk_indices\[1\]\[1\]\[0\]"):
         attnref.nsa_selected_attention_infer(topk_indices=topk, **kw)
     assert (out == 7).all()
-    with pytest.raises(TypeError, match="block_table must hold int32"):
+    with pytest.raises(TypeError, match="block_table must hold int32 or int64 indices, got int16"):
         attnref.nsa_selected_attention_infer(topk_indices=random_topk(c, 3),
-                                             **dict(kw, block_table=c["table"].astype(np.int64)))
+                                             **dict(kw, block_table=c["table"].astype(np.int16)))
     with pytest.raises(ValueError, match="strict"):  # Dv 128 is a vendor rule
         attnref.nsa_selected_attention_infer(topk_indices=random_topk(c, 3),
                                              **dict(kw, value=c["vr"][..., :KVN * 64], output=None))
