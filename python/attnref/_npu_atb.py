@@ -32,7 +32,8 @@ def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     place at slot_indices (int32). Returns None."""
     conv = Converter("_npu_reshape_and_cache")
     kw = {"key": tensor(conv, key, "key"), "value": tensor(conv, value, "value"),
-          "key_cache": tensor(conv, key_cache, "key_cache"), "value_cache": tensor(conv, value_cache, "value_cache"),
+          "key_cache": tensor(conv, key_cache, "key_cache"),
+          "value_cache": tensor(conv, value_cache, "value_cache"),
           "slot_mapping": index32(conv, slot_indices, "slot_indices")}
     call(conv.op, _attnref._reshape_and_cache, {"slot_mapping": "slot_indices"}, kw)
 

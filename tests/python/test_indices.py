@@ -108,7 +108,7 @@ def test_layer_1_reads_int64_tables_and_rejects_values_outside_int32():
     with pytest.raises(IndexError, match=r"block_tables\[1, 2\] holds 4294967299"):
         attnref.paged_attention(**dict(kw, block_tables=table, out=out))
     assert (out == 5).all()
-    with pytest.raises(TypeError, match="block_tables must hold int32 or int64 indices, got uint32"):
+    with pytest.raises(TypeError, match="block_tables must hold int32 or int64 indices, got uint"):
         attnref.paged_attention(**dict(kw, block_tables=table.astype(np.uint32)))
     with pytest.raises(ValueError, match="block_tables must have 2 dimensions, got 1"):
         attnref.paged_attention(**dict(kw, block_tables=table[0]))
