@@ -17,6 +17,11 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null 2>&1 || { echo "attnref: please install: ${need[*]}" >&2; exit 1; }
   sudo="sudo"
 fi
+# ATTNREF_APT_UNSAFE_IO=1 (set by .ci/run, on throwaway machines): dpkg skips its fsync calls,
+# which are most of the time torch's ~180 packages take to install.
+dpkg_opts=()
+[ "${ATTNREF_APT_UNSAFE_IO:-0}" = 1 ] && dpkg_opts=(-o Dpkg::Options::=--force-unsafe-io)
 echo "attnref: installing ${need[*]}"
 $sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+  "${dpkg_opts[@]}" "${need[@]}" >/dev/null

@@ -1,7 +1,8 @@
 """Arrays in and out of the extension module: torch CPU tensors and NumPy arrays, no copies.
 
 Every tensor argument reaches the C++ operators as a NumPy array over the caller's memory. A torch
-tensor is viewed through ``Tensor.numpy()`` (bf16, which NumPy lacks, as its uint16 bit patterns);
+tensor is viewed as ``Tensor.numpy()`` would view it (bf16, which NumPy lacks, as its uint16 bit
+patterns), by the extension module when it is a strided CPU tensor of a type attnref reads;
 torch is looked up in ``sys.modules`` only, so it is never imported by attnref and any version
 works. Results are returned as the caller's kind: torch tensors when a tensor argument was a torch
 tensor, NumPy arrays otherwise.
@@ -10,6 +11,8 @@ tensor, NumPy arrays otherwise.
 import sys
 
 import numpy as np
+
+from ._attnref import _torch_view
 
 __all__ = ["to_array", "Converter"]
 
@@ -38,6 +41,9 @@ def to_array(x, op, name):
     """
     if x is None or type(x) is np.ndarray:
         return x
+    a = _torch_view(x)  # a CPU torch tensor of a type attnref reads, viewed in C++
+    if a is not None:
+        return a
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return _tensor_to_array(torch, x, op, name)
@@ -72,6 +78,10 @@ class Converter:
     def __call__(self, x, name):
         if x is None or type(x) is np.ndarray:
             return x
+        a = _torch_view(x)
+        if a is not None:
+            self.torch = True
+            return a
         torch = sys.modules.get("torch")
         if torch is not None:
             if isinstance(x, torch.Tensor):

@@ -299,3 +299,52 @@ def test_results_do_not_depend_on_threads_or_simd_level():
     finally:
         attnref.set_simd_level(previous)
     close(portable, paged_reference(q, kc, vc, table, lens, 0.125), np.float32)
+
+
+def test_torch_tensors_are_viewed_where_they_lie():
+    """The extension module's view of torch tensors (what Tensor.numpy() sees): offsets, strides,
+    stride 0, bf16, bool, requires_grad; the kinds it does not read fall back to the Python path
+    and its errors."""
+    torch = pytest.importorskip("torch")
+    from attnref._attnref import _torch_view
+    base = torch.arange(60, dtype=torch.float32).reshape(3, 4, 5)
+    for t in (base, base.transpose(0, 2), base[1:, ::2, 3:], base[:, :1].expand(3, 6, 5),
+              base.to(torch.float16), base.to(torch.int8), base.to(torch.int64),
+              base > 20, torch.zeros(0, 3), base.clone().requires_grad_()):
+        a = _torch_view(t)
+        want = t.detach().numpy()
+        assert a.shape == want.shape and a.strides == want.strides and a.dtype == want.dtype
+        if t.numel():  # an empty tensor's data pointer is null: any empty array will do
+            assert a.ctypes.data == want.ctypes.data and a.base is t and a.flags.writeable
+    b = torch.randn(3, 5).to(torch.bfloat16)
+    assert _torch_view(b).dtype == np.uint16
+    assert np.array_equal(_torch_view(b), b.view(torch.int16).numpy().view(np.uint16))
+    for t in (torch.zeros(3, dtype=torch.complex64), torch.zeros(2, 2).to_sparse(),
+              torch.zeros(2, device="meta"), torch.zeros(2, dtype=torch.int16)):
+        assert _torch_view(t) is None
+    q, kc, vc, table, lens = paged_case(np.float16)
+    kw = dict(key_cache=kc, value_cache=vc, block_tables=table, context_lens=lens, num_heads=4,
+              num_kv_heads=2)
+    with pytest.raises(TypeError, match="query must hold float32, float16 or bfloat16"):
+        attnref.paged_attention(query=torch.zeros(q.shape, dtype=torch.complex64), **kw)
+    quantized = torch.quantize_per_tensor(torch.zeros(q.shape), 0.1, 0, torch.quint8)
+    with pytest.raises(TypeError, match="query has dtype torch.quint8, not supported"):
+        attnref.paged_attention(query=quantized, **kw)
+    with pytest.raises(TypeError, match="query is a torch.sparse_coo tensor"):
+        attnref.paged_attention(query=torch.from_numpy(q).to_sparse(), **kw)
+    out = torch.full(q.shape, 7.0, dtype=torch.float16)[:, :, :]
+    got = attnref.paged_attention(query=torch.from_numpy(q), out=out, **kw)
+    assert got is out and np.array_equal(out.numpy(), attnref.paged_attention(query=q, **kw))
+
+
+def test_attnref_works_and_never_imports_torch_when_torch_is_not_loaded():
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np, attnref\n"
+            "q = np.ones((1, 2, 16), np.float16); kc = np.ones((1, 8, 1, 16), np.float16)\n"
+            "out = attnref.paged_attention(query=q, key_cache=kc, value_cache=kc,\n"
+            "    block_tables=np.zeros((1, 1), np.int32), context_lens=[3], num_heads=2,\n"
+            "    num_kv_heads=1, qk_scale=0.5)\n"
+            "assert (out == 1).all() and attnref._attnref._torch_view(q) is None\n"
+            "assert 'torch' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
