@@ -2,11 +2,17 @@
 # Installs the Debian packages attnref builds with, when missing (quiet when all are present).
 #   scripts/deps.sh            the C++ library, tests, benchmarks and demo
 #   scripts/deps.sh --python   also the Python module and its tests (pybind11, NumPy, pytest, torch)
+#   scripts/deps.sh --python-build / --python-tests   the two halves of --python: what building
+#                              the module needs, and what only its tests need (pytest, torch)
 set -euo pipefail
 pkgs=(g++ cmake libeigen3-dev libgtest-dev libbenchmark-dev)
-if [ "${1:-}" = "--python" ]; then
-  pkgs+=(python3 python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-torch)
-fi
+py_build=(python3 python3-dev pybind11-dev python3-pybind11 python3-numpy)
+py_tests=(python3-pytest python3-torch)
+case "${1:-}" in
+  --python) pkgs+=("${py_build[@]}" "${py_tests[@]}") ;;
+  --python-build) pkgs+=("${py_build[@]}") ;;
+  --python-tests) pkgs=("${py_tests[@]}") ;;
+esac
 need=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")

@@ -5,6 +5,8 @@ import re
 import numpy as np
 
 from . import _attnref
+from ._attnref import _torch_view
+
 EXEC = _attnref.ExecConfig()
 _INT32 = np.dtype(np.int32)
 
@@ -25,6 +27,12 @@ def call(name, impl, renames, *args):
 
 def tensor(conv, x, name):
     """A tensor argument torch_npu requires (TypeError for None or another kind of object)."""
+    if type(x) is np.ndarray:
+        return x
+    a = _torch_view(x)  # Converter's common case inline: a decode call has six tensors
+    if a is not None:
+        conv.torch = True
+        return a
     a = conv(x, name)
     if not isinstance(a, np.ndarray):
         raise TypeError(f"torch_npu.{conv.op}: {name} must be a tensor, got {type(x).__name__}")
