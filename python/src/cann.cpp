@@ -14,32 +14,10 @@
 
 #include "bind.hpp"
 
-// The combinations cann_quant.cpp instantiates (explicit instantiation declarations: this unit
-// does not instantiate them again).
-namespace attnref {
-#define ATTNREF_CANN_PFA(T)                                                                     \
-  extern template void prompt_flash_attention<T, std::uint8_t, T, T>(                           \
-      const PromptFlashAttentionParams&, const PromptFlashAttentionInputs<T, std::uint8_t, T>&, \
-      const PromptFlashAttentionOutputs<T>&, const ExecConfig&);
-#define ATTNREF_CANN_IFA(T, TKV)                                                  \
-  extern template void incre_flash_attention<T, TKV, std::uint8_t, T>(            \
-      const IncreFlashAttentionParams&, const IncreFlashAttentionInputs<T, TKV>&, \
-      const IncreFlashAttentionOutputs<T>&, const ExecConfig&);
-#define ATTNREF_CANN_FIA(T, TKV)                                                            \
-  extern template void fused_infer_attention_score<T, TKV, std::uint8_t, T, T>(             \
-      const FusedInferAttentionScoreParams&, const FusedInferAttentionScoreInputs<T, TKV>&, \
-      const FusedInferAttentionScoreOutputs<T>&, const ExecConfig&);
-ATTNREF_CANN_PFA(float)
-ATTNREF_CANN_IFA(float, float)
-ATTNREF_CANN_IFA(half, std::int8_t)
-ATTNREF_CANN_IFA(bfloat16, std::int8_t)
-ATTNREF_CANN_FIA(float, float)
-ATTNREF_CANN_FIA(half, std::int8_t)
-ATTNREF_CANN_FIA(bfloat16, std::int8_t)
-#undef ATTNREF_CANN_PFA
-#undef ATTNREF_CANN_IFA
-#undef ATTNREF_CANN_FIA
-}  // namespace attnref
+// The combinations cann_quant.cpp instantiates, declared here so as not to instantiate them
+// again.
+#define ATTNREF_CANN_EXTERN extern
+#include "cann_instances.hpp"
 
 namespace attnref::python {
 

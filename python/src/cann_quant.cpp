@@ -1,31 +1,5 @@
-/// CANN operators for Python, the second unit (compile time): the float32 operators (attnref
-/// extension) and int8 key / value with a float16 or bfloat16 query (antiquant), explicitly
-/// instantiated here; cann.cpp declares them extern and binds them. Keep both lists equal.
+/// CANN operators for Python, the second unit (compile time): the combinations listed in
+/// cann_instances.hpp, explicitly instantiated here; cann.cpp declares them extern and binds them.
 
-#include <attnref/cann/fused_infer_attention_score.hpp>
-#include <attnref/cann/incre_flash_attention.hpp>
-#include <attnref/cann/prompt_flash_attention.hpp>
-
-namespace attnref {
-
-#define ATTNREF_CANN_PFA(T)                                                                     \
-  template void prompt_flash_attention<T, std::uint8_t, T, T>(                                  \
-      const PromptFlashAttentionParams&, const PromptFlashAttentionInputs<T, std::uint8_t, T>&, \
-      const PromptFlashAttentionOutputs<T>&, const ExecConfig&);
-#define ATTNREF_CANN_IFA(T, TKV)                                                  \
-  template void incre_flash_attention<T, TKV, std::uint8_t, T>(                   \
-      const IncreFlashAttentionParams&, const IncreFlashAttentionInputs<T, TKV>&, \
-      const IncreFlashAttentionOutputs<T>&, const ExecConfig&);
-#define ATTNREF_CANN_FIA(T, TKV)                                                            \
-  template void fused_infer_attention_score<T, TKV, std::uint8_t, T, T>(                    \
-      const FusedInferAttentionScoreParams&, const FusedInferAttentionScoreInputs<T, TKV>&, \
-      const FusedInferAttentionScoreOutputs<T>&, const ExecConfig&);
-ATTNREF_CANN_PFA(float)
-ATTNREF_CANN_IFA(float, float)
-ATTNREF_CANN_IFA(half, std::int8_t)
-ATTNREF_CANN_IFA(bfloat16, std::int8_t)
-ATTNREF_CANN_FIA(float, float)
-ATTNREF_CANN_FIA(half, std::int8_t)
-ATTNREF_CANN_FIA(bfloat16, std::int8_t)
-
-}  // namespace attnref
+#define ATTNREF_CANN_EXTERN
+#include "cann_instances.hpp"
