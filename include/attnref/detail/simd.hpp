@@ -164,13 +164,18 @@ struct V16 {
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
     return V8::sum(_mm256_add_ps(lo, hi));
   }
-  /// The four sums of a, b, c, d, stored to out[0..3]: the halves added first, then V8's.
+  /// The four sums of a, b, c, d, stored to out[0..3]: pairs interleaved and added within each
+  /// 128-bit lane (a, b, c, d then share every lane), then the four lanes added. One-cycle
+  /// shuffles only: the horizontal adds of V8::sum4 cost decode's score kernel ~20 µops a row.
   ATTNREF_SIMD_OP static void sum4(reg a, reg b, reg c, reg d, float* out) {
-    const auto half_sum = [](reg v) {
-      return _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    };
-    V8::sum4(half_sum(a), half_sum(b), half_sum(c), half_sum(d), out);
+    const reg ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const reg cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    const reg abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h =
+        _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
   }
 };
 #endif
@@ -382,16 +387,26 @@ ATTNREF_HOT_KERNEL inline void dot_rows(const float* q, Index q_stride, const T*
     typename V::reg kk[C];
     for (int c = 0; c < C; ++c) kk[c] = V::load(k[c] + i);
     for (int r = 0; r < R; ++r) {
-      const typename V::reg qq = V::load(q + r * q_stride + i);
+      typename V::reg qq = V::load(q + r * q_stride + i);
+#if defined(__GNUC__)
+      // Keeps the q block in a register: g++ 12 otherwise folds its load into each of the C
+      // multiply-adds (C loads of q per step instead of one), and the kernel waited on its load
+      // ports (decode/f16/B:1/KV:4096 on one thread 7-12 % faster without, AMD Zen 5).
+      asm("" : "+v"(qq));
+#endif
       for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(qq, kk[c], acc[r][c]);
     }
   }
-  if constexpr (C == 4) {
-    if (i == n) {  // no tail: the four sums of a row at once
-      for (int r = 0; r < R; ++r)
-        V::sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out + r * out_stride);
-      return;
-    }
+  if constexpr (C == 4) {  // the four sums of a row at once, then the tail's products
+    for (int r = 0; r < R; ++r)
+      V::sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out + r * out_stride);
+    for (int r = 0; r < R && i < n; ++r)
+      for (int c = 0; c < C; ++c) {
+        float s = out[r * out_stride + c];
+        for (Index t = i; t < n; ++t) s += q[r * q_stride + t] * static_cast<float>(k[c][t]);
+        out[r * out_stride + c] = s;
+      }
+    return;
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
