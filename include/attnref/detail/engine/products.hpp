@@ -93,7 +93,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
                                 dense_rows(ws.k, g.head_size));
         }
       } else {
-        kernels::small_scores(level, block(ws, it, h0, h1, rows, cols), cache_rows(ws.krow, in.k));
+        kernels::small_scores(level, block(ws, it, h0, h1, rows, cols), cache_rows(ws.krow, in.k),
+                              cache_rows(ws.vrow, in.v));
       }
     }
     return;
