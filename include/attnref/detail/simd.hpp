@@ -165,8 +165,8 @@ struct V16 {
     return V8::sum(_mm256_add_ps(lo, hi));
   }
   /// The four sums of a, b, c, d, stored to out[0..3]: pairs interleaved and added within each
-  /// 128-bit lane (a, b, c, d then share every lane), then the four lanes added. One-cycle
-  /// shuffles only: the horizontal adds of V8::sum4 cost decode's score kernel ~20 µops a row.
+  /// 128-bit lane (a, b, c, d then share every lane), then the four lanes added: one-cycle
+  /// shuffles only, where V8::sum4's horizontal adds take several µops each.
   ATTNREF_SIMD_OP static void sum4(reg a, reg b, reg c, reg d, float* out) {
     const reg ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
     const reg cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
@@ -391,7 +391,7 @@ ATTNREF_HOT_KERNEL inline void dot_rows(const float* q, Index q_stride, const T*
 #if defined(__GNUC__)
       // Keeps the q block in a register: g++ 12 otherwise folds its load into each of the C
       // multiply-adds (C loads of q per step instead of one), and the kernel waited on its load
-      // ports (decode/f16/B:1/KV:4096 on one thread 7-12 % faster without, AMD Zen 5).
+      // ports (decode/f16/B:1/KV:4096 and B:8, one thread: 7-12 % faster held, AMD Zen 5).
       asm("" : "+v"(qq));
 #endif
       for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(qq, kk[c], acc[r][c]);

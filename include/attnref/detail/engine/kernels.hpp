@@ -90,7 +90,7 @@ inline constexpr Index kPrefetchTokens = 16;
 /// are fetched into the second-level cache beside the keys, so that P·V, whose own fetches run
 /// only 16 keys ahead of a single head's products, finds them there (decode_bnsd/f16/B:8/KV:4096
 /// 7.4 -> 6.9 ms on one thread, f32 14.3 -> 12.8 ms, AMD Zen 5). On a token-major cache the same
-/// slowed decode by 10-15 %: those rows are fetched head by head in small_pv.
+/// slowed decode by 9-18 %: those rows are fetched head by head in small_pv.
 template <class X>
 ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const TileRows<X>& k,
                                    const TileRows<X>& v = {}) {
