@@ -416,15 +416,54 @@ ATTNREF_HOT_KERNEL inline void dot_rows(const float* q, Index q_stride, const T*
     }
 }
 
+/// Cache lines fetched ahead from inside a compute kernel, one per step of its inner loop: the
+/// `bytes` bytes at `offset` of each of `count` rows (the next kv tile's rows of one head, in a
+/// paged or token-major cache), into the second-level cache. The panel kernels work on a tile
+/// for thousands of cycles; spread over that work, the next tile's fetches overlap it, where
+/// issued at once (or left to the conversion that first reads the rows) they stalled it. An
+/// empty stream (count 0) costs one compare per step.
+struct LineStream {
+  const char* const* row = nullptr;
+  Index count = 0, offset = 0, bytes = 0;
+  Index r = 0;                     // the row being fetched
+  std::uintptr_t at = 0, end = 0;  // its next line, and the end of its bytes (addresses)
+
+  LineStream() = default;
+  LineStream(const char* const* rows, Index n, Index off, Index len)
+      : row(rows), count(len > 0 ? n : 0), offset(off), bytes(len) {
+    if (count > 0) start();
+  }
+  void start() {
+    const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(row[r] + offset);
+    at = p & ~std::uintptr_t{63};
+    end = p + static_cast<std::uintptr_t>(bytes);
+  }
+  void step() {
+    if (r >= count) return;
+#if defined(__GNUC__)
+    __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);
+#endif
+    at += 64;
+    if (at >= end && ++r < count) start();
+  }
+};
+
+/// The stream of kernels that fetch nothing ahead (no code in the loop).
+struct NoStream {
+  void step() {}
+};
+
 /// o[r * o_stride + i + e] += sum_{c < cols} p[r * p_stride + c] * row(c)[i + e], r < R,
-/// e < K vectors: one register block, fused multiply-adds in key order.
-template <class V, int R, int K, class Rows>
+/// e < K vectors: one register block, fused multiply-adds in key order; `ahead` steps once per
+/// key.
+template <class V, int R, int K, class Rows, class Stream>
 inline void axpy_block(const float* p, Index p_stride, const Rows& row, Index cols, Index i,
-                       float* o, Index o_stride) {
+                       float* o, Index o_stride, Stream& ahead) {
   typename V::reg acc[R][K];
   for (int r = 0; r < R; ++r)
     for (int k = 0; k < K; ++k) acc[r][k] = V::load(o + r * o_stride + i + k * V::kWidth);
   for (Index c = 0; c < cols; ++c) {
+    ahead.step();
     typename V::reg vv[K];
     const auto* vc = row(c) + i;
     for (int k = 0; k < K; ++k) vv[k] = V::load(vc + k * V::kWidth);
@@ -440,15 +479,16 @@ inline void axpy_block(const float* p, Index p_stride, const Rows& row, Index co
 /// o + r * o_stride += sum_{c < cols} p[r * p_stride + c] * row(c), r < R, over n elements, key
 /// after key (fused multiply-adds in key order for every element), with a block of each output
 /// row held in registers across all the keys. `row(c)` gives value row c (const T*, any spacing).
-template <class V, int R, class Rows>
+/// `ahead` steps once per key of every register block.
+template <class V, int R, class Rows, class Stream = NoStream>
 inline void axpy_rows_each(const float* p, Index p_stride, const Rows& row, Index cols, Index n,
-                           float* o, Index o_stride) {
+                           float* o, Index o_stride, Stream&& ahead = NoStream{}) {
   constexpr int kChunks = V::kWidth == 16 ? (R <= 6 ? 4 : 2) : (R <= 6 ? 2 : 1);
   Index i = 0;
   for (; i + kChunks * V::kWidth <= n; i += kChunks * V::kWidth)
-    axpy_block<V, R, kChunks>(p, p_stride, row, cols, i, o, o_stride);
+    axpy_block<V, R, kChunks>(p, p_stride, row, cols, i, o, o_stride, ahead);
   for (; i + V::kWidth <= n; i += V::kWidth)
-    axpy_block<V, R, 1>(p, p_stride, row, cols, i, o, o_stride);
+    axpy_block<V, R, 1>(p, p_stride, row, cols, i, o, o_stride, ahead);
   for (; i < n; ++i)  // the tail: fused multiply-adds, as the vector lanes
     for (int r = 0; r < R; ++r) {
       float acc = o[r * o_stride + i];

@@ -89,14 +89,17 @@ inline void pack_keys(const RowOf& row_of, Index cols, Index n, float* panel) {
 }
 
 /// s[r·lds + k·W + i] = sum_d q[r·ldq + d] · panel[(k·n + d)·W + i], r < MR, k < NV, i < W:
-/// one MR x (NV·W) block of scores, the sum over d in order (one fused multiply-add per d).
+/// one MR x (NV·W) block of scores, the sum over d in order (one fused multiply-add per d);
+/// `ahead` steps once per d.
 template <class V, int MR, int NV>
-inline void panel_dot(const float* q, Index ldq, const float* panel, Index n, float* s, Index lds) {
+inline void panel_dot(const float* q, Index ldq, const float* panel, Index n, float* s, Index lds,
+                      LineStream& ahead) {
   constexpr int W = V::kWidth;
   typename V::reg acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int k = 0; k < NV; ++k) acc[r][k] = V::zero();
   for (Index d = 0; d < n; ++d) {
+    ahead.step();
     typename V::reg b[NV];
     for (int k = 0; k < NV; ++k) b[k] = V::load(panel + (k * n + d) * W);
     for (int r = 0; r < MR; ++r) {
@@ -129,29 +132,31 @@ inline void with_block(Index rows, Index vectors, F&& f) {
 /// S = Q·Kᵀ for `rows` rows of q (stride ldq, n elements) and the `cols` keys of a panel from
 /// pack_keys: columns [0, ceil(cols / W)·W) of s (stride lds) are written (those past cols with
 /// scores of the zero padding). Column blocks outside, so each block of the panel stays in the
-/// first-level cache while every row block reads it.
+/// first-level cache while every row block reads it. `ahead`: lines to fetch meanwhile.
 template <class V>
 inline void panel_scores(const float* q, Index ldq, Index rows, const float* panel, Index cols,
-                         Index n, float* s, Index lds) {
+                         Index n, float* s, Index lds, LineStream ahead = {}) {
   constexpr int W = V::kWidth, MR = PanelShape<V>::kRows, NV = PanelShape<V>::kVectors;
   const Index blocks = (cols + W - 1) / W;
   for (Index b = 0; b < blocks; b += NV)
     for (Index r = 0; r < rows; r += MR)
       with_block<MR, NV>(rows - r, blocks - b, [&](auto R, auto K) {
-        panel_dot<V, R(), K()>(q + r * ldq, ldq, panel + b * n * W, n, s + r * lds + b * W, lds);
+        panel_dot<V, R(), K()>(q + r * ldq, ldq, panel + b * n * W, n, s + r * lds + b * W, lds,
+                               ahead);
       });
 }
 
 /// o += P·V for `rows` rows of p (stride ldp) and `cols` value rows of n elements, row c at
 /// v + c·ldv: per element, fused multiply-adds in key order (axpy_rows_each), MR rows at a time.
+/// `ahead`: lines to fetch meanwhile.
 template <class V>
 inline void panel_pv(const float* p, Index ldp, Index rows, const float* v, Index ldv, Index cols,
-                     Index n, float* o, Index ldo) {
+                     Index n, float* o, Index ldo, LineStream ahead = {}) {
   constexpr int MR = PanelShape<V>::kRows;
   const auto row = [v, ldv](Index c) { return v + c * ldv; };
   for (Index r = 0; r < rows; r += MR)
     with_block<MR, 1>(rows - r, 1, [&](auto R, auto) {
-      axpy_rows_each<V, R()>(p + r * ldp, ldp, row, cols, n, o + r * ldo, ldo);
+      axpy_rows_each<V, R()>(p + r * ldp, ldp, row, cols, n, o + r * ldo, ldo, ahead);
     });
 }
 

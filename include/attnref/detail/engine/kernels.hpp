@@ -208,22 +208,22 @@ ATTNREF_NOINLINE void pack_key_panel(simd::Level level, const TileRows<X>& k, In
 }
 
 /// S = Q·Kᵀ of `rows` rows of q (stride ldq, n elements) against a packed key panel of `cols`
-/// keys (simd::panel_scores), scores at s with row stride lds.
+/// keys (simd::panel_scores), scores at s with row stride lds; `ahead` fetched meanwhile.
 ATTNREF_NOINLINE inline void panel_scores(simd::Level level, const float* q, Index ldq, Index rows,
                                           const float* panel, Index cols, Index n, float* s,
-                                          Index lds) {
+                                          Index lds, const simd::LineStream& ahead = {}) {
   simd::with_vector(level, [&](auto vec) {
-    simd::panel_scores<decltype(vec)>(q, ldq, rows, panel, cols, n, s, lds);
+    simd::panel_scores<decltype(vec)>(q, ldq, rows, panel, cols, n, s, lds, ahead);
   });
 }
 
 /// o += P·V of `rows` rows of p (stride ldp) and `cols` float value rows (row c at v + c·ldv,
-/// n elements), output stride ldo (simd::panel_pv).
+/// n elements), output stride ldo (simd::panel_pv); `ahead` fetched meanwhile.
 ATTNREF_NOINLINE inline void panel_pv(simd::Level level, const float* p, Index ldp, Index rows,
                                       const float* v, Index ldv, Index cols, Index n, float* o,
-                                      Index ldo) {
+                                      Index ldo, const simd::LineStream& ahead = {}) {
   simd::with_vector(level, [&](auto vec) {
-    simd::panel_pv<decltype(vec)>(p, ldp, rows, v, ldv, cols, n, o, ldo);
+    simd::panel_pv<decltype(vec)>(p, ldp, rows, v, ldv, cols, n, o, ldo, ahead);
   });
 }
 

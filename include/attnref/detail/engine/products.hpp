@@ -66,14 +66,16 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const Work
       if (partial) visible_columns(hd, si, it.q_begin, nq, j0, cols, r0, r1, c0, c1);
       if (c1 > c0)
         kernels::panel_scores(level, hd.q + r0 * n, n, r1 - r0, ws.kpanel.data() + c0 * n, c1 - c0,
-                              n, hd.s + r0 * ld() + c0, ld());
+                              n, hd.s + r0 * ld() + c0, ld(),
+                              r0 == 0 ? next_lines(ws, true, h) : simd::LineStream{});
       apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, r0, r1);
       softmax_update(hd, si, r0, r1, cols, partial, it.q_begin, nq, j0);
       if (!guarded) {
         if (c1 > c0)
           kernels::panel_pv(level, hd.s + r0 * ld() + c0, ld(), r1 - r0,
                             V.data() + c0 * V.outerStride(), V.outerStride(), c1 - c0, dv,
-                            hd.o + r0 * dv, dv);
+                            hd.o + r0 * dv, dv,
+                            r0 == 0 ? next_lines(ws, false, h) : simd::LineStream{});
         continue;
       }
       masked_pv(hd, V, hd.o, r0, r1, cols);
@@ -119,7 +121,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
         const Head hd = head(ws, it, h);
         pack_panel(ws, hd, cols);
         kernels::panel_scores(level, hd.q, g.head_size, rows, ws.kpanel.data(), cols, g.head_size,
-                              hd.s, ld());
+                              hd.s, ld(), next_lines(ws, true, h));
       }
     return;
   }
@@ -186,7 +188,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
       masked_pv(hd, V, T.data(), 0, rows, cols);
     } else if (pan) {
       if constexpr (std::is_same_v<Acc, float>)
-        kernels::panel_pv(level, hd.s, ld(), rows, V.data(), V.outerStride(), cols, dv, hd.o, dv);
+        kernels::panel_pv(level, hd.s, ld(), rows, V.data(), V.outerStride(), cols, dv, hd.o, dv,
+                          next_lines(ws, false, h));
     } else if (kQuantP) {
       T.noalias() = P * V;
     } else {

@@ -109,6 +109,16 @@ struct Engine {
     return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
            rows > kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1 && !i8();
   }
+  /// Items of one panel row block (rows <= kPanelRows: a decode step of a large query group,
+  /// NSA's compressed branch) work on a tile only briefly for the bytes they read, and waited on
+  /// each tile's rows from memory as the conversion first read them. Their panel kernels fetch
+  /// the next tile into the second-level cache while they work on the current one
+  /// (simd::LineStream): its keys during the scores, its values during P·V
+  /// (nsa/compress_attention/B:20/cmpKV:4096 47.2 -> 36.2 ms on one thread, 27.3 -> 21.5 ms on
+  /// two, AMD Zen 5). Taller items (prefill, MLA decode) read each tile long enough for the
+  /// hardware prefetchers, and ran 1-3 % slower with the stream. Not for keys gathered into the
+  /// workspace (kv_dequant, split scores).
+  bool ahead(Index rows) const { return panel(rows) && rows <= kPanelRows && !gathered(); }
   /// Per-worker scratch, sized once per call (O(tile), independent of sequence lengths).
   /// Aligned to Eigen's packet size: Eigen's vectorised reductions and exp peel unaligned heads
   /// in scalar code, so an address-dependent alignment would make the bits depend on which
@@ -118,12 +128,14 @@ struct Engine {
     AlignedVector<Acc> qb;  // q_transform: the score constant of each row
     std::vector<SoftmaxState<Acc>> st;
     std::vector<std::uint8_t> flags;
-    std::vector<const TKV*> krow, vrow;  // the current tile's K / V rows (head 0, element 0)
-    std::vector<const TKV*> kr_row;      // split scores: the tile's k_rope rows
-    std::vector<KvAffine> kdq, vdq;      // kv_dequant: the tile's maps, [head - dq_head0][token]
-    Index dq_head0 = 0;                  // kv_dequant: the first kv head of the current item
-    AlignedVector<Acc> aux, fac, pv;     // quantize_p: row state, tile factors, P·V of a tile
-    AlignedVector<Acc> kpanel;           // panel kernels: the tile's keys of one head, packed
+    std::vector<const TKV*> krow, vrow;     // the current tile's K / V rows (head 0, element 0)
+    std::vector<const TKV*> kr_row;         // split scores: the tile's k_rope rows
+    std::vector<const char*> knext, vnext;  // ahead(): the next tile's K / V rows (head 0)
+    Index next_cols = 0;                    // keys of the next tile (0: none, or not ahead())
+    std::vector<KvAffine> kdq, vdq;         // kv_dequant: the tile's maps, [head - dq_head0][token]
+    Index dq_head0 = 0;                     // kv_dequant: the first kv head of the current item
+    AlignedVector<Acc> aux, fac, pv;        // quantize_p: row state, tile factors, P·V of a tile
+    AlignedVector<Acc> kpanel;              // panel kernels: the tile's keys of one head, packed
     // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
     std::vector<std::uint8_t> q8, p8;
     std::vector<std::int8_t> kp, vp;
@@ -165,6 +177,10 @@ struct Engine {
     ws.krow.resize(static_cast<size_t>(g.kv_tile));
     ws.vrow.resize(static_cast<size_t>(g.kv_tile));
     if (split()) ws.kr_row.resize(static_cast<size_t>(g.kv_tile));
+    if (panel(rows) && !gathered()) {  // (an item's rows per head may be fewer: ahead())
+      ws.knext.resize(static_cast<size_t>(g.kv_tile));
+      ws.vnext.resize(static_cast<size_t>(g.kv_tile));
+    }
     if (dequant()) {  // (an item's heads: all kv heads at most)
       ws.kdq.resize(static_cast<size_t>(g.kv_tile * g.num_kv_heads));
       ws.vdq.resize(static_cast<size_t>(g.kv_tile * g.num_kv_heads));
@@ -219,19 +235,42 @@ struct Engine {
           }
       }
     }
+    walk_pages(seq, j0, cols, [&](size_t c, size_t page, Index off) {
+      ws.krow[c] = pages.k[page] + off * in.k.stride(1);
+      ws.vrow[c] = pages.v[page] + off * in.v.stride(1);
+      if (split()) ws.kr_row[c] = pages.kr[page] + off * in.k_rope.stride(1);
+    });
+    ws.next_cols = 0;
+    if (!ahead(g.group * (it.q_end - it.q_begin))) return;
+    const Index j1 = j0 + g.kv_tile;  // the next tile of for_each_tile
+    ws.next_cols = std::max<Index>(0, std::min(g.kv_tile, it.kv_end - j1));
+    walk_pages(seq, j1, ws.next_cols, [&](size_t c, size_t page, Index off) {
+      ws.knext[c] = reinterpret_cast<const char*>(pages.k[page] + off * in.k.stride(1));
+      ws.vnext[c] = reinterpret_cast<const char*>(pages.v[page] + off * in.v.stride(1));
+    });
+  }
+
+  /// f(c, page, offset) for the keys j0 + c, c < cols, of sequence seq: page index and row.
+  template <class F>
+  void walk_pages(Index seq, Index j0, Index cols, F&& f) const {
     Index page = pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size;
     Index off = j0 % pages.page_size;
     for (Index c = 0; c < cols; ++c) {
-      ws.krow[static_cast<size_t>(c)] = pages.k[static_cast<size_t>(page)] + off * in.k.stride(1);
-      ws.vrow[static_cast<size_t>(c)] = pages.v[static_cast<size_t>(page)] + off * in.v.stride(1);
-      if (split())
-        ws.kr_row[static_cast<size_t>(c)] =
-            pages.kr[static_cast<size_t>(page)] + off * in.k_rope.stride(1);
+      f(static_cast<size_t>(c), static_cast<size_t>(page), off);
       if (++off == pages.page_size) {
         off = 0;
         ++page;
       }
     }
+  }
+
+  /// The next tile's keys (or values) of kv head h, as lines for the panel kernels to fetch
+  /// ahead (empty unless ahead(), and for the item's last tile).
+  simd::LineStream next_lines(const Workspace& ws, bool keys, Index h) const {
+    const StridedView<const TKV, 4>& x = keys ? in.k : in.v;
+    const Index bytes = static_cast<Index>(sizeof(TKV));
+    return {(keys ? ws.knext : ws.vnext).data(), ws.next_cols, h * x.stride(2) * bytes,
+            (keys ? g.head_size : g.v_head_size) * bytes};
   }
 
   /// Calls f(j0, cols, tm) for every kv tile [j0, j0 + cols) of an item that is not fully
