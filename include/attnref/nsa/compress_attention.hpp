@@ -32,6 +32,7 @@
 #include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
+#include "attnref/detail/threading.hpp"
 #include "attnref/nsa/importance.hpp"
 
 namespace attnref {
@@ -410,6 +411,42 @@ void nsa_cmp_outputs(const NsaCompressAttentionInferOutputs<T>& out, const NsaCm
   debug(out.group_scores, "group_scores", KVN, max_sel_blocks);
 }
 
+/// The selection outputs of query row `row`: per kv head, the importance of each head of its
+/// group summed over the group, the forced blocks and the top-k, plus the optional probs /
+/// head_scores / group_scores rows. A padded BSND row (!live) gives 0 everywhere. p_row: the
+/// row's probabilities over its cmp_len compressed keys for head 0, each next head
+/// `head_stride` further; hs, gs: max_sel_blocks floats of scratch each.
+template <class T>
+void nsa_cmp_select(const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl,
+                    Index row, bool live, Index cmp_len, const float* p_row, Index head_stride,
+                    float* hs, float* gs) {
+  const Index N = pl.N, KVN = pl.KVN, G = pl.G, Dv = pl.Dv;
+  const Index c = live ? cmp_len : 0;
+  const Index ns = nsa_select_block_count(c, pl.l, pl.d, pl.ls);
+  if (!live) std::fill_n(out.output.data() + row * N * Dv, N * Dv, T(0.0f));
+  const auto put = [](const StridedView<float>& x, Index at, const float* src, Index n) {
+    if (x.absent()) return;
+    const Index w = x.shape().back();
+    float* dst = x.data() + at * w;
+    std::fill(dst, dst + w, 0.0f);
+    std::copy(src, src + n, dst);
+  };
+  for (Index kh = 0; kh < KVN; ++kh) {
+    std::fill(gs, gs + ns, 0.0f);
+    for (Index g = 0; g < G; ++g) {
+      const Index h = kh * G + g;
+      const float* p_h = p_row + h * head_stride;
+      nsa_head_scores(p_h, c, pl.l, pl.d, pl.ls, hs);
+      for (Index s2 = 0; s2 < ns; ++s2) gs[s2] += hs[s2];
+      put(out.probs, row * N + h, p_h, c);
+      put(out.head_scores, row * N + h, hs, ns);
+    }
+    nsa_force_blocks(gs, ns);
+    nsa_topk(gs, ns, pl.k, out.topk.data() + (row * KVN + kh) * pl.k);
+    put(out.group_scores, row * KVN + kh, gs, ns);
+  }
+}
+
 /// The engine (P of every batch, head and query token over its compressed keys), then the
 /// importance scores, forced blocks and top-k of every row.
 template <class T>
@@ -418,9 +455,8 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
                  const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl,
                  const ExecConfig& exec) {
   const bool tnd = pl.tnd;
-  const Index B = pl.B, S = pl.S, total = pl.total, N = pl.N, KVN = pl.KVN, G = pl.G;
-  const Index Dqk = pl.Dqk, Dv = pl.Dv, max_cmp = pl.max_cmp, max_sel_blocks = pl.max_sel_blocks;
-  const std::int64_t l = pl.l, d = pl.d, ls = pl.ls, k = pl.k;
+  const Index B = pl.B, S = pl.S, total = pl.total, N = pl.N, Dqk = pl.Dqk, Dv = pl.Dv;
+  const Index max_cmp = pl.max_cmp, max_sel_blocks = pl.max_sel_blocks;
   const std::vector<Index>& qlen = pl.qlen;
   const std::vector<Index>& cmp = pl.cmp;
   const auto& q = in.query;
@@ -454,51 +490,24 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
   if (pl.mask) var.tail = &pl.tail;
   attention_with(var, e, ep, eo, exec);
 
-  // Importance, forced blocks, top-k from the probabilities; padded BSND rows give 0.
-  std::vector<float> hs(static_cast<size_t>(std::max<Index>(1, max_sel_blocks)));
-  std::vector<float> gs(hs.size());
-  std::vector<const float*> ph(static_cast<size_t>(G));
+  // Importance, forced blocks, top-k from the probabilities, query row by query row on the
+  // workers (a row's results depend on its own probabilities only).
+  std::vector<Index> row_batch;  // the batch of each query row (TND: packed; BSND: b * S + i)
   for (Index b = 0; b < B; ++b)
-    for (Index i = 0; i < (tnd ? qlen[static_cast<size_t>(b)] : S); ++i) {
-      const Index row = tnd ? q_cu[static_cast<size_t>(b)] + i : b * S + i;
-      const bool live = i < qlen[static_cast<size_t>(b)];
-      const Index c = live ? cmp[static_cast<size_t>(b)] : 0;
-      const Index ns = nsa_select_block_count(c, l, d, ls);
-      if (!live) std::fill_n(out.output.data() + row * N * Dv, N * Dv, T(0.0f));
-      for (Index kh = 0; kh < KVN; ++kh) {
-        for (Index g = 0; g < G; ++g)
-          ph[static_cast<size_t>(g)] =
-              probs.data() + (((tnd ? 0 : b) * N + kh * G + g) * ps + (tnd ? row : i)) * pc;
-        std::fill(gs.begin(), gs.end(), 0.0f);
-        for (Index g = 0; g < G; ++g) {
-          const Index h = kh * G + g;
-          const float* p_h = ph[static_cast<size_t>(g)];
-          nsa_head_scores(p_h, c, l, d, ls, hs.data());
-          for (Index s2 = 0; s2 < ns; ++s2)
-            gs[static_cast<size_t>(s2)] += hs[static_cast<size_t>(s2)];
-          if (!out.probs.absent()) {
-            const Index w = out.probs.shape().back();
-            float* dst = out.probs.data() + (row * N + h) * w;
-            std::fill(dst, dst + w, 0.0f);
-            std::copy(p_h, p_h + c, dst);
-          }
-          if (!out.head_scores.absent()) {
-            const Index w = out.head_scores.shape().back();
-            float* dst = out.head_scores.data() + (row * N + h) * w;
-            std::fill(dst, dst + w, 0.0f);
-            std::copy(hs.begin(), hs.begin() + ns, dst);
-          }
-        }
-        nsa_force_blocks(gs.data(), ns);
-        nsa_topk(gs.data(), ns, k, out.topk.data() + (row * KVN + kh) * k);
-        if (!out.group_scores.absent()) {
-          const Index w = out.group_scores.shape().back();
-          float* dst = out.group_scores.data() + (row * KVN + kh) * w;
-          std::fill(dst, dst + w, 0.0f);
-          std::copy(gs.begin(), gs.begin() + ns, dst);
-        }
-      }
-    }
+    row_batch.insert(row_batch.end(), static_cast<size_t>(tnd ? qlen[static_cast<size_t>(b)] : S),
+                     b);
+  const size_t nsb = static_cast<size_t>(std::max<Index>(1, max_sel_blocks));
+  const float* const all_probs = probs.data();  // (this thread's buffer, read by the workers)
+  detail::parallel_for(
+      detail::resolve_threads(exec.threads), static_cast<Index>(row_batch.size()),
+      [&] { return std::vector<float>(2 * nsb); },
+      [&](std::vector<float>& scratch, Index row) {
+        const Index b = row_batch[static_cast<size_t>(row)];
+        const Index i = tnd ? row - q_cu[static_cast<size_t>(b)] : row - b * S;
+        const float* p_row = all_probs + ((tnd ? 0 : b) * N * ps + (tnd ? row : i)) * pc;
+        nsa_cmp_select(out, pl, row, i < qlen[static_cast<size_t>(b)], cmp[static_cast<size_t>(b)],
+                       p_row, ps * pc, scratch.data(), scratch.data() + nsb);
+      });
 }
 
 /// nsa_compress_attention_infer on dense arguments (the stand-ins of dense_call): every

@@ -215,13 +215,22 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
   const Index rows = g.group * nq;
   const bool want_probs = !out.probs.absent();
   const Index span = it.kv_end - it.kv_begin;
-  if (want_probs)
-    for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
-      for (Index r = 0; r < rows; ++r)
-        for (Index j = 0; j < s.kv_len; ++j)
-          out.probs(s.q_batch, hkv * g.group + r / nq, s.q_off + it.q_begin + r % nq, j) = TS(0);
+  // The probs of keys no tile below writes (outside the item's range, fully masked tiles) are 0.
+  Index written = 0;  // keys [0, written) of every row are done
+  const auto zero_to = [&](Index j1) {
+    if (want_probs && j1 > written)
+      for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
+        for (Index r = 0; r < rows; ++r) {
+          TS* dst = out.probs.ptr(s.q_batch, hkv * g.group + r / nq, s.q_off + it.q_begin + r % nq,
+                                  written);
+          for (Index j = 0; j < j1 - written; ++j) dst[j * out.probs.stride(3)] = TS(0);
+        }
+    written = std::max(written, j1);
+  };
   const Index step = small(rows) ? it.head_end - it.head_begin : 1;
   for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
+    zero_to(j0);
+    written = j0 + cols;  // (every row's probs of the tile are written below)
     const bool partial = tm == TileMask::Partial;
     for (Index h0 = it.head_begin; h0 < it.head_end; h0 += step) {
       const Index h1 = h0 + step;
@@ -270,6 +279,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
       accumulate_pv(ws, it, h0, h1, rows, cols, partial);
     }
   });
+  zero_to(s.kv_len);
 }
 
 }  // namespace attnref::detail
