@@ -94,10 +94,9 @@ struct Engine {
   /// The key rows of a tile are gathered into ws.k (key_tile) rather than read in place: the
   /// kv_dequant hook's per-token maps, or split scores' two sources.
   bool gathered() const { return dequant() || split(); }
-  /// Row blocks up to this height (decode: one query per head of the group) skip the GEMMs,
-  /// whose packing and conversion buffers cost more than the products, and stream K/V rows
-  /// through the hand-vectorised kernels instead (when compiled in and enabled).
-  static constexpr Index kSmallRows = 8;
+  /// Row blocks up to kSmallRows (work.hpp; decode: one query per head of the group) skip the
+  /// GEMMs, whose packing and conversion buffers cost more than the products, and stream K/V
+  /// rows through the hand-vectorised kernels instead (when compiled in and enabled).
   bool small(Index rows) const {
     return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
            rows <= kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1;
