@@ -397,9 +397,20 @@ ATTNREF_HOT_KERNEL inline void dot_rows(const float* q, Index q_stride, const T*
       for (int c = 0; c < C; ++c) acc[r][c] = V::fmadd(qq, kk[c], acc[r][c]);
     }
   }
-  if constexpr (C == 4) {  // the four sums of a row at once, then the tail's products
-    for (int r = 0; r < R; ++r)
-      V::sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out + r * out_stride);
+  if constexpr (C == 4 || (C == 2 && R >= 2)) {  // four sums at once, then the tail's products
+    if constexpr (C == 4) {                      // a row's four
+      for (int r = 0; r < R; ++r)
+        V::sum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out + r * out_stride);
+    } else {  // the two of a row and the two of the next (an odd last row alone)
+      for (int r = 0; r + 1 < R; r += 2) {
+        float t[4];
+        V::sum4(acc[r][0], acc[r][1], acc[r + 1][0], acc[r + 1][1], t);
+        std::copy_n(t, 2, out + r * out_stride);
+        std::copy_n(t + 2, 2, out + (r + 1) * out_stride);
+      }
+      if constexpr (R % 2 == 1)
+        for (int c = 0; c < C; ++c) out[(R - 1) * out_stride + c] = V::sum(acc[R - 1][c]);
+    }
     for (int r = 0; r < R && i < n; ++r)
       for (int c = 0; c < C; ++c) {
         float s = out[r * out_stride + c];
