@@ -298,6 +298,38 @@ TEST(Simd, KeyPanelIsTheTransposeInBlocksOfOneVector) {
   at_every_level([&] { simd::with_vector(simd::level(), check); });
 }
 
+// The panel kernels' fetch-ahead stream visits every cache line of each row's byte range once,
+// row after row in order (a line is the 64-byte block holding an address), then stops: rows at
+// every alignment, one ending on a line boundary, a range inside one line, and an empty stream.
+TEST(Simd, LineStreamWalksEachRowsLinesOnceInOrder) {
+  alignas(64) static char buf[4096];
+  // (the range of buf + 55 ends on a line boundary, at byte 128)
+  const char* rows[] = {buf + 5, buf + 1000, buf + 130, buf + 2047, buf + 64, buf + 55};
+  const Index count = 6, offset = 3, bytes = 70;
+  std::vector<std::uintptr_t> want;
+  for (const char* r : rows) {
+    const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(r + offset);
+    for (std::uintptr_t line = a / 64 * 64; line < a + bytes; line += 64) want.push_back(line);
+  }
+  simd::LineStream s(rows, count, offset, bytes);
+  std::vector<std::uintptr_t> got;
+  for (int i = 0; i < 100; ++i) {  // far more steps than lines: the extra ones do nothing
+    if (s.r < s.count) got.push_back(s.at);
+    s.step();
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(s.r, count);
+  const char* one[] = {buf + 10};
+  simd::LineStream inside(one, 1, 0, 20);  // bytes 10..29: a single line
+  EXPECT_EQ(inside.at, reinterpret_cast<std::uintptr_t>(buf));
+  inside.step();
+  EXPECT_EQ(inside.r, 1);
+  simd::LineStream empty(rows, count, 0, 0), none;
+  empty.step(), none.step();
+  EXPECT_EQ(empty.count, 0);
+  EXPECT_EQ(none.r, 0);
+}
+
 TEST(Simd, LevelIsClampedToTheCompiledOneAndRestorable) {
   const simd::Level previous = simd::set_level(simd::Level::Portable);
   EXPECT_FALSE(simd::enabled());
