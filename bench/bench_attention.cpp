@@ -9,6 +9,9 @@
 //   decode_bnsd/<kv dtype>/B:<B>/KV:<kv>/threads:<T>      decode over a head-major cache
 //                                                          [B, Hkv, S, D] (ONNX Runtime, PyTorch
 //                                                          SDPA, ATB's BNSD PagedAttention)
+//   decode_g8/<kv dtype>/B:<B>/KV:<kv>/threads:<T>        decode with Hkv=4: 8 query heads per
+//                                                          kv head (the score kernel's two-key
+//                                                          step on AVX-512)
 //   reference/<dense|causal>/S:<S>                          naive double loops, small sizes
 // Counters: GFLOPS = useful FLOPs per second (4*B*Hq*Sq*Skv*D dense; causal counts unmasked pairs
 // only) and of_peak = GFLOPS / the fp32 FMA peak of as many threads; decode also GBps = K and V
@@ -55,14 +58,14 @@ void bandwidth_counters(benchmark::State& state, double bytes, int threads) {
 // q and o in T, K and V in TKV (the f32-query / fp16-cache case of a CPU server: TKV = half).
 template <class T, class TKV = T>
 void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal, int threads,
-         Index window = 0, bool head_major = false) {
+         Index window = 0, bool head_major = false, Index kv_heads = kKvHeads) {
   const auto q = random_vector<T>(static_cast<size_t>(batch * sq * kHeads * kHeadSize), 1);
-  const auto k = random_vector<TKV>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 2);
-  const auto v = random_vector<TKV>(static_cast<size_t>(batch * skv * kKvHeads * kHeadSize), 3);
+  const auto k = random_vector<TKV>(static_cast<size_t>(batch * skv * kv_heads * kHeadSize), 2);
+  const auto v = random_vector<TKV>(static_cast<size_t>(batch * skv * kv_heads * kHeadSize), 3);
   std::vector<T> o(q.size());
   const auto kv_view = [&](const TKV* x) {
-    return head_major ? attnref::bnsd_view(x, batch, kKvHeads, skv, kHeadSize)
-                      : attnref::bsnd_view(x, batch, skv, kKvHeads, kHeadSize);
+    return head_major ? attnref::bnsd_view(x, batch, kv_heads, skv, kHeadSize)
+                      : attnref::bsnd_view(x, batch, skv, kv_heads, kHeadSize);
   };
   attnref::AttentionInputs<T, TKV> in{attnref::bsnd_view(q.data(), batch, sq, kHeads, kHeadSize),
                                       kv_view(k.data()), kv_view(v.data())};
@@ -70,7 +73,7 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   const double peak = bench_limits::fma_peak_gflops(threads);
   if (sq == 1)
     bench_limits::read_gbps(
-        static_cast<std::size_t>(2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(TKV)), threads);
+        static_cast<std::size_t>(2.0 * batch * skv * kv_heads * kHeadSize * sizeof(TKV)), threads);
   attnref::AttentionOutputs<T> out{attnref::bsnd_view(o.data(), batch, sq, kHeads, kHeadSize)};
   attnref::AttentionParams p;
   p.scale = 1.0 / std::sqrt(static_cast<double>(kHeadSize));
@@ -96,7 +99,7 @@ void run(benchmark::State& state, Index batch, Index sq, Index skv, bool causal,
   state.counters["of_peak"] =
       benchmark::Counter(flops * 1e-9 / peak, benchmark::Counter::kIsIterationInvariantRate);
   if (sq == 1)
-    bandwidth_counters(state, 2.0 * batch * skv * kKvHeads * kHeadSize * sizeof(TKV), threads);
+    bandwidth_counters(state, 2.0 * batch * skv * kv_heads * kHeadSize * sizeof(TKV), threads);
 }
 
 // Decode over a paged cache: K/V in a pool of blocks of 128 tokens, each sequence's blocks
@@ -186,6 +189,12 @@ void register_dtype() {
           "decode_bnsd/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" + std::to_string(t);
       benchmark::RegisterBenchmark(
           bnsd.c_str(), [=](benchmark::State& st) { run<T>(st, b, 1, 4096, false, t, 0, true); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+      const std::string g8 =
+          "decode_g8/" + dt + "/B:" + std::to_string(b) + "/KV:4096/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(
+          g8.c_str(), [=](benchmark::State& st) { run<T>(st, b, 1, 4096, false, t, 0, false, 4); })
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
       if (dt == "f32") continue;
