@@ -415,11 +415,12 @@ void nsa_cmp_outputs(const NsaCompressAttentionInferOutputs<T>& out, const NsaCm
 /// group summed over the group, the forced blocks and the top-k, plus the optional probs /
 /// head_scores / group_scores rows. A padded BSND row (!live) gives 0 everywhere. p_row: the
 /// row's probabilities over its cmp_len compressed keys for head 0, each next head
-/// `head_stride` further; hs, gs: max_sel_blocks floats of scratch each.
+/// `head_stride` further; hs, gs: max_sel_blocks floats of scratch each, order: the top-k's
+/// scratch (reused across rows).
 template <class T>
 void nsa_cmp_select(const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl,
                     Index row, bool live, Index cmp_len, const float* p_row, Index head_stride,
-                    float* hs, float* gs) {
+                    float* hs, float* gs, std::vector<std::int32_t>& order) {
   const Index N = pl.N, KVN = pl.KVN, G = pl.G, Dv = pl.Dv;
   const Index c = live ? cmp_len : 0;
   const Index ns = nsa_select_block_count(c, pl.l, pl.d, pl.ls);
@@ -442,7 +443,7 @@ void nsa_cmp_select(const NsaCompressAttentionInferOutputs<T>& out, const NsaCmp
       put(out.head_scores, row * N + h, hs, ns);
     }
     nsa_force_blocks(gs, ns);
-    nsa_topk(gs, ns, pl.k, out.topk.data() + (row * KVN + kh) * pl.k);
+    nsa_topk(gs, ns, pl.k, out.topk.data() + (row * KVN + kh) * pl.k, order);
     put(out.group_scores, row * KVN + kh, gs, ns);
   }
 }
@@ -498,15 +499,22 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
                      b);
   const size_t nsb = static_cast<size_t>(std::max<Index>(1, max_sel_blocks));
   const float* const all_probs = probs.data();  // (this thread's buffer, read by the workers)
+  struct Scratch {
+    std::vector<float> scores;  // hs, then gs
+    std::vector<std::int32_t> order;
+  };
   detail::parallel_for(
       detail::resolve_threads(exec.threads), static_cast<Index>(row_batch.size()),
-      [&] { return std::vector<float>(2 * nsb); },
-      [&](std::vector<float>& scratch, Index row) {
+      [&] {
+        return Scratch{std::vector<float>(2 * nsb), {}};
+      },
+      [&](Scratch& scratch, Index row) {
         const Index b = row_batch[static_cast<size_t>(row)];
         const Index i = tnd ? row - q_cu[static_cast<size_t>(b)] : row - b * S;
         const float* p_row = all_probs + ((tnd ? 0 : b) * N * ps + (tnd ? row : i)) * pc;
         nsa_cmp_select(out, pl, row, i < qlen[static_cast<size_t>(b)], cmp[static_cast<size_t>(b)],
-                       p_row, ps * pc, scratch.data(), scratch.data() + nsb);
+                       p_row, ps * pc, scratch.scores.data(), scratch.scores.data() + nsb,
+                       scratch.order);
       });
 }
 
