@@ -278,17 +278,28 @@ TEST(Simd, SoftmaxExpMatchesDoubleAndTheScalarForm) {
 }
 
 // The key panel of the prefill kernels: element d of key c at [(c / W · n + d) · W + c % W],
-// zero past the last key, for every width and a head size with a vector tail.
-TEST(Simd, KeyPanelIsTheTransposeInBlocksOfOneVector) {
+// zero past the last key, for every width, fp16 and bf16 keys (AVX-512 transposes those as
+// 16-bit elements), and a head size with whole blocks and a vector tail. The keys are spread
+// over pages (row_of), and every element differs from its neighbours in sign and magnitude.
+template <class T>
+void check_key_panel() {
   const Index cols = 37, n = 40;
-  std::vector<attnref::half> k(static_cast<size_t>(cols * n));
-  for (size_t i = 0; i < k.size(); ++i) k[i] = attnref::half(static_cast<float>(i % 997) / 64);
+  std::vector<T> k(static_cast<size_t>(cols * n));
+  for (size_t i = 0; i < k.size(); ++i)
+    k[i] = T(static_cast<float>(i % 997) / 64 * (i % 3 == 0 ? -1.0f : 1.0f));
+  // Key c in the page of its parity (pages apart in memory, rows not evenly spaced).
+  std::vector<T> pages(static_cast<size_t>(2 * cols * n + 7));
+  const auto row_of = [&](Index c) {
+    return pages.data() + (c % 2) * (cols * n + 7) + (c / 2) * n;
+  };
+  for (Index c = 0; c < cols; ++c)
+    std::copy_n(k.data() + c * n, n, pages.data() + (row_of(c) - pages.data()));
   const auto check = [&](auto vec) {
     constexpr Index W = decltype(vec)::kWidth;
     const Index blocks = (cols + W - 1) / W;
     std::vector<float> panel(static_cast<size_t>(blocks * n * W), -1.0f);
-    simd::pack_keys<decltype(vec)>([&](Index c) { return k.data() + c * n; }, cols, n,
-                                   panel.data());
+    simd::pack_keys<decltype(vec)>([&](Index c) { return static_cast<const T*>(row_of(c)); },
+                                   cols, n, panel.data());
     for (Index c = 0; c < blocks * W; ++c)
       for (Index d = 0; d < n; ++d)
         ASSERT_EQ(panel[static_cast<size_t>((c / W * n + d) * W + c % W)],
@@ -296,6 +307,12 @@ TEST(Simd, KeyPanelIsTheTransposeInBlocksOfOneVector) {
             << "width " << W << " key " << c << " element " << d;
   };
   at_every_level([&] { simd::with_vector(simd::level(), check); });
+}
+
+TEST(Simd, KeyPanelIsTheTransposeInBlocksOfOneVector) {
+  check_key_panel<attnref::half>();
+  check_key_panel<attnref::bfloat16>();
+  check_key_panel<float>();
 }
 
 // The panel kernels' fetch-ahead stream visits every cache line of each row's byte range once,
