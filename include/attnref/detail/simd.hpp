@@ -331,21 +331,23 @@ inline void round_to_half_sum_max(float* x, Index n, float& sum, float& max) {
   max = mx;
 }
 
-/// x[i] = clamp(rint(x[i] / d), lo, hi): IEEE division, round half to even (the same bits at
-/// every level).
-inline void div_rint_clamp(float* x, Index n, float d, float lo, float hi) {
+/// x[i] = clamp(rint(x[i] / d), lo, hi) when `divide`, else with x[i] * d: IEEE division or
+/// product, round half to even (the same bits at every level).
+inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
   Index i = 0;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (level() != Level::Portable) {
     const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
     for (; i + 8 <= n; i += 8) {
-      const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd),
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 r = _mm256_round_ps(divide ? _mm256_div_ps(v, vd) : _mm256_mul_ps(v, vd),
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       _mm256_storeu_ps(x + i, _mm256_min_ps(_mm256_max_ps(r, vlo), vhi));
     }
   }
 #endif
-  for (; i < n; ++i) x[i] = std::min(std::max(std::nearbyint(x[i] / d), lo), hi);
+  for (; i < n; ++i)
+    x[i] = std::min(std::max(std::nearbyint(divide ? x[i] / d : x[i] * d), lo), hi);
 }
 
 /// x[i] = clamp(rint(float(half(x[i] / d))), lo, hi) when `divide`, else with x[i] * d: the

@@ -118,13 +118,15 @@ struct CannVariant : IoHooks {
     }
     return !mask.absent() && mask_excludes && user_masked(c);
   }
+  float pse_term(const Coord& c) const {
+    if (pse.absent()) return 0.0f;
+    return static_cast<float>(
+        pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : row(c), col(c)));
+  }
   template <class Acc>
   Acc transform(const SeqInfo&, const Coord& c, Acc score) const {
     float s = static_cast<float>(score);
-    float p = 0.0f;
-    if (!pse.absent())
-      p = static_cast<float>(
-          pse(pse.size(0) == 1 ? 0 : c.batch, c.q_head, pse.size(2) == 1 ? 0 : row(c), col(c)));
+    const float p = pse_term(c);
     if (int8_scores) s *= deq1;
     if (add_then_scale)
       s = (s + p) * scale;
@@ -134,6 +136,38 @@ struct CannVariant : IoHooks {
       s += p;  // the engine applied the scale
     if (!mask.absent() && !mask_excludes && user_masked(c)) s = fill;
     return static_cast<Acc>(s);
+  }
+  /// transform() of keys c.kv .. c.kv + cols - 1 of one query row, in place: the same steps
+  /// on every key in the same order, each choice made once per row rather than per key, so that
+  /// the arithmetic vectorises (per key, the hooks took a third of pfa/int8/dense/S:2048).
+  template <class Acc>
+  void transform_row(const SeqInfo&, const Coord& c, Acc* row_s, Index cols) const {
+    constexpr Index kChunk = 128;
+    float p[kChunk];
+    const auto f = [](Acc x) { return static_cast<float>(x); };
+    for (Index j0 = 0; j0 < cols; j0 += kChunk) {
+      const Index n = std::min(kChunk, cols - j0);
+      Acc* x = row_s + j0;
+      Coord cj = c;
+      if (pse.absent()) std::fill_n(p, n, 0.0f);
+      for (Index j = 0; j < n && !pse.absent(); ++j) {
+        cj.kv = c.kv + j0 + j;
+        p[j] = pse_term(cj);
+      }
+      if (int8_scores)
+        for (Index j = 0; j < n; ++j) x[j] = static_cast<Acc>(f(x[j]) * deq1);
+      if (add_then_scale)
+        for (Index j = 0; j < n; ++j) x[j] = static_cast<Acc>((f(x[j]) + p[j]) * scale);
+      else if (int8_scores)
+        for (Index j = 0; j < n; ++j) x[j] = static_cast<Acc>(f(x[j]) * scale + p[j]);
+      else
+        for (Index j = 0; j < n; ++j) x[j] = static_cast<Acc>(f(x[j]) + p[j]);
+      if (!mask.absent() && !mask_excludes)
+        for (Index j = 0; j < n; ++j) {
+          cj.kv = c.kv + j0 + j;
+          if (user_masked(cj)) x[j] = static_cast<Acc>(fill);
+        }
+    }
   }
 };
 
