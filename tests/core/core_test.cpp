@@ -298,8 +298,8 @@ void check_key_panel() {
     constexpr Index W = decltype(vec)::kWidth;
     const Index blocks = (cols + W - 1) / W;
     std::vector<float> panel(static_cast<size_t>(blocks * n * W), -1.0f);
-    simd::pack_keys<decltype(vec)>([&](Index c) { return static_cast<const T*>(row_of(c)); },
-                                   cols, n, panel.data());
+    simd::pack_keys<decltype(vec)>([&](Index c) { return static_cast<const T*>(row_of(c)); }, cols,
+                                   n, panel.data());
     for (Index c = 0; c < blocks * W; ++c)
       for (Index d = 0; d < n; ++d)
         ASSERT_EQ(panel[static_cast<size_t>((c / W * n + d) * W + c % W)],
