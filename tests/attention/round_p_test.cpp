@@ -17,6 +17,7 @@
 
 #include "support/cast.hpp"
 #include "support/compare.hpp"
+#include "support/simd_levels.hpp"
 
 namespace round_p_test {
 
@@ -195,6 +196,52 @@ TEST(EngineRoundP, RoundingHookMatchesANaiveLoopAndThreadsAndPagingDoNotChangeBi
   pin.seq.kv.assign(z(pr.B), pr.Skv);
   const auto op = run(two, pin, p, pr);
   EXPECT_EQ(std::memcmp(o1.data(), op.data(), o1.size() * sizeof(float)), 0);
+}
+
+// fp16 / bf16 values: the two-pass mode reads whole tiles' value rows straight from the cache
+// and converts them in registers (a partial tile still converts into the workspace). With the
+// identity hook it is the one-pass attention over float copies of the same values, at every
+// level, with and without the causal mask (10 rows per item: the panel kernels at the vector
+// levels).
+template <class T>
+void check_narrow_values() {
+  Problem pr(11);
+  std::vector<T> k(pr.k.size()), v(pr.v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = T(pr.k[i]);
+    v[i] = T(pr.v[i]);
+    pr.k[i] = static_cast<float>(k[i]);
+    pr.v[i] = static_cast<float>(v[i]);
+  }
+  attnref::AttentionInputs<float, T> narrow{
+      attnref::bsnd_view<const float>(pr.q.data(), pr.B, pr.Sq, pr.N, pr.D),
+      attnref::bsnd_view<const T>(k.data(), pr.B, pr.Skv, pr.Nkv, pr.D),
+      attnref::bsnd_view<const T>(v.data(), pr.B, pr.Skv, pr.Nkv, pr.D)};
+  for (const auto causal : {attnref::CausalMode::None, attnref::CausalMode::BottomRight}) {
+    TwoPass two;
+    two.causal = {causal, 0};
+    attnref::DefaultVariant one;
+    one.causal = two.causal;
+    attnref::AttentionParams p;
+    p.scale = 0.3;
+    const auto want = run(one, pr.in(false), p, pr);
+    std::vector<float> got(want.size(), 7.0f);
+    attnref::AttentionOutputs<float> out{
+        attnref::bsnd_view<float>(got.data(), pr.B, pr.Sq, pr.N, pr.D)};
+    attnref::ExecConfig x;
+    x.kv_tile = 16;
+    attnref::attention_with(two, narrow, p, out, x);
+    EXPECT_TRUE(support::all_close(std::vector<double>(want.begin(), want.end()),
+                                   std::vector<double>(got.begin(), got.end()), {1e-6, 1e-5}))
+        << (causal == attnref::CausalMode::None ? "no mask" : "causal");
+  }
+}
+
+TEST(EngineRoundP, NarrowValuesReadFromTheCacheAtEveryLevel) {
+  support::at_every_level([] {
+    check_narrow_values<attnref::half>();
+    check_narrow_values<attnref::bfloat16>();
+  });
 }
 
 }  // namespace round_p_test

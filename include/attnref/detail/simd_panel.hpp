@@ -146,14 +146,13 @@ inline void panel_scores(const float* q, Index ldq, Index rows, const float* pan
       });
 }
 
-/// o += P·V for `rows` rows of p (stride ldp) and `cols` value rows of n elements, row c at
-/// v + c·ldv: per element, fused multiply-adds in key order (axpy_rows_each), MR rows at a time.
-/// `ahead`: lines to fetch meanwhile.
-template <class V>
-inline void panel_pv(const float* p, Index ldp, Index rows, const float* v, Index ldv, Index cols,
-                     Index n, float* o, Index ldo, LineStream ahead = {}) {
+/// o += P·V for `rows` rows of p (stride ldp) and `cols` value rows of n elements: per element,
+/// fused multiply-adds in key order (axpy_rows_each), MR rows at a time. `ahead`: lines to fetch
+/// meanwhile. `row(c)`: value row c (float, fp16 or bf16, converted in registers).
+template <class V, class Rows>
+inline void panel_pv(const float* p, Index ldp, Index rows, const Rows& row, Index cols, Index n,
+                     float* o, Index ldo, LineStream ahead = {}) {
   constexpr int MR = PanelShape<V>::kRows;
-  const auto row = [v, ldv](Index c) { return v + c * ldv; };
   for (Index r = 0; r < rows; r += MR)
     with_block<MR, 1>(rows - r, 1, [&](auto R, auto) {
       axpy_rows_each<V, R()>(p + r * ldp, ldp, row, cols, n, o + r * ldo, ldo, ahead);

@@ -223,7 +223,19 @@ ATTNREF_NOINLINE inline void panel_pv(simd::Level level, const float* p, Index l
                                       const float* v, Index ldv, Index cols, Index n, float* o,
                                       Index ldo, const simd::LineStream& ahead = {}) {
   simd::with_vector(level, [&](auto vec) {
-    simd::panel_pv<decltype(vec)>(p, ldp, rows, v, ldv, cols, n, o, ldo, ahead);
+    simd::panel_pv<decltype(vec)>(
+        p, ldp, rows, [v, ldv](Index c) { return v + c * ldv; }, cols, n, o, ldo, ahead);
+  });
+}
+
+/// panel_pv on kv head h's value rows [0, cols) of the cache, converted in registers.
+template <class X>
+ATTNREF_NOINLINE void panel_pv_rows(simd::Level level, const float* p, Index ldp, Index rows,
+                                    const TileRows<X>& v, Index h, Index cols, Index n, float* o,
+                                    Index ldo, const simd::LineStream& ahead = {}) {
+  simd::with_vector(level, [&](auto vec) {
+    simd::panel_pv<decltype(vec)>(
+        p, ldp, rows, [&v, h](Index c) { return v(h, c); }, cols, n, o, ldo, ahead);
   });
 }
 
