@@ -148,7 +148,7 @@ inline void panel_scores(const float* q, Index ldq, Index rows, const float* pan
 
 /// o += P·V for `rows` rows of p (stride ldp) and `cols` value rows of n elements: per element,
 /// fused multiply-adds in key order (axpy_rows_each), MR rows at a time. `ahead`: lines to fetch
-/// meanwhile. `row(c)`: value row c (float, fp16 or bf16, converted in registers).
+/// meanwhile. `row(c)`: value row c (float, or fp16 / bf16 / int8 converted in registers).
 template <class V, class Rows>
 inline void panel_pv(const float* p, Index ldp, Index rows, const Rows& row, Index cols, Index n,
                      float* o, Index ldo, LineStream ahead = {}) {

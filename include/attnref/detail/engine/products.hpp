@@ -180,9 +180,9 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
     const bool pan = panel(rows);
     // fp16 / bf16 / int8 value rows of a short row block (at most kPanelRows: each row is read
     // by a few register blocks) straight from the cache, converted in registers, rather than
-    // converted into ws.v first (nsa/compress_attention, 16 rows per kv head: 7-11 % faster;
-    // taller blocks, which read each row many times, ran up to 6 % slower so, dsa/sparse_attention
-    // with 128 rows; AMD Zen 5). A partial tile keeps the copy, whose values it checks.
+    // converted into ws.v first (nsa/compress_attention, 16 rows per kv head: 7-11 % faster).
+    // Taller blocks read each row many times and ran up to 6 % slower so (dsa/sparse_attention,
+    // 128 rows; AMD Zen 5). A partial tile keeps the copy, whose values it checks.
     if constexpr (std::is_same_v<Acc, float> && !std::is_same_v<TKV, float>) {
       if (pan && rows <= kPanelRows && !partial && !dequant() && in.v.stride(3) == 1) {
         kernels::panel_pv_rows(level, hd.s, ld(), rows, cache_rows(ws.vrow, in.v), h, cols, dv,
