@@ -278,9 +278,9 @@ TEST(Simd, SoftmaxExpMatchesDoubleAndTheScalarForm) {
 }
 
 // The key panel of the prefill kernels: element d of key c at [(c / W · n + d) · W + c % W],
-// zero past the last key, for every width, fp16 and bf16 keys (AVX-512 transposes those as
-// 16-bit elements), and a head size with whole blocks and a vector tail. The keys are spread
-// over pages (row_of), and every element differs from its neighbours in sign and magnitude.
+// zero past the last key, for every width, fp16, bf16 and float keys, and a head size with
+// whole blocks and a vector tail. The keys are spread over pages (row_of), and every element
+// differs from its neighbours in sign and magnitude.
 template <class T>
 void check_key_panel() {
   const Index cols = 37, n = 40;
@@ -292,8 +292,7 @@ void check_key_panel() {
   const auto row_of = [&](Index c) {
     return pages.data() + (c % 2) * (cols * n + 7) + (c / 2) * n;
   };
-  for (Index c = 0; c < cols; ++c)
-    std::copy_n(k.data() + c * n, n, pages.data() + (row_of(c) - pages.data()));
+  for (Index c = 0; c < cols; ++c) std::copy_n(k.data() + c * n, n, row_of(c));
   const auto check = [&](auto vec) {
     constexpr Index W = decltype(vec)::kWidth;
     const Index blocks = (cols + W - 1) / W;

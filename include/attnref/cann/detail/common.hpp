@@ -149,10 +149,13 @@ struct CannVariant : IoHooks {
       const Index n = std::min(kChunk, cols - j0);
       Acc* x = row_s + j0;
       Coord cj = c;
-      if (pse.absent()) std::fill_n(p, n, 0.0f);
-      for (Index j = 0; j < n && !pse.absent(); ++j) {
-        cj.kv = c.kv + j0 + j;
-        p[j] = pse_term(cj);
+      if (pse.absent()) {
+        std::fill_n(p, n, 0.0f);
+      } else {
+        for (Index j = 0; j < n; ++j) {
+          cj.kv = c.kv + j0 + j;
+          p[j] = pse_term(cj);
+        }
       }
       if (int8_scores)
         for (Index j = 0; j < n; ++j) x[j] = static_cast<Acc>(f(x[j]) * deq1);
