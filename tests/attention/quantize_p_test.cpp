@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "support/random.hpp"
@@ -54,42 +55,45 @@ struct RecordScoresQuant : RecordScores {
 template <class Variant>
 void check_scores(simd::Level level) {
   std::mt19937 rng(3);
-  for (Index d : {32, 576, 1024}) {
-    const Index len = 40, heads = 2;
-    auto q = extreme_i8(static_cast<size_t>(len * heads * d), rng);
-    auto k = extreme_i8(static_cast<size_t>(len * d), rng);
-    if (d == 1024) {  // the largest magnitude: 1024 · (-128)² = 2^24
-      std::fill(q.begin(), q.begin() + d, std::int8_t{-128});
-      std::fill(k.begin(), k.begin() + d, std::int8_t{-128});
+  // (len, kv_tile): tiles of 24 keys, and of 72 (the VNNI kernels' 64-column block and a
+  // partial 16-column one)
+  for (const auto& [len, tile] : {std::pair<Index, Index>{40, 24}, {72, 72}})
+    for (Index d : {32, 576, 1024}) {
+      const Index heads = 2;
+      auto q = extreme_i8(static_cast<size_t>(len * heads * d), rng);
+      auto k = extreme_i8(static_cast<size_t>(len * d), rng);
+      if (d == 1024) {  // the largest magnitude: 1024 · (-128)² = 2^24
+        std::fill(q.begin(), q.begin() + d, std::int8_t{-128});
+        std::fill(k.begin(), k.begin() + d, std::int8_t{-128});
+      }
+      const std::vector<std::int8_t> v(static_cast<size_t>(len * 8), 1);
+      std::vector<float> o(static_cast<size_t>(len * heads * 8));
+      attnref::AttentionInputs<std::int8_t> in;
+      in.q = StridedView<const std::int8_t, 4>(q.data(), {1, len, heads, d});
+      in.k = StridedView<const std::int8_t, 4>(k.data(), {1, len, 1, d});
+      in.v = StridedView<const std::int8_t, 4>(v.data(), {1, len, 1, 8});
+      std::vector<double> raw(static_cast<size_t>(heads * len * len), -1.0);
+      attnref::ExecConfig x;
+      x.threads = 1;
+      x.kv_tile = tile;
+      attnref::attention_with(
+          Variant{{&raw, heads, len}}, in, attnref::AttentionParams{},
+          attnref::AttentionOutputs<float>{StridedView<float, 4>(o.data(), {1, len, heads, 8})}, x);
+      for (Index h = 0; h < heads; ++h)
+        for (Index i = 0; i < len; ++i)
+          for (Index j = 0; j < len; ++j) {
+            std::int64_t dot = 0;
+            for (Index e = 0; e < d; ++e)
+              dot += static_cast<std::int64_t>(q[static_cast<size_t>((i * heads + h) * d + e)]) *
+                     k[static_cast<size_t>(j * d + e)];
+            ASSERT_EQ(raw[static_cast<size_t>((h * len + i) * len + j)], static_cast<double>(dot))
+                << "d " << d << " head " << h << " q " << i << " k " << j << " level "
+                << static_cast<int>(level);
+          }
+      if (d == 1024) {
+        EXPECT_EQ(raw[0], 16777216.0);
+      }
     }
-    const std::vector<std::int8_t> v(static_cast<size_t>(len * 8), 1);
-    std::vector<float> o(static_cast<size_t>(len * heads * 8));
-    attnref::AttentionInputs<std::int8_t> in;
-    in.q = StridedView<const std::int8_t, 4>(q.data(), {1, len, heads, d});
-    in.k = StridedView<const std::int8_t, 4>(k.data(), {1, len, 1, d});
-    in.v = StridedView<const std::int8_t, 4>(v.data(), {1, len, 1, 8});
-    std::vector<double> raw(static_cast<size_t>(heads * len * len), -1.0);
-    attnref::ExecConfig x;
-    x.threads = 1;
-    x.kv_tile = 24;  // several tiles, a partial last one
-    attnref::attention_with(
-        Variant{{&raw, heads, len}}, in, attnref::AttentionParams{},
-        attnref::AttentionOutputs<float>{StridedView<float, 4>(o.data(), {1, len, heads, 8})}, x);
-    for (Index h = 0; h < heads; ++h)
-      for (Index i = 0; i < len; ++i)
-        for (Index j = 0; j < len; ++j) {
-          std::int64_t dot = 0;
-          for (Index e = 0; e < d; ++e)
-            dot += static_cast<std::int64_t>(q[static_cast<size_t>((i * heads + h) * d + e)]) *
-                   k[static_cast<size_t>(j * d + e)];
-          ASSERT_EQ(raw[static_cast<size_t>((h * len + i) * len + j)], static_cast<double>(dot))
-              << "d " << d << " head " << h << " q " << i << " k " << j << " level "
-              << static_cast<int>(level);
-        }
-    if (d == 1024) {
-      EXPECT_EQ(raw[0], 16777216.0);
-    }
-  }
 }
 
 struct Plain : RecordScores {};
@@ -134,8 +138,8 @@ TEST(EngineInt8, QuantizedPTimesVIsExactTileByTile) {
     Index len, tile, dv;
   };
   for (simd::Level level : support::simd_levels())
-    for (const Shape sh :
-         {Shape{1024, 1024, 16}, Shape{1024, 128, 24}, Shape{300, 100, 8}, Shape{77, 33, 40}}) {
+    for (const Shape sh : {Shape{1024, 1024, 16}, Shape{1024, 128, 24}, Shape{300, 100, 8},
+                           Shape{77, 33, 40}, Shape{130, 130, 72}}) {
       const simd::Level previous = simd::set_level(level);
       const Index heads = 2;
       const std::vector<std::int8_t> q(static_cast<size_t>(sh.len * heads * 32), 1);
