@@ -15,7 +15,8 @@
 //                                                     128-token shuffled blocks); compare with
 //                                                     mla/decode (ATB's MLA, one 576-wide cache)
 // Compare with prefill/ and decode/ (the engine alone). Counters as there: GFLOPS (useful
-// FLOPs), GBps (K and V bytes read per second).
+// FLOPs), GBps (K and V bytes read per second); pfa/int8 also of_int8_peak (its GFLOPS, int8
+// operations there, over limits/int8_peak of as many threads, where the build has AVX-512 VNNI).
 
 #include <benchmark/benchmark.h>
 
@@ -28,6 +29,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "limits.hpp"
 
 namespace {
 
@@ -77,6 +80,7 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
     in.deq_scale2 = StridedView<const float>(&deq2, {1});
   }
   const attnref::PromptFlashAttentionOutputs<TO> out{StridedView<TO>(o.data(), {1, s, kHeads, kD})};
+  const double int8_peak = kInt8 ? bench_limits::int8_peak_gops(threads) : 0.0;  // before timing
   for (auto _ : state) {
     attnref::prompt_flash_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
@@ -84,8 +88,12 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
   }
   const double pairs = causal ? static_cast<double>(s) * static_cast<double>(s + 1) / 2.0
                               : static_cast<double>(s) * static_cast<double>(s);
-  state.counters["GFLOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  const double ops = 4.0 * kHeads * pairs * kD;
+  state.counters["GFLOPS"] =
+      benchmark::Counter(ops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (int8_peak > 0.0)
+    state.counters["of_int8_peak"] =
+        benchmark::Counter(ops * 1e-9 / int8_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 /// T: query / output type; KV: cache type (int8: antiquant). block: 0 contiguous, else paged.

@@ -7,7 +7,9 @@
 //   to self_attention/pa_encoder/f32/causal/S:2048 (CAUSAL_MASK, same shape)
 //   self_attention/decoder/f16/B:<B>/KV:4096/threads:<T>  cache write + decode (high precision)
 //   quant/self_attention/<offline|online>/S:<S>/threads:<T>  qkv full quantization: int8 q/k/v
-//   (quantize_qkv of normal data), CAUSAL_MASK, fp16 output; compare with prefill/f32/causal
+//   (quantize_qkv of normal data), CAUSAL_MASK, fp16 output; compare with prefill/f32/causal;
+//   GOPS (useful operations, counted as GFLOPS) and of_int8_peak (GOPS over limits/int8_peak of as
+//   many threads, where the build has AVX-512 VNNI)
 
 #include <benchmark/benchmark.h>
 
@@ -17,6 +19,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "limits.hpp"
 
 namespace {
 
@@ -185,13 +189,18 @@ void quant(benchmark::State& state, Index s, bool online, int threads) {
   if (!online) in.p_scale = attnref::StridedView<const float, 1>(qz.p_scale.data(), {kHeads});
   attnref::SelfAttentionOutputs<attnref::half> out;
   out.out = attnref::StridedView<attnref::half, 3>(o.data(), {s, kHeads, kD});
+  const double int8_peak = bench_limits::int8_peak_gops(threads);  // measured before timing
   for (auto _ : state) {
     attnref::self_attention(p, in, out, {threads});
     benchmark::DoNotOptimize(o.data());
   }
   const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
-  state.counters["GOPS"] = benchmark::Counter(4.0 * kHeads * pairs * kD * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  const double ops = 4.0 * kHeads * pairs * kD;
+  state.counters["GOPS"] =
+      benchmark::Counter(ops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (int8_peak > 0.0)
+    state.counters["of_int8_peak"] =
+        benchmark::Counter(ops * 1e-9 / int8_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 const bool registered = [] {

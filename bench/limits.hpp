@@ -4,6 +4,9 @@
 //   fma_peak_gflops(T)      fp32 FMA throughput of T threads: independent multiply-add chains
 //                           on the widest SIMD packet the build targets (Eigen's packet math,
 //                           so -march=native picks AVX-512, AVX2 or SSE), 2 FLOPs per lane
+//   int8_peak_gops(T)       int8 dot-product throughput of T threads where the build has AVX-512
+//                           VNNI (independent vpdpbusd chains on 512-bit registers, 64 multiply-
+//                           adds each, 2 ops per multiply-add), 0 without it
 //   read_gbps(bytes, T)     read bandwidth of a working set of `bytes`: T threads summing their
 //                           share of one buffer, again and again
 // Each value is measured once per argument (best of several passes of >= 20 ms) and cached.
@@ -13,12 +16,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#endif
 
 namespace bench_limits {
 
@@ -58,6 +66,41 @@ inline float fma_chains(long iters) {
   return predux(s);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+constexpr bool kHaveVnni = true;
+constexpr int kI8Chains = 16;  // covers vpdpbusd latency x pipes
+
+// acc += a · b (u8 · s8, four to a lane). Under g++ an asm with the accumulator tied to its
+// register: g++ 12 copies and spills the intrinsic's accumulators (include/attnref/detail/
+// gemm_i8.hpp says more).
+inline void dpbusd(__m512i& acc, __m512i a, __m512i b) {
+#if defined(__GNUC__) && !defined(__clang__)
+  asm volatile("vpdpbusd {%2, %1, %0|%0, %1, %2}" : "+v"(acc) : "v"(a), "v"(b));
+#else
+  acc = _mm512_dpbusd_epi32(acc, a, b);
+#endif
+}
+
+template <int... I>
+inline std::int32_t dot_chains(long iters, std::integer_sequence<int, I...>) {
+  __m512i acc[sizeof...(I)] = {((void)I, _mm512_set1_epi32(I))...};
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (long i = 0; i < iters; ++i) (dpbusd(acc[I], a, b), ...);
+  __m512i s = _mm512_setzero_si512();
+  ((s = _mm512_add_epi32(s, acc[I])), ...);
+  return _mm512_reduce_add_epi32(s);
+}
+inline std::int32_t int8_chains(long iters) {
+  return dot_chains(iters, std::make_integer_sequence<int, kI8Chains>{});
+}
+#else
+constexpr bool kHaveVnni = false;
+constexpr int kI8Chains = 0;
+inline std::int32_t int8_chains(long) { return 0; }
+#endif
+
+inline volatile std::int32_t g_isink = 0;
+
 inline float read_sum(const float* p, std::size_t n) {
   using namespace Eigen::internal;
   constexpr std::size_t kAcc = 8;
@@ -95,6 +138,27 @@ inline double fma_peak_gflops(int threads) {
     const double flops = 2.0 * detail::kLanes * detail::kChains * static_cast<double>(iters) *
                          static_cast<double>(threads);
     best = std::max(best, flops / s * 1e-9);
+  }
+  return cache[threads] = best;
+}
+
+/// int8 dot-product peak of `threads` threads (AVX-512 VNNI), GOPS; 0 where the build has none.
+inline double int8_peak_gops(int threads) {
+  if (!detail::kHaveVnni) return 0.0;
+  static std::mutex m;
+  static std::map<int, double> cache;
+  std::lock_guard<std::mutex> lock(m);
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  long iters = 1 << 16;
+  while (detail::timed(1, [&](int) { detail::g_isink = detail::int8_chains(iters); }) < 0.02)
+    iters *= 2;
+  double best = 0.0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const double s =
+        detail::timed(threads, [&](int) { detail::g_isink = detail::int8_chains(iters); });
+    const double ops =
+        2.0 * 64 * detail::kI8Chains * static_cast<double>(iters) * static_cast<double>(threads);
+    best = std::max(best, ops / s * 1e-9);
   }
   return cache[threads] = best;
 }
