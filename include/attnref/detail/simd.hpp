@@ -256,20 +256,41 @@ inline void round_to_bfloat16(float* x, Index n) {
   for (; i < n; ++i) x[i] = static_cast<float>(bfloat16(x[i]));
 }
 
-/// x[i] = float(half(x[i] * a)): one float multiply, then rounding to fp16, in place (the same
-/// bits at every level).
-inline void mul_round_to_half(float* x, Index n, float a) {
+/// x[i] = float(half(x[i] * a)): one float multiply, then rounding to fp16, in place; with b,
+/// the result multiplied by b and rounded again (one pass for the two steps). The same bits at
+/// every level.
+inline void mul_round_to_half(float* x, Index n, float a, const float* b = nullptr) {
   Index i = 0;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() != Level::Portable) {
-    const __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(x + i,
-                       _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(x + i), va),
-                                                       _MM_FROUND_TO_NEAREST_INT)));
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() == Level::Avx512) {
+    const auto r16 = [](__m512 v) {
+      return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    };
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b ? *b : 1.0f);
+    for (; i + 16 <= n; i += 16) {
+      __m512 v = r16(_mm512_mul_ps(_mm512_loadu_ps(x + i), va));
+      if (b) v = r16(_mm512_mul_ps(v, vb));
+      _mm512_storeu_ps(x + i, v);
+    }
   }
 #endif
-  for (; i < n; ++i) x[i] = static_cast<float>(half(x[i] * a));
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() != Level::Portable) {
+    const auto r16 = [](__m256 v) {
+      return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    };
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b ? *b : 1.0f);
+    for (; i + 8 <= n; i += 8) {
+      __m256 v = r16(_mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+      if (b) v = r16(_mm256_mul_ps(v, vb));
+      _mm256_storeu_ps(x + i, v);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    x[i] = static_cast<float>(half(x[i] * a));
+    if (b) x[i] = static_cast<float>(half(x[i] * *b));
+  }
 }
 
 /// dst[i] = half(src[i] * mul), round to nearest even (the same bits at every level).

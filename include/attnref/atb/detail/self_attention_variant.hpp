@@ -188,13 +188,18 @@ struct AtbSelfAttentionVariant : IoHooks {
     Eigen::Map<RowArray> s(row, n);
     const auto r16 = [n](float* x) { simd::round_to_half(x, n); };
     const float ln = log_n.absent() ? 1.0f : log_n(log_n_per_batch ? c.batch : c.q);
-    if (fp16_scores) {  // each product in fp32, then rounded to fp16 (one pass each)
-      if (!qk_descale.absent())
-        simd::mul_round_to_half(row, n, qk_descale(c.q_head));
-      else
-        r16(row);
-      if (!log_n.absent()) simd::mul_round_to_half(row, n, ln);
-      simd::mul_round_to_half(row, n, fp16(p->qk_scale));
+    if (fp16_scores) {  // each product in fp32, then rounded to fp16
+      const float scale = fp16(p->qk_scale);
+      if (!qk_descale.absent() && log_n.absent()) {  // (qkv quant: both steps in one pass)
+        simd::mul_round_to_half(row, n, qk_descale(c.q_head), &scale);
+      } else {
+        if (!qk_descale.absent())
+          simd::mul_round_to_half(row, n, qk_descale(c.q_head));
+        else
+          r16(row);
+        if (!log_n.absent()) simd::mul_round_to_half(row, n, ln);
+        simd::mul_round_to_half(row, n, scale);
+      }
     } else {
       if (!log_n.absent()) s *= ln;
       if (!scale_folded) s *= p->qk_scale;

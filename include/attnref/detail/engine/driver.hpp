@@ -31,17 +31,21 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
   std::fill(ws.o.begin(), ws.o.begin() + all_rows * g.v_head_size, Acc(0));
   if (kQuantP) std::fill(ws.aux.begin(), ws.aux.begin() + all_rows, Acc(0));
   if (it.kv_end <= it.kv_begin) return;
-  for (Index h = it.head_begin; h < it.head_end; ++h)
-    load_q(head(ws, it, h), si, s, it.q_begin, nq);
+  // (the int8 kernels read the rows as u8 from ws.q8; only the small-row kernels need floats)
+  const bool q8_only = kI8 && i8() && !small(rows);
+  if (!q8_only)
+    for (Index h = it.head_begin; h < it.head_end; ++h)
+      load_q(head(ws, it, h), si, s, it.q_begin, nq);
   if constexpr (kI8) {
-    if (i8()) {  // q + 128 as u8, the item's rows in head order
+    if (i8()) {  // q + 128 as u8 (the sign bit flipped), the item's rows in head order
       std::uint8_t* q8 = ws.q8.data();
+      const Index n = g.head_size;
       for (Index h = it.head_begin; h < it.head_end; ++h)
         for (Index gi = 0; gi < g.group; ++gi)
-          for (Index t = 0; t < nq; ++t, q8 += g.head_size) {
+          for (Index t = 0; t < nq; ++t, q8 += n) {
             const TQ* src = in.q.ptr(s.q_batch, s.q_off + it.q_begin + t, h * g.group + gi, 0);
-            for (Index e = 0; e < g.head_size; ++e)
-              q8[e] = static_cast<std::uint8_t>(static_cast<int>(src[e]) + 128);
+            for (Index e = 0; e < n; ++e)
+              q8[e] = static_cast<std::uint8_t>(static_cast<std::uint8_t>(src[e]) ^ 0x80u);
           }
     }
   }

@@ -52,8 +52,11 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
   const bool partial = tm == TileMask::Partial;
   // (a q_transform row constant is added to the visible scores just before transform())
   const bool transform = var.has_transform() || hd.qb != nullptr;
+  // (int8 q·k, summed exactly: always finite, no overflow to flag)
+  const bool exact_int = kI8 && i8();
   if (!partial && !transform) {  // every position visible, raw scores used as they are
-    for (Index r = r0; r < r1; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
+    if (!exact_int)
+      for (Index r = r0; r < r1; ++r) flag_overflow(hd, r, hd.s + r * ld(), cols);
     return;
   }
   for (Index r = r0; r < r1; ++r) {
@@ -78,7 +81,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::apply_hooks(const Head& hd, const Se
       std::fill(frow, frow + lo, std::uint8_t{1});
       std::fill(frow + lo, frow + hi, std::uint8_t{0});
       std::fill(frow + hi, frow + cols, std::uint8_t{1});
-      flag_overflow(hd, r, srow + lo, hi - lo);
+      if (!exact_int) flag_overflow(hd, r, srow + lo, hi - lo);
       if (transform) transform_span(si, c0, srow, lo, hi, hd.qb ? hd.qb + r : nullptr);
       std::fill(srow, srow + lo, kNegInf);
       std::fill(srow + hi, srow + cols, kNegInf);
