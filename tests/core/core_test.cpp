@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <attnref/attnref.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -245,6 +246,38 @@ TEST(Simd, MulRoundToHalfMatchesTheScalarSteps) {
           ASSERT_EQ(std::memcmp(&fast[i], &slow, sizeof(float)), 0)
               << x[i] << " a " << a << " b " << b << " two " << two << ": " << fast[i] << " vs "
               << slow;
+        }
+      });
+}
+
+// rint_clamp and half_rint_clamp (the P quantization steps) give the scalar formula's bits at
+// every level: quotients and products on both sides of the clamp bounds, exact ties (half to
+// even) and values whose fp16 rounding decides the integer, rows with a tail after every width.
+TEST(Simd, RintClampStepsMatchTheScalarFormula) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-300.0f, 300.0f);
+  std::vector<float> x(1000 + 13);
+  for (float& v : x) v = u(rng);
+  for (int i = 0; i < 40; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i - 20) + 0.5f;
+  x[40] = 127.5f, x[41] = -128.5f, x[42] = 100.06f, x[43] = 0.0f, x[44] = -0.0f;
+  for (const auto& [d, divide] :
+       {std::pair<float, bool>{1.0f, true}, {0.37f, true}, {0.37f, false}, {1.0f / 3.0f, false}})
+    for (bool half_first : {false, true})
+      at_every_level([&] {
+        std::vector<float> fast = x;
+        if (half_first)
+          simd::half_rint_clamp(fast.data(), static_cast<Index>(fast.size()), d, divide, -128.0f,
+                                127.0f);
+        else
+          simd::rint_clamp(fast.data(), static_cast<Index>(fast.size()), d, divide, -128.0f,
+                           127.0f);
+        for (size_t i = 0; i < x.size(); ++i) {
+          float q = divide ? x[i] / d : x[i] * d;
+          if (half_first) q = static_cast<float>(attnref::half(q));
+          const float slow = std::min(std::max(std::nearbyint(q), -128.0f), 127.0f);
+          ASSERT_EQ(std::memcmp(&fast[i], &slow, sizeof(float)), 0)
+              << x[i] << " d " << d << " divide " << divide << " half " << half_first << ": "
+              << fast[i] << " vs " << slow;
         }
       });
 }

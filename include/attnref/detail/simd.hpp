@@ -356,6 +356,17 @@ inline void round_to_half_sum_max(float* x, Index n, float& sum, float& max) {
 /// product, round half to even (the same bits at every level).
 inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
   Index i = 0;
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() == Level::Avx512) {
+    const __m512 vd = _mm512_set1_ps(d), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      const __m512 r = _mm512_roundscale_ps(divide ? _mm512_div_ps(v, vd) : _mm512_mul_ps(v, vd),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm512_storeu_ps(x + i, _mm512_min_ps(_mm512_max_ps(r, vlo), vhi));
+    }
+  }
+#endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (level() != Level::Portable) {
     const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
@@ -376,6 +387,18 @@ inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float 
 /// same bits at every level.
 inline void half_rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
   Index i = 0;
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (level() == Level::Avx512) {
+    const __m512 vd = _mm512_set1_ps(d), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      const __m512 q = divide ? _mm512_div_ps(v, vd) : _mm512_mul_ps(v, vd);
+      const __m512 h = _mm512_cvtph_ps(_mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
+      const __m512 r = _mm512_roundscale_ps(h, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm512_storeu_ps(x + i, _mm512_min_ps(_mm512_max_ps(r, vlo), vhi));
+    }
+  }
+#endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   if (level() != Level::Portable) {
     const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
