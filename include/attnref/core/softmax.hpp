@@ -21,10 +21,13 @@
 
 namespace attnref {
 
-/// exp(a - b) for a <= b, returning exactly 0 when a is -inf (also when both are -inf).
+/// exp(a - b) for a <= b, returning exactly 0 when a is -inf (also when both are -inf), and
+/// exactly 1 when a == b (exp(0), without the call: a row's running max mostly stays put from
+/// one kv tile to the next).
 template <class Acc>
 inline Acc exp_diff(Acc a, Acc b) {
   if (a == -std::numeric_limits<Acc>::infinity()) return Acc(0);
+  if (a == b) return Acc(1);
   return std::exp(a - b);
 }
 
