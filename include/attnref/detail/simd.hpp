@@ -118,6 +118,11 @@ struct V8 {
   ATTNREF_SIMD_OP static reg round(reg a) {  // to the nearest integer, ties to even
     return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
+  ATTNREF_SIMD_OP static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
+  ATTNREF_SIMD_OP static reg div(reg a, reg b) { return _mm256_div_ps(a, b); }
+  ATTNREF_SIMD_OP static reg round_half(reg a) {  // to fp16 precision, nearest even
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+  }
   ATTNREF_SIMD_OP static float sum(reg v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -159,6 +164,11 @@ struct V16 {
   ATTNREF_SIMD_OP static reg round(reg a) {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
+  ATTNREF_SIMD_OP static reg min(reg a, reg b) { return _mm512_min_ps(a, b); }
+  ATTNREF_SIMD_OP static reg div(reg a, reg b) { return _mm512_div_ps(a, b); }
+  ATTNREF_SIMD_OP static reg round_half(reg a) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+  }
   ATTNREF_SIMD_OP static float sum(reg v) {
     const __m256 lo = _mm512_castps512_ps256(v);
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -180,6 +190,27 @@ struct V16 {
 };
 #endif
 
+/// Calls f(V{}) with the vector traits of the level in use; returns false (and does nothing)
+/// at Level::Portable.
+template <class F>
+inline bool with_vector(Level l, F&& f) {
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (l == Level::Avx512) {
+    f(V16{});
+    return true;
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  if (l != Level::Portable) {
+    f(V8{});
+    return true;
+  }
+#endif
+  (void)l;
+  (void)f;
+  return false;
+}
+
 // ------------------------------------------------------------------------------------------
 // Conversions (exact at every level).
 
@@ -198,18 +229,10 @@ inline void to_float(const T* src, Index n, float* dst) {
 /// even, overflow to inf), the same bits at every level.
 inline void round_to_half(float* x, Index n) {
   Index i = 0;
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() == Level::Avx512)
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(x + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
-                                                              _MM_FROUND_TO_NEAREST_INT)));
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() != Level::Portable)
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
-                                                              _MM_FROUND_TO_NEAREST_INT)));
-#endif
+  with_vector(level(), [&](auto vec) {
+    using V = decltype(vec);
+    for (; i + V::kWidth <= n; i += V::kWidth) V::store(x + i, V::round_half(V::load(x + i)));
+  });
   for (; i < n; ++i) x[i] = static_cast<float>(half(x[i]));
 }
 
@@ -261,32 +284,15 @@ inline void round_to_bfloat16(float* x, Index n) {
 /// every level.
 inline void mul_round_to_half(float* x, Index n, float a, const float* b = nullptr) {
   Index i = 0;
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() == Level::Avx512) {
-    const auto r16 = [](__m512 v) {
-      return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    };
-    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b ? *b : 1.0f);
-    for (; i + 16 <= n; i += 16) {
-      __m512 v = r16(_mm512_mul_ps(_mm512_loadu_ps(x + i), va));
-      if (b) v = r16(_mm512_mul_ps(v, vb));
-      _mm512_storeu_ps(x + i, v);
+  with_vector(level(), [&](auto vec) {
+    using V = decltype(vec);
+    const typename V::reg va = V::set1(a), vb = V::set1(b ? *b : 1.0f);
+    for (; i + V::kWidth <= n; i += V::kWidth) {
+      typename V::reg v = V::round_half(V::mul(V::load(x + i), va));
+      if (b) v = V::round_half(V::mul(v, vb));
+      V::store(x + i, v);
     }
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() != Level::Portable) {
-    const auto r16 = [](__m256 v) {
-      return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    };
-    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b ? *b : 1.0f);
-    for (; i + 8 <= n; i += 8) {
-      __m256 v = r16(_mm256_mul_ps(_mm256_loadu_ps(x + i), va));
-      if (b) v = r16(_mm256_mul_ps(v, vb));
-      _mm256_storeu_ps(x + i, v);
-    }
-  }
-#endif
+  });
   for (; i < n; ++i) {
     x[i] = static_cast<float>(half(x[i] * a));
     if (b) x[i] = static_cast<float>(half(x[i] * *b));
@@ -356,28 +362,15 @@ inline void round_to_half_sum_max(float* x, Index n, float& sum, float& max) {
 /// product, round half to even (the same bits at every level).
 inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
   Index i = 0;
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() == Level::Avx512) {
-    const __m512 vd = _mm512_set1_ps(d), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 v = _mm512_loadu_ps(x + i);
-      const __m512 r = _mm512_roundscale_ps(divide ? _mm512_div_ps(v, vd) : _mm512_mul_ps(v, vd),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm512_storeu_ps(x + i, _mm512_min_ps(_mm512_max_ps(r, vlo), vhi));
+  with_vector(level(), [&](auto vec) {
+    using V = decltype(vec);
+    const typename V::reg vd = V::set1(d), vlo = V::set1(lo), vhi = V::set1(hi);
+    for (; i + V::kWidth <= n; i += V::kWidth) {
+      const typename V::reg v = V::load(x + i);
+      const typename V::reg r = V::round(divide ? V::div(v, vd) : V::mul(v, vd));
+      V::store(x + i, V::min(V::max(r, vlo), vhi));
     }
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() != Level::Portable) {
-    const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-    for (; i + 8 <= n; i += 8) {
-      const __m256 v = _mm256_loadu_ps(x + i);
-      const __m256 r = _mm256_round_ps(divide ? _mm256_div_ps(v, vd) : _mm256_mul_ps(v, vd),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_storeu_ps(x + i, _mm256_min_ps(_mm256_max_ps(r, vlo), vhi));
-    }
-  }
-#endif
+  });
   for (; i < n; ++i)
     x[i] = std::min(std::max(std::nearbyint(divide ? x[i] / d : x[i] * d), lo), hi);
 }
@@ -387,30 +380,15 @@ inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float 
 /// same bits at every level.
 inline void half_rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
   Index i = 0;
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() == Level::Avx512) {
-    const __m512 vd = _mm512_set1_ps(d), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 v = _mm512_loadu_ps(x + i);
-      const __m512 q = divide ? _mm512_div_ps(v, vd) : _mm512_mul_ps(v, vd);
-      const __m512 h = _mm512_cvtph_ps(_mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
-      const __m512 r = _mm512_roundscale_ps(h, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm512_storeu_ps(x + i, _mm512_min_ps(_mm512_max_ps(r, vlo), vhi));
+  with_vector(level(), [&](auto vec) {
+    using V = decltype(vec);
+    const typename V::reg vd = V::set1(d), vlo = V::set1(lo), vhi = V::set1(hi);
+    for (; i + V::kWidth <= n; i += V::kWidth) {
+      const typename V::reg v = V::load(x + i);
+      const typename V::reg h = V::round_half(divide ? V::div(v, vd) : V::mul(v, vd));
+      V::store(x + i, V::min(V::max(V::round(h), vlo), vhi));
     }
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() != Level::Portable) {
-    const __m256 vd = _mm256_set1_ps(d), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-    for (; i + 8 <= n; i += 8) {
-      const __m256 v = _mm256_loadu_ps(x + i);
-      const __m256 q = divide ? _mm256_div_ps(v, vd) : _mm256_mul_ps(v, vd);
-      const __m256 h = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
-      const __m256 r = _mm256_round_ps(h, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_storeu_ps(x + i, _mm256_min_ps(_mm256_max_ps(r, vlo), vhi));
-    }
-  }
-#endif
+  });
   for (; i < n; ++i) {
     const float q = divide ? x[i] / d : x[i] * d;
     x[i] = std::min(std::max(std::nearbyint(static_cast<float>(half(q))), lo), hi);
@@ -561,27 +539,6 @@ inline void axpy_rows_all(const float* p, Index p_stride, const T* const* v, Ind
                           float* o, Index o_stride) {
   axpy_rows_each<V, R>(
       p, p_stride, [v](Index c) { return v[c]; }, cols, n, o, o_stride);
-}
-
-/// Calls f(V{}) with the vector traits of the level in use; returns false (and does nothing)
-/// at Level::Portable.
-template <class F>
-inline bool with_vector(Level l, F&& f) {
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (l == Level::Avx512) {
-    f(V16{});
-    return true;
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (l != Level::Portable) {
-    f(V8{});
-    return true;
-  }
-#endif
-  (void)l;
-  (void)f;
-  return false;
 }
 
 /// Runtime row count (1..8) -> f(std::integral_constant<int, R>).
