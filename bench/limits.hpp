@@ -122,24 +122,30 @@ inline volatile std::size_t g_zero = 0;  // read per pass: the compiler cannot r
 
 }  // namespace detail
 
+namespace detail {
+/// The best of 5 passes of `threads` threads each running run(iters) (iters grown until one
+/// pass takes >= 20 ms), in G operations a second, ops_per_iter per iteration and thread.
+template <class Run>
+double best_rate(int threads, double ops_per_iter, const Run& run) {
+  long iters = 1 << 16;
+  while (timed(1, [&](int) { run(iters); }) < 0.02) iters *= 2;
+  double best = 0.0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const double s = timed(threads, [&](int) { run(iters); });
+    best = std::max(best, ops_per_iter * static_cast<double>(iters) * threads / s * 1e-9);
+  }
+  return best;
+}
+}  // namespace detail
+
 /// fp32 FMA peak of `threads` threads, GFLOPS.
 inline double fma_peak_gflops(int threads) {
   static std::mutex m;
   static std::map<int, double> cache;
   std::lock_guard<std::mutex> lock(m);
   if (auto it = cache.find(threads); it != cache.end()) return it->second;
-  long iters = 1 << 16;
-  while (detail::timed(1, [&](int) { detail::g_sink = detail::fma_chains(iters); }) < 0.02)
-    iters *= 2;
-  double best = 0.0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const double s =
-        detail::timed(threads, [&](int) { detail::g_sink = detail::fma_chains(iters); });
-    const double flops = 2.0 * detail::kLanes * detail::kChains * static_cast<double>(iters) *
-                         static_cast<double>(threads);
-    best = std::max(best, flops / s * 1e-9);
-  }
-  return cache[threads] = best;
+  return cache[threads] = detail::best_rate(threads, 2.0 * detail::kLanes * detail::kChains,
+                                            [](long n) { detail::g_sink = detail::fma_chains(n); });
 }
 
 /// int8 dot-product peak of `threads` threads (AVX-512 VNNI), GOPS; 0 where the build has none.
@@ -149,18 +155,9 @@ inline double int8_peak_gops(int threads) {
   static std::map<int, double> cache;
   std::lock_guard<std::mutex> lock(m);
   if (auto it = cache.find(threads); it != cache.end()) return it->second;
-  long iters = 1 << 16;
-  while (detail::timed(1, [&](int) { detail::g_isink = detail::int8_chains(iters); }) < 0.02)
-    iters *= 2;
-  double best = 0.0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const double s =
-        detail::timed(threads, [&](int) { detail::g_isink = detail::int8_chains(iters); });
-    const double ops =
-        2.0 * 64 * detail::kI8Chains * static_cast<double>(iters) * static_cast<double>(threads);
-    best = std::max(best, ops / s * 1e-9);
-  }
-  return cache[threads] = best;
+  return cache[threads] = detail::best_rate(threads, 2.0 * 64 * detail::kI8Chains, [](long n) {
+           detail::g_isink = detail::int8_chains(n);
+         });
 }
 
 /// Seconds for `threads` threads to read their shares of `buf` `reps` times each.
