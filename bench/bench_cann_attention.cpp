@@ -88,12 +88,7 @@ void pfa(benchmark::State& state, Index s, bool causal, int threads) {
   }
   const double pairs = causal ? static_cast<double>(s) * static_cast<double>(s + 1) / 2.0
                               : static_cast<double>(s) * static_cast<double>(s);
-  const double ops = 4.0 * kHeads * pairs * kD;
-  state.counters["GFLOPS"] =
-      benchmark::Counter(ops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  if (int8_peak > 0.0)
-    state.counters["of_int8_peak"] =
-        benchmark::Counter(ops * 1e-9 / int8_peak, benchmark::Counter::kIsIterationInvariantRate);
+  bench_limits::int8_rate_counters(state, "GFLOPS", 4.0 * kHeads * pairs * kD, int8_peak);
 }
 
 /// T: query / output type; KV: cache type (int8: antiquant). block: 0 contiguous, else paged.

@@ -195,12 +195,7 @@ void quant(benchmark::State& state, Index s, bool online, int threads) {
     benchmark::DoNotOptimize(o.data());
   }
   const double pairs = static_cast<double>(s) * static_cast<double>(s + 1) / 2.0;
-  const double ops = 4.0 * kHeads * pairs * kD;
-  state.counters["GOPS"] =
-      benchmark::Counter(ops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  if (int8_peak > 0.0)
-    state.counters["of_int8_peak"] =
-        benchmark::Counter(ops * 1e-9 / int8_peak, benchmark::Counter::kIsIterationInvariantRate);
+  bench_limits::int8_rate_counters(state, "GOPS", 4.0 * kHeads * pairs * kD, int8_peak);
 }
 
 const bool registered = [] {

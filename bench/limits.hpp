@@ -11,6 +11,8 @@
 //                           share of one buffer, again and again
 // Each value is measured once per argument (best of several passes of >= 20 ms) and cached.
 
+#include <benchmark/benchmark.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
@@ -158,6 +160,17 @@ inline double int8_peak_gops(int threads) {
   return cache[threads] = detail::best_rate(threads, 2.0 * 64 * detail::kI8Chains, [](long n) {
            detail::g_isink = detail::int8_chains(n);
          });
+}
+
+/// The counters `name` (`ops` useful operations per iteration, in G a second) and, where
+/// int8_peak > 0 (a VNNI build), of_int8_peak: that rate over the int8 peak.
+inline void int8_rate_counters(benchmark::State& state, const char* name, double ops,
+                               double int8_peak) {
+  state.counters[name] =
+      benchmark::Counter(ops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (int8_peak > 0.0)
+    state.counters["of_int8_peak"] =
+        benchmark::Counter(ops * 1e-9 / int8_peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 /// Seconds for `threads` threads to read their shares of `buf` `reps` times each.

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <attnref/attnref.hpp>
 #include <algorithm>
+#include <attnref/attnref.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>

@@ -358,41 +358,38 @@ inline void round_to_half_sum_max(float* x, Index n, float& sum, float& max) {
   max = mx;
 }
 
-/// x[i] = clamp(rint(x[i] / d), lo, hi) when `divide`, else with x[i] * d: IEEE division or
-/// product, round half to even (the same bits at every level).
-inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
-  Index i = 0;
-  with_vector(level(), [&](auto vec) {
-    using V = decltype(vec);
-    const typename V::reg vd = V::set1(d), vlo = V::set1(lo), vhi = V::set1(hi);
-    for (; i + V::kWidth <= n; i += V::kWidth) {
-      const typename V::reg v = V::load(x + i);
-      const typename V::reg r = V::round(divide ? V::div(v, vd) : V::mul(v, vd));
-      V::store(x + i, V::min(V::max(r, vlo), vhi));
-    }
-  });
-  for (; i < n; ++i)
-    x[i] = std::min(std::max(std::nearbyint(divide ? x[i] / d : x[i] * d), lo), hi);
-}
-
-/// x[i] = clamp(rint(float(half(x[i] / d))), lo, hi) when `divide`, else with x[i] * d: the
-/// quotient or product rounded to fp16 (nearest even), then to an integer (half to even). The
+/// x[i] = clamp(rint(q), lo, hi) with q = x[i] / d when `divide`, else x[i] * d (IEEE division
+/// or product), round half to even; with kHalf, q is rounded to fp16 (nearest even) first. The
 /// same bits at every level.
-inline void half_rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
+template <bool kHalf>
+inline void rint_clamp_steps(float* x, Index n, float d, bool divide, float lo, float hi) {
   Index i = 0;
   with_vector(level(), [&](auto vec) {
     using V = decltype(vec);
     const typename V::reg vd = V::set1(d), vlo = V::set1(lo), vhi = V::set1(hi);
     for (; i + V::kWidth <= n; i += V::kWidth) {
       const typename V::reg v = V::load(x + i);
-      const typename V::reg h = V::round_half(divide ? V::div(v, vd) : V::mul(v, vd));
-      V::store(x + i, V::min(V::max(V::round(h), vlo), vhi));
+      typename V::reg q = divide ? V::div(v, vd) : V::mul(v, vd);
+      if constexpr (kHalf) q = V::round_half(q);
+      V::store(x + i, V::min(V::max(V::round(q), vlo), vhi));
     }
   });
   for (; i < n; ++i) {
-    const float q = divide ? x[i] / d : x[i] * d;
-    x[i] = std::min(std::max(std::nearbyint(static_cast<float>(half(q))), lo), hi);
+    float q = divide ? x[i] / d : x[i] * d;
+    if constexpr (kHalf) q = static_cast<float>(half(q));
+    x[i] = std::min(std::max(std::nearbyint(q), lo), hi);
   }
+}
+
+/// x[i] = clamp(rint(x[i] / d), lo, hi) when `divide`, else with x[i] * d.
+inline void rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
+  rint_clamp_steps<false>(x, n, d, divide, lo, hi);
+}
+
+/// x[i] = clamp(rint(float(half(x[i] / d))), lo, hi) when `divide`, else with x[i] * d: the
+/// quotient or product rounded to fp16 first.
+inline void half_rint_clamp(float* x, Index n, float d, bool divide, float lo, float hi) {
+  rint_clamp_steps<true>(x, n, d, divide, lo, hi);
 }
 
 // ------------------------------------------------------------------------------------------
