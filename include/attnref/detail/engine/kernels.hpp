@@ -53,31 +53,42 @@ struct HeadBlock {
   float* o_of(Index h) const { return o + (h - h0) * rows * dv; }
 };
 
-/// Asks for the cache lines of one row of n elements ahead of its use. Decode streams K and V
-/// from memory once, doing little arithmetic per byte; left to the hardware prefetcher, the
-/// small-row kernels waited for their rows (head-major V rows first: decode_bnsd/f32/B:8/KV:4096
-/// 32–38 → 30–31 ms, AMD Zen 3). Where it pays (measured on AMD Zen 5, below), the kernels fetch
-/// the rows a few tokens ahead of the ones they compute on. kLocality is __builtin_prefetch's:
-/// 3 into every cache level (prefetcht0), 2 into the second level and beyond (prefetcht1).
-template <int kLocality = 3, class X>
-inline void prefetch_row(const X* row, Index n) {
-#if defined(__GNUC__)
-  const char* c = reinterpret_cast<const char*>(row);
-  const Index bytes = n * static_cast<Index>(sizeof(X));
-  for (Index off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, kLocality);
+/// Asks for the cache line at p: kLocality 3 into every cache level (prefetcht0), 2 into the
+/// second level and beyond (prefetcht1). On x86 an asm statement: g++ 12 counts a function whose
+/// only effects are __builtin_prefetch calls as pure unless it loops, and deleted the calls of
+/// a row's requests written out line by line (found while trying that form; the loop below
+/// measured the same).
+template <int kLocality>
+inline void prefetch_line(const char* p) {
+  static_assert(kLocality == 2 || kLocality == 3, "prefetcht1 or prefetcht0");
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  if constexpr (kLocality == 3)
+    asm volatile("prefetcht0 {(%0)|[%0]}" : : "r"(p));
+  else
+    asm volatile("prefetcht1 {(%0)|[%0]}" : : "r"(p));
+#elif defined(__GNUC__)
+  __builtin_prefetch(p, 0, kLocality);
 #else
-  (void)row;
-  (void)n;
+  (void)p;
 #endif
 }
 
-/// Whether the small-row kernels fetch a tile's rows ahead. Always for fp16 / bf16 / int8 rows,
-/// whose conversion leaves the load ports idle; for float rows only when one head's rows are
-/// adjacent (a head-major cache): float rows of a token-major cache ran 3–10 % slower with the
-/// prefetches, which then compete with the kernel's own loads. Measured on 2 vCPUs of an AMD
-/// EPYC Zen 5, min of 3 interleaved runs, B:8 / KV:4096, one and two threads: decode/f16
-/// 14.1 → 10.2 and 7.4 → 5.4 ms, decode_bnsd/f16 13.8 → 9.7 and 7.5 → 5.4 ms, decode_bnsd/f32
-/// 22.6 → 20.7 and 12.1 → 11.3 ms.
+/// Asks for the cache lines of one row of n elements ahead of its use. Decode streams K and V
+/// from memory once, doing little arithmetic per byte; left to the hardware prefetcher, the
+/// small-row kernels waited for their rows (head-major V rows first: decode_bnsd/f32/B:8/KV:4096
+/// 32–38 → 30–31 ms, AMD Zen 3), so they fetch the rows a few tokens ahead of the ones they
+/// compute on. When that came in (2 vCPUs of an AMD EPYC Zen 5, min of 3 interleaved runs,
+/// B:8 / KV:4096, one and two threads): decode/f16 14.1 → 10.2 and 7.4 → 5.4 ms,
+/// decode_bnsd/f16 13.8 → 9.7 and 7.5 → 5.4 ms, decode_bnsd/f32 22.6 → 20.7 and 12.1 → 11.3 ms.
+template <int kLocality = 3, class X>
+inline void prefetch_row(const X* row, Index n) {
+  const char* c = reinterpret_cast<const char*>(row);
+  const Index bytes = n * static_cast<Index>(sizeof(X));
+  for (Index off = 0; off < bytes; off += 64) prefetch_line<kLocality>(c + off);
+}
+
+/// Whether rows gathered from anywhere (paged blocks, selected tokens) are fetched ahead of
+/// their conversion: fp16 / bf16 / int8 rows, whose conversion leaves the load ports idle.
 template <class X>
 constexpr bool kPrefetchRows = sizeof(X) < sizeof(float);
 
@@ -100,9 +111,10 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& b, const 
       // Tokens per step: R * kTokens accumulators, at most half the vector registers.
       constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
       constexpr int kTokens = R() * 4 <= kRegs / 2 ? 4 : (R() * 2 <= kRegs / 2 ? 2 : 1);
-      // Rows fetched ahead: see kPrefetchRows (a dequantized tile in the workspace is not).
-      const bool ahead = k.row != nullptr && b.cols > kPrefetchTokens + kTokens &&
-                         (kPrefetchRows<X> || k(b.h0, 1) == k(b.h0, 0) + b.n);
+      // The cache's rows are fetched ahead (a dequantized tile in the workspace is not). Float
+      // rows of a token-major cache too: an earlier kernel ran 3-10 % slower so, this one runs
+      // faster (decode/f32/B:1/KV:4096 1.71 -> 1.19 ms, B:8 16.1 -> 14.4 ms, one thread, Zen 5).
+      const bool ahead = k.row != nullptr && b.cols > kPrefetchTokens + kTokens;
       const bool v_ahead = ahead && v.row != nullptr && v(b.h0, 1) == v(b.h0, 0) + b.dv;
       Index c = 0;
       for (; c + kTokens <= b.cols; c += kTokens)
@@ -142,16 +154,16 @@ ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool parti
       if (!partial) {  // every row sees every key: blocks of keys, the output in registers
         constexpr Index kKeys = 16;  // the rows of a token-major page stay hot across the heads
         const X* vk[kKeys];
-        // The next block's value rows are fetched ahead (see kPrefetchRows): one head's rows
-        // when they are adjacent (a head-major cache), else every head's row of each token when
-        // the heads are adjacent and the rows are narrower than float. Head by head, just before
-        // that head's products: asked for all at once (every head's rows of 16 tokens, 32 KiB of
-        // fp16), the requests queued behind one another, and token-major decode from memory
-        // took 1.3-1.5x as long (decode/f16/B:8/KV:4096 8.5 -> 5.3 ms spread out, ifa/int8/B:8
-        // 6.3 -> 4.3 ms, one thread, AMD Zen 5).
+        // The next block's value rows are fetched ahead: one head's rows when they are adjacent
+        // (a head-major cache), else every head's row of each token when the heads are adjacent
+        // (a token-major cache). Head by head, just before that head's products: asked for all
+        // at once (every head's rows of 16 tokens, 32 KiB of fp16), the requests queued behind
+        // one another, and token-major decode from memory took 1.3-1.5x as long
+        // (decode/f16/B:8/KV:4096 8.5 -> 5.3 ms spread out, ifa/int8/B:8 6.3 -> 4.3 ms, one thread,
+        // AMD Zen 5).
         const bool adjacent = v.row != nullptr && b.cols > 1 && v(b.h0, 1) == v(b.h0, 0) + dv;
-        const bool heads = v.row != nullptr && kPrefetchRows<X> && !adjacent && b.h1 - b.h0 > 1 &&
-                           v(b.h0 + 1, 0) == v(b.h0, 0) + dv;
+        const bool heads =
+            v.row != nullptr && !adjacent && b.h1 - b.h0 > 1 && v(b.h0 + 1, 0) == v(b.h0, 0) + dv;
         for (Index c = 0; c < b.cols; c += kKeys) {
           const Index n = std::min(kKeys, b.cols - c);
           if (adjacent)
