@@ -108,14 +108,12 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& block,
   simd::with_vector(level, [&](auto vec) {
     using V = decltype(vec);
     simd::with_rows(block.rows, [&](auto R) {
-      // The structs' fields as locals of this loop nest: the scores are stored through a vector
+      // Copies of the structs, local to this loop nest: the scores are stored through a vector
       // type that may alias anything, after which g++ reloaded every field it read through a
       // reference, for every step of every head (as locals: int8 scores 159 -> 198 GFLOPS and
       // fp16 137 -> 167, R 4, on rows in the L1 cache, AMD Zen 5).
-      const Index h0 = block.h0, h1 = block.h1, cols = block.cols, n = block.n, ld = block.ld;
-      const Index dv = block.dv, q_head = block.rows * n, s_head = block.rows * ld;
-      const float* const q = block.q;
-      float* const s = block.s;
+      const HeadBlock b = block;
+      const Index h0 = b.h0, h1 = b.h1, cols = b.cols, n = b.n, ld = b.ld, dv = b.dv;
       const TileRows<X> k = keys, v = values;
       // Tokens per step: R * kTokens accumulators, at most half the vector registers.
       constexpr int kRegs = V::kWidth == 16 ? 32 : 16;
@@ -135,13 +133,12 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& block,
               prefetch_row(k(h, c + kPrefetchTokens + t), n);
               if (v_ahead) prefetch_row<2>(v(h, c + kPrefetchTokens + t), dv);
             }
-          simd::dot_rows<V, R(), kTokens>(q + (h - h0) * q_head, n, kt, n,
-                                          s + (h - h0) * s_head + c, ld);
+          simd::dot_rows<V, R(), kTokens>(b.q_of(h), n, kt, n, b.s_of(h) + c, ld);
         }
       for (; c < cols; ++c)
         for (Index h = h0; h < h1; ++h) {
           const X* kt[1] = {k(h, c)};
-          simd::dot_rows<V, R(), 1>(q + (h - h0) * q_head, n, kt, n, s + (h - h0) * s_head + c, ld);
+          simd::dot_rows<V, R(), 1>(b.q_of(h), n, kt, n, b.s_of(h) + c, ld);
         }
     });
   });
