@@ -95,13 +95,24 @@ constexpr bool kPrefetchRows = sizeof(X) < sizeof(float);
 /// Tokens ahead at which the scores kernel fetches K rows (8 to 32 measured alike).
 inline constexpr Index kPrefetchTokens = 16;
 
+/// Rows of another tile (or phase) that a kernel fetches near its end, so that the next
+/// kernel's first rows are on the way when it starts: rows(h, c) for c < count, n elements each.
+template <class X>
+struct NextRows {
+  TileRows<X> rows;
+  Index count = 0, n = 0;
+};
+
 /// Raw scores q·k of every head of the block against keys [0, cols): kTokens keys per step,
 /// every head of the step before the next (the heads of a token-major page stay hot). `v`, when
 /// given, is the tile's value rows: where one head's rows are adjacent (a head-major cache), they
 /// are fetched into the second-level cache beside the keys, so that P·V, whose own fetches run
 /// only 16 keys ahead of a single head's products, finds them there (decode_bnsd/f16/B:8/KV:4096
 /// 7.4 -> 6.9 ms on one thread, f32 14.3 -> 12.8 ms, AMD Zen 5). On a token-major cache the same
-/// slowed decode by 9-18 %: those rows are fetched head by head in small_pv.
+/// slowed decode by 9-18 %: those rows are fetched head by head in small_pv. Each kernel fetches
+/// its own rows kPrefetchTokens ahead, so the first rows of the next one would start cold: the
+/// last steps here, where no key is left to fetch, ask for the tile's first value rows instead
+/// (and small_pv's last block for the next tile's first keys).
 template <class X>
 ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& block,
                                    const TileRows<X>& keys, const TileRows<X>& values = {}) {
@@ -123,16 +134,23 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& block,
       // faster (decode/f32/B:1/KV:4096 1.71 -> 1.19 ms, B:8 16.1 -> 14.4 ms, one thread, Zen 5).
       const bool ahead = k.row != nullptr && cols > kPrefetchTokens + kTokens;
       const bool v_ahead = ahead && v.row != nullptr && v(h0, 1) == v(h0, 0) + dv;
+      // Once no key is left to fetch (the steps from end - kPrefetchTokens on), the tile's
+      // value rows 0 .. kPrefetchTokens - 1 are fetched instead, kTokens per step.
+      const Index end = cols - cols % kTokens;
       Index c = 0;
-      for (; c + kTokens <= cols; c += kTokens)
+      for (; c < end; c += kTokens)
         for (Index h = h0; h < h1; ++h) {
           const X* kt[kTokens];
           for (int t = 0; t < kTokens; ++t) kt[t] = k(h, c + t);
-          if (ahead && c + kPrefetchTokens + kTokens <= cols)
+          if (ahead && c + kPrefetchTokens + kTokens <= cols) {
             for (int t = 0; t < kTokens; ++t) {
               prefetch_row(k(h, c + kPrefetchTokens + t), n);
               if (v_ahead) prefetch_row<2>(v(h, c + kPrefetchTokens + t), dv);
             }
+          } else if (ahead && v.row != nullptr) {
+            for (Index w = c + kPrefetchTokens - end; w < c + kPrefetchTokens + kTokens - end; ++w)
+              if (w >= 0) prefetch_row(v(h, w), dv);
+          }
           simd::dot_rows<V, R(), kTokens>(b.q_of(h), n, kt, n, b.s_of(h) + c, ld);
         }
       for (; c < cols; ++c)
@@ -145,10 +163,11 @@ ATTNREF_NOINLINE void small_scores(simd::Level level, const HeadBlock& block,
 }
 
 /// O += P·V for every head of the block over value rows [0, cols). A key masked for a row
-/// (flag set, `partial` tiles only) is never read for that row.
+/// (flag set, `partial` tiles only) is never read for that row. `next`: the next tile's first key
+/// rows, fetched head by head in the last block of keys.
 template <class X>
 ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool partial,
-                               const TileRows<X>& v) {
+                               const TileRows<X>& v, const NextRows<X>& next = {}) {
   const Index rows = b.rows, ld = b.ld, dv = b.dv;
   auto seen_by = [&](const std::uint8_t* f, Index c) {
     Index n = 0;
@@ -180,6 +199,8 @@ ATTNREF_NOINLINE void small_pv(simd::Level level, const HeadBlock& b, bool parti
             if (heads)
               for (Index k = c + n; k < std::min(b.cols, c + n + kKeys); ++k)
                 prefetch_row(v(h, k), dv);
+            if (c + n == b.cols)
+              for (Index k = 0; k < next.count; ++k) prefetch_row(next.rows(h, k), next.n);
             for (Index k = 0; k < n; ++k) vk[k] = v(h, c + k);
             simd::axpy_rows_all<V, R()>(b.s_of(h) + c, ld, vk, n, dv, b.o_of(h), dv);
           }

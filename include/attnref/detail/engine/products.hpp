@@ -149,7 +149,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::accumulate_pv(Workspace& ws, const W
         }
       } else {
         kernels::small_pv(level, block(ws, it, h0, h1, rows, cols), partial,
-                          cache_rows(ws.vrow, in.v));
+                          cache_rows(ws.vrow, in.v),
+                          {cache_rows(ws.kfirst, in.k), ws.first_cols, g.head_size});
       }
     }
     return;

@@ -131,6 +131,8 @@ struct Engine {
     std::vector<const TKV*> kr_row;         // split scores: the tile's k_rope rows
     std::vector<const char*> knext, vnext;  // ahead(): the next tile's K / V rows (head 0)
     Index next_cols = 0;                    // keys of the next tile (0: none, or not ahead())
+    std::vector<const TKV*> kfirst;         // small rows: the next tile's first keys (head 0)
+    Index first_cols = 0;                   // how many (0: none, or rows gathered)
     std::vector<KvAffine> kdq, vdq;         // kv_dequant: the tile's maps, [head - dq_head0][token]
     Index dq_head0 = 0;                     // kv_dequant: the first kv head of the current item
     AlignedVector<Acc> aux, fac, pv;        // quantize_p: row state, tile factors, P·V of a tile
@@ -176,6 +178,7 @@ struct Engine {
     ws.krow.resize(static_cast<size_t>(g.kv_tile));
     ws.vrow.resize(static_cast<size_t>(g.kv_tile));
     if (split()) ws.kr_row.resize(static_cast<size_t>(g.kv_tile));
+    ws.kfirst.resize(static_cast<size_t>(kernels::kPrefetchTokens));
     if (panel(rows) && !gathered()) {  // (an item's rows per head may be fewer: ahead())
       ws.knext.resize(static_cast<size_t>(g.kv_tile));
       ws.vnext.resize(static_cast<size_t>(g.kv_tile));
@@ -239,9 +242,16 @@ struct Engine {
       ws.vrow[c] = pages.v[page] + off * in.v.stride(1);
       if (split()) ws.kr_row[c] = pages.kr[page] + off * in.k_rope.stride(1);
     });
+    const Index rows = g.group * (it.q_end - it.q_begin), j1 = j0 + g.kv_tile;  // (next tile)
+    ws.first_cols = 0;
+    if (small(rows) && !gathered()) {  // fetched by small_pv's last block (kernels::NextRows)
+      ws.first_cols = std::max<Index>(0, std::min(kernels::kPrefetchTokens, it.kv_end - j1));
+      walk_pages(seq, j1, ws.first_cols, [&](size_t c, size_t page, Index off) {
+        ws.kfirst[c] = pages.k[page] + off * in.k.stride(1);
+      });
+    }
     ws.next_cols = 0;
-    if (!ahead(g.group * (it.q_end - it.q_begin))) return;
-    const Index j1 = j0 + g.kv_tile;  // the next tile of for_each_tile
+    if (!ahead(rows)) return;
     ws.next_cols = std::max<Index>(0, std::min(g.kv_tile, it.kv_end - j1));
     walk_pages(seq, j1, ws.next_cols, [&](size_t c, size_t page, Index off) {
       ws.knext[c] = reinterpret_cast<const char*>(pages.k[page] + off * in.k.stride(1));
