@@ -50,7 +50,7 @@ bench_lib=$(find /usr/lib /usr/local/lib -name 'libbenchmark_main.a' 2> /dev/nul
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-objs=()
+objs=() pids=()
 for side in A B; do
   rev=$rev_a
   [ $side = B ] && rev=$rev_b
@@ -73,10 +73,11 @@ for side in A B; do
     c++ -std=c++17 -O3 -march=native -DNDEBUG -w -Dattnref=attnref_ab_$side \
       -I"$work/$side/include" -I"$root/bench" -I"$root/tests" -isystem /usr/include/eigen3 \
       -c "$src" -o "$src.o" &
+    pids+=($!)
     objs+=("$src.o")
   done
 done
-wait
+for pid in "${pids[@]}"; do wait "$pid"; done  # a failed compile stops the script here
 c++ "${objs[@]}" -o "$work/ab" "$ref_lib" "$bench_lib" -lbenchmark -pthread
 
 "$work/ab" --benchmark_filter="^(A|B):($filter)" --benchmark_repetitions="$reps" \
