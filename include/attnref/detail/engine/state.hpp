@@ -237,40 +237,52 @@ struct Engine {
           }
       }
     }
-    walk_pages(seq, j0, cols, [&](size_t c, size_t page, Index off) {
-      ws.krow[c] = pages.k[page] + off * in.k.stride(1);
-      ws.vrow[c] = pages.v[page] + off * in.v.stride(1);
-      if (split()) ws.kr_row[c] = pages.kr[page] + off * in.k_rope.stride(1);
+    const Index ks = in.k.stride(1), vs = in.v.stride(1);
+    walk_pages(seq, j0, cols, [&](Index c, Index n, size_t page, Index off) {
+      fill_rows(ws.krow.data() + c, pages.k[page] + off * ks, ks, n);
+      fill_rows(ws.vrow.data() + c, pages.v[page] + off * vs, vs, n);
+      if (split()) {
+        const Index rs = in.k_rope.stride(1);
+        fill_rows(ws.kr_row.data() + c, pages.kr[page] + off * rs, rs, n);
+      }
     });
     const Index rows = g.group * (it.q_end - it.q_begin), j1 = j0 + g.kv_tile;  // (next tile)
     ws.first_cols = 0;
     if (small(rows) && !gathered()) {  // fetched by small_pv's last block (kernels::NextRows)
       ws.first_cols = std::max<Index>(0, std::min(kernels::kPrefetchTokens, it.kv_end - j1));
-      walk_pages(seq, j1, ws.first_cols, [&](size_t c, size_t page, Index off) {
-        ws.kfirst[c] = pages.k[page] + off * in.k.stride(1);
+      walk_pages(seq, j1, ws.first_cols, [&](Index c, Index n, size_t page, Index off) {
+        fill_rows(ws.kfirst.data() + c, pages.k[page] + off * ks, ks, n);
       });
     }
     ws.next_cols = 0;
     if (!ahead(rows)) return;
     ws.next_cols = std::max<Index>(0, std::min(g.kv_tile, it.kv_end - j1));
-    walk_pages(seq, j1, ws.next_cols, [&](size_t c, size_t page, Index off) {
-      ws.knext[c] = reinterpret_cast<const char*>(pages.k[page] + off * in.k.stride(1));
-      ws.vnext[c] = reinterpret_cast<const char*>(pages.v[page] + off * in.v.stride(1));
+    walk_pages(seq, j1, ws.next_cols, [&](Index c, Index n, size_t page, Index off) {
+      fill_rows(ws.knext.data() + c, pages.k[page] + off * ks, ks, n);
+      fill_rows(ws.vnext.data() + c, pages.v[page] + off * vs, vs, n);
     });
   }
 
-  /// f(c, page, offset) for the keys j0 + c, c < cols, of sequence seq: page index and row.
+  /// f(c, n, page, off) for every run of keys j0 + c .. j0 + c + n - 1 (c < cols) of sequence
+  /// seq that lies in one page: its page index and the run's first row there. One call per page,
+  /// so that the rows of a run are resolved by fill_rows' plain loop: resolved key by key
+  /// (a page check per key), the rows of head-major decode's tiles (one kv head per item, 256 keys)
+  /// took most of the engine's own time around its kernels.
   template <class F>
   void walk_pages(Index seq, Index j0, Index cols, F&& f) const {
-    Index page = pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size;
+    size_t page = static_cast<size_t>(pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size);
     Index off = j0 % pages.page_size;
-    for (Index c = 0; c < cols; ++c) {
-      f(static_cast<size_t>(c), static_cast<size_t>(page), off);
-      if (++off == pages.page_size) {
-        off = 0;
-        ++page;
-      }
+    for (Index c = 0; c < cols; ++page, off = 0) {
+      const Index n = std::min(cols - c, pages.page_size - off);
+      f(c, n, page, off);
+      c += n;
     }
+  }
+
+  /// dst[i] = base + i·stride (as P: the row pointer, or its address as bytes), i < n.
+  template <class P, class T>
+  static void fill_rows(P* dst, const T* base, Index stride, Index n) {
+    for (Index i = 0; i < n; ++i) dst[i] = reinterpret_cast<P>(base + i * stride);
   }
 
   /// The next tile's keys (or values) of kv head h, as lines for the panel kernels to fetch
