@@ -9,7 +9,8 @@
 # bench_cann_attention.cpp). FILTER: a regex over the benchmark names, e.g.
 # 'decode(_bnsd)?/f16/B:8/KV:4096/threads:1'.
 #
-# Each unit is compiled twice (-O3 -march=native), once per revision, with the library's
+# Each unit is compiled twice (-O3 -march=native -fopenmp, as the bench build: without OpenMP the
+# threads:2 benchmarks would run on one thread), once per revision, with the library's
 # namespace renamed by the preprocessor (attnref_ab_A, attnref_ab_B) and the benchmark names
 # prefixed "A:" / "B:", and linked into one binary. Its runs interleave the two versions at
 # random (--benchmark_enable_random_interleaving), REPS repetitions each (default 8), so a slow
@@ -70,7 +71,7 @@ for side in A B; do
       echo "}"
       sed 's/benchmark::RegisterBenchmark(/ab_register(/g' "$root/bench/$unit"
     } > "$src"
-    c++ -std=c++17 -O3 -march=native -DNDEBUG -w -Dattnref=attnref_ab_$side \
+    c++ -std=c++17 -O3 -march=native -fopenmp -DNDEBUG -w -Dattnref=attnref_ab_$side \
       -I"$work/$side/include" -I"$root/bench" -I"$root/tests" -isystem /usr/include/eigen3 \
       -c "$src" -o "$src.o" &
     pids+=($!)
@@ -78,7 +79,7 @@ for side in A B; do
   done
 done
 for pid in "${pids[@]}"; do wait "$pid"; done  # a failed compile stops the script here
-c++ "${objs[@]}" -o "$work/ab" "$ref_lib" "$bench_lib" -lbenchmark -pthread
+c++ -fopenmp "${objs[@]}" -o "$work/ab" "$ref_lib" "$bench_lib" -lbenchmark -pthread
 
 "$work/ab" --benchmark_filter="^(A|B):($filter)" --benchmark_repetitions="$reps" \
   --benchmark_enable_random_interleaving=true --benchmark_min_time=0.2 \
