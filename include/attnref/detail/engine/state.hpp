@@ -264,10 +264,11 @@ struct Engine {
   }
 
   /// f(c, n, page, off) for every run of keys j0 + c .. j0 + c + n - 1 (c < cols) of sequence
-  /// seq that lies in one page: its page index and the run's first row there. One call per page,
-  /// so that the rows of a run are resolved by fill_rows' plain loop: resolved key by key
-  /// (a page check per key), the rows of head-major decode's tiles (one kv head per item, 256 keys)
-  /// took most of the engine's own time around its kernels.
+  /// seq that lies in one page: its page index and the run's first row there. One call per page;
+  /// the callers resolve a run's rows in a plain loop (fill_rows). Resolved key by key, with a
+  /// page check per key, the rows of head-major decode's tiles (one kv head per item, 256 keys a
+  /// tile) took most of run_item's own time (decode_bnsd/f16/B:1/KV:4096 0.616 -> 0.581 ms on one
+  /// thread, AMD Zen 5).
   template <class F>
   void walk_pages(Index seq, Index j0, Index cols, F&& f) const {
     size_t page = static_cast<size_t>(pages.first[static_cast<size_t>(seq)] + j0 / pages.page_size);
