@@ -92,6 +92,9 @@ for row in csv.reader(sys.stdin):
     scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[row[4]]
     side, name = row[0].split(":", 1)
     runs.setdefault(name, {}).setdefault(side, []).append(float(row[2]) * scale)
+if not runs:
+    sys.exit(f"bench_ab.sh: no benchmark matched FILTER {sys.argv[4]!r} (it is matched after "
+             "the A: / B: prefix, so it cannot start with ^)")
 print(f"{sys.argv[1]} (A) against {sys.argv[2]} (B), ms, {sys.argv[3]} runs each")
 for name in sorted(runs):
     a, b = runs[name].get("A", []), runs[name].get("B", [])
@@ -99,4 +102,4 @@ for name in sorted(runs):
         ma, mb = statistics.median(a), statistics.median(b)
         print(f"{name}  A {min(a):.3f} / {ma:.3f}  B {min(b):.3f} / {mb:.3f}"
               f"  B/A {min(b) / min(a):.3f} / {mb / ma:.3f}  (fastest / median)")
-' "$rev_a" "$rev_b" "$reps"
+' "$rev_a" "$rev_b" "$reps" "$filter"
