@@ -374,6 +374,69 @@ TEST(Simd, KeyPanelIsTheTransposeInBlocksOfOneVector) {
   check_key_panel<float>();
 }
 
+// The lane score kernel (the rows of q in the vector lanes, keys converted but not packed) gives
+// the bits of the packed panel kernel for every row count up to the width, a key count with a
+// partial last block, head sizes with and without a vector tail, keys spread over pages and
+// starting at a column offset; scores past the last key are 0, rows past `rows` untouched, and
+// every score is within float rounding of the double-precision sum.
+template <class T>
+void check_lane_scores() {
+  namespace kn = attnref::detail::kernels;
+  for (const Index n : {Index{40}, Index{48}, Index{3}}) {
+    const Index c0 = 5, cols = 37, all = c0 + cols;
+    std::mt19937 rng(static_cast<unsigned>(n));
+    std::normal_distribution<float> nd;
+    std::vector<T> pages(static_cast<size_t>(2 * all * n + 7));
+    for (T& x : pages) x = T(nd(rng));
+    std::vector<const T*> row(static_cast<size_t>(all));
+    for (Index c = 0; c < all; ++c)
+      row[static_cast<size_t>(c)] = pages.data() + (c % 2) * (all * n + 7) + (c / 2) * n;
+    const kn::TileRows<T> keys{row.data(), 0, nullptr, 0};
+    std::vector<float> q(static_cast<size_t>(16 * n));
+    for (float& x : q) x = nd(rng);
+    const auto check = [&](auto vec) {
+      constexpr Index W = decltype(vec)::kWidth;
+      const Index lds = 64, padded = (cols + W - 1) / W * W;
+      std::vector<float> panel(static_cast<size_t>(padded * n)),
+          buf(static_cast<size_t>(kn::lane_buffer(n)));
+      std::vector<const T*> shifted(row.begin() + c0, row.end());
+      kn::pack_key_panel(simd::level(), kn::TileRows<T>{shifted.data(), 0, nullptr, 0}, 0, cols, n,
+                         panel.data());
+      for (Index rows = 1; rows <= W; ++rows) {
+        std::vector<float> want(static_cast<size_t>(W * lds), -7.0f), got = want;
+        kn::panel_scores(simd::level(), q.data(), n, rows, panel.data(), cols, n, want.data(), lds);
+        kn::lane_scores(simd::level(), q.data(), n, rows, keys, 0, c0, cols, n, buf.data(),
+                        got.data(), lds);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << "width " << W << " rows " << rows << " n " << n;
+        for (Index r = 0; r < W; ++r)
+          for (Index c = 0; c < padded; ++c) {
+            const float s = got[static_cast<size_t>(r * lds + c)];
+            if (r >= rows || c >= cols) {
+              ASSERT_EQ(s, r >= rows ? -7.0f : 0.0f) << "row " << r << " column " << c;
+              continue;
+            }
+            double exact = 0, mag = 0;
+            for (Index d = 0; d < n; ++d) {
+              const double x =
+                  q[static_cast<size_t>(r * n + d)] *
+                  static_cast<double>(static_cast<float>(row[static_cast<size_t>(c0 + c)][d]));
+              exact += x, mag += std::abs(x);
+            }
+            ASSERT_NEAR(s, exact, 1e-6 * mag + 1e-30) << "row " << r << " column " << c;
+          }
+      }
+    };
+    at_every_level([&] { simd::with_vector(simd::level(), check); });
+  }
+}
+
+TEST(Simd, LaneScoresGiveThePanelKernelsBits) {
+  check_lane_scores<attnref::half>();
+  check_lane_scores<attnref::bfloat16>();
+  check_lane_scores<float>();
+}
+
 // The panel kernels' fetch-ahead stream visits every cache line of each row's byte range once,
 // row after row in order (a line is the 64-byte block holding an address), then stops: rows at
 // every alignment, one ending on a line boundary, a range inside one line, and an empty stream.

@@ -146,6 +146,79 @@ inline void panel_scores(const float* q, Index ldq, Index rows, const float* pan
       });
 }
 
+/// Row stride, in floats, of lane_scores' key buffer, for keys of up to kLaneMaxN elements. A
+/// compile-time constant, so the W broadcasts of a step address one base register: with the
+/// head size as the stride, the W row pointers spilled out of the general registers (fp16 keys
+/// in the L2 cache, 16 rows, D 192: 190 -> 157 GFLOPS, AMD Zen 5). 1024 + 16: consecutive rows
+/// one line apart in the cache sets.
+inline constexpr Index kLaneStride = 1040;
+inline constexpr Index kLaneMaxN = 1024;
+
+/// qt[d·W + r] = q[r·ldq + d] for r < rows <= W and d < n, 0 in the other lanes: the rows of q
+/// in the vector lanes, for lane_scores.
+template <class V>
+inline void lane_queries(const float* q, Index ldq, Index rows, Index n, float* qt) {
+  constexpr int W = V::kWidth;
+  Index d = 0;
+  for (; d + W <= n; d += W) {
+    typename V::reg r[W];
+    for (int i = 0; i < W; ++i) r[i] = i < rows ? V::load(q + i * ldq + d) : V::zero();
+    transpose(V{}, r);
+    for (int j = 0; j < W; ++j) V::store(qt + (d + j) * W, r[j]);
+  }
+  for (; d < n; ++d)
+    for (Index i = 0; i < W; ++i) qt[d * W + i] = i < rows ? q[i * ldq + d] : 0.0f;
+}
+
+/// S = Q·Kᵀ with the rows of q in the vector lanes (rows <= W, qt from lane_queries): for each
+/// block of W keys, the keys converted to float into kbuf (W rows of stride kLaneStride), then
+/// per d one load of qt and W fused multiply-adds of a broadcast key element, and the W x W
+/// block transposed into the rows of s (stride lds). Columns [0, ceil(cols / W)·W) are written,
+/// those past cols with zero scores. Every score is the sum over d in order, one fused
+/// multiply-add per d from zero, as panel_dot's: the same bits as pack_keys + panel_scores,
+/// without transposing the keys (a decode step of a large query group, 9-16 rows: the packing
+/// was a sixth of nsa/compress_attention). `ahead` steps once per d of every block.
+template <class V, class RowOf>
+inline void lane_scores(const float* qt, Index rows, const RowOf& row_of, Index cols, Index n,
+                        float* kbuf, float* s, Index lds, LineStream ahead = {}) {
+  constexpr int W = V::kWidth;
+  for (Index c = 0; c < cols; c += W) {
+    const Index keys = std::min<Index>(W, cols - c);
+    for (Index k = 0; k < W; ++k) {
+      float* dst = kbuf + k * kLaneStride;
+      if (k >= keys) {
+        std::fill(dst, dst + n, 0.0f);
+        continue;
+      }
+      const auto* src = row_of(c + k);
+      Index d = 0;
+      for (; d + W <= n; d += W) V::store(dst + d, V::load(src + d));
+      for (; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+    }
+    // The next block's rows are fetched while this block computes, one line every other step.
+    const Index next = std::min<Index>(W, cols - c - W);
+    const Index row_bytes = n * static_cast<Index>(sizeof(*row_of(0)));
+    Index nk = 0, off = 0;
+    typename V::reg acc[W];
+    for (int k = 0; k < W; ++k) acc[k] = V::zero();
+    for (Index d = 0; d < n; ++d) {
+      ahead.step();
+      if ((d & 1) == 0 && nk < next) {
+#if defined(__GNUC__)
+        __builtin_prefetch(reinterpret_cast<const char*>(row_of(c + W + nk)) + off, 0, 3);
+#endif
+        off += 64;
+        if (off >= row_bytes) off = 0, ++nk;
+      }
+      const typename V::reg qd = V::load(qt + d * W);
+      const float* b = kbuf + d;
+      for (int k = 0; k < W; ++k) acc[k] = V::fmadd(V::set1(b[k * kLaneStride]), qd, acc[k]);
+    }
+    transpose(V{}, acc);
+    for (Index r = 0; r < rows; ++r) V::store(s + r * lds + c, acc[r]);
+  }
+}
+
 /// o += P·V for `rows` rows of p (stride ldp) and `cols` value rows of n elements: per element,
 /// fused multiply-adds in key order (axpy_rows_each), MR rows at a time. `ahead`: lines to fetch
 /// meanwhile. `row(c)`: value row c (float, or fp16 / bf16 / int8 converted in registers).

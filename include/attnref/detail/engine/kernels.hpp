@@ -258,6 +258,33 @@ ATTNREF_NOINLINE inline void panel_scores(simd::Level level, const float* q, Ind
   });
 }
 
+/// Lanes of the vector level: the most query rows lane_scores takes (0 at the portable level).
+inline Index lane_width(simd::Level level) {
+  Index w = 0;
+  simd::with_vector(level, [&](auto vec) { w = decltype(vec)::kWidth; });
+  return w;
+}
+
+/// The floats lane_scores needs in `buf` for keys of n elements.
+inline Index lane_buffer(Index n) { return 16 * n + 16 * simd::kLaneStride; }
+
+/// S = Q·Kᵀ of `rows` rows of q (stride ldq, n elements, rows <= lane_width) against kv head
+/// h's keys [c0, c0 + cols) of the tile (simd::lane_scores: the rows in the vector lanes, the
+/// keys converted into buf), scores at s with row stride lds; `ahead` fetched meanwhile.
+template <class X>
+ATTNREF_NOINLINE void lane_scores(simd::Level level, const float* q, Index ldq, Index rows,
+                                  const TileRows<X>& k, Index h, Index c0, Index cols, Index n,
+                                  float* buf, float* s, Index lds,
+                                  const simd::LineStream& ahead = {}) {
+  simd::with_vector(level, [&](auto vec) {
+    using V = decltype(vec);
+    simd::lane_queries<V>(q, ldq, rows, n, buf);
+    simd::lane_scores<V>(
+        buf, rows, [&k, h, c0](Index c) { return k(h, c0 + c); }, cols, n, buf + 16 * n, s, lds,
+        ahead);
+  });
+}
+
 /// o += P·V of `rows` rows of p (stride ldp) and `cols` float value rows (row c at v + c·ldv,
 /// n elements), output stride ldo (simd::panel_pv); `ahead` fetched meanwhile.
 ATTNREF_NOINLINE inline void panel_pv(simd::Level level, const float* p, Index ldp, Index rows,

@@ -18,16 +18,36 @@
 namespace attnref::detail {
 
 template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
-void Engine<Acc, TQ, TKV, TO, TS, Variant>::pack_panel(Workspace& ws, const Head& hd,
-                                                       Index cols) const {
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::pack_panel(Workspace& ws, const Head& hd, Index cols,
+                                                       Index rows) const {
   if constexpr (std::is_same_v<Acc, float>) {
     const Index n = g.head_size, h = hd.kv_head;
-    if (gathered()) {  // the head's keys gathered (dequantized, split) into ws.k, then packed
-      key_tile(ws, h, cols);
+    if (gathered()) key_tile(ws, h, cols);  // the head's keys gathered (dequantized, split)
+    if (lanes(rows)) return;                // lane_scores converts the rows itself
+    if (gathered())
       kernels::pack_key_panel(level, dense_rows(ws.k, n), h, cols, n, ws.kpanel.data());
-    } else {  // packed straight from the cache rows, converted on the way
+    else  // packed straight from the cache rows, converted on the way
       kernels::pack_key_panel(level, cache_rows(ws.krow, in.k), h, cols, n, ws.kpanel.data());
-    }
+  }
+}
+
+template <class Acc, class TQ, class TKV, class TO, class TS, class Variant>
+void Engine<Acc, TQ, TKV, TO, TS, Variant>::tile_scores(Workspace& ws, const Head& hd, Index rows,
+                                                        Index r0, Index r1, Index c0, Index c1,
+                                                        const simd::LineStream& ahead) const {
+  if constexpr (std::is_same_v<Acc, float>) {
+    const Index n = g.head_size, h = hd.kv_head;
+    const float* q = hd.q + r0 * n;
+    float* s = hd.s + r0 * ld() + c0;
+    if (!lanes(rows))
+      kernels::panel_scores(level, q, n, r1 - r0, ws.kpanel.data() + c0 * n, c1 - c0, n, s, ld(),
+                            ahead);
+    else if (gathered())
+      kernels::lane_scores(level, q, n, r1 - r0, dense_rows(ws.k, n), h, c0, c1 - c0, n,
+                           ws.kpanel.data(), s, ld(), ahead);
+    else
+      kernels::lane_scores(level, q, n, r1 - r0, cache_rows(ws.krow, in.k), h, c0, c1 - c0, n,
+                           ws.kpanel.data(), s, ld(), ahead);
   }
 }
 
@@ -49,10 +69,10 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const Work
                                                        Index cols, TileMask tm) const {
   if constexpr (std::is_same_v<Acc, float>) {
     const Head hd = head(ws, it, h);
-    const Index n = g.head_size, dv = g.v_head_size, nq = it.q_end - it.q_begin;
+    const Index dv = g.v_head_size, nq = it.q_end - it.q_begin;
     const Index rows = g.group * nq;
     const bool partial = tm == TileMask::Partial;
-    pack_panel(ws, hd, cols);
+    pack_panel(ws, hd, cols, rows);
     // Value rows adjacent in memory (mapped, or converted / dequantized into ws.v).
     const auto V = kv_tile(in.v, ws.vrow, h, cols, dv, ws.v, vmaps(ws, h), /*dense=*/true);
     // A masked position is never read for its row: with a non-finite value in the tile, a
@@ -65,9 +85,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::panel_tile(Workspace& ws, const Work
       Index c0 = 0, c1 = cols;
       if (partial) visible_columns(hd, si, it.q_begin, nq, j0, cols, r0, r1, c0, c1);
       if (c1 > c0)
-        kernels::panel_scores(level, hd.q + r0 * n, n, r1 - r0, ws.kpanel.data() + c0 * n, c1 - c0,
-                              n, hd.s + r0 * ld() + c0, ld(),
-                              r0 == 0 ? next_lines(ws, true, h) : simd::LineStream{});
+        tile_scores(ws, hd, rows, r0, r1, c0, c1,
+                    r0 == 0 ? next_lines(ws, true, h) : simd::LineStream{});
       apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, r0, r1);
       softmax_update(hd, si, r0, r1, cols, partial, it.q_begin, nq, j0);
       if (!guarded) {
@@ -119,9 +138,8 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::raw_scores(Workspace& ws, const Work
     if constexpr (std::is_same_v<Acc, float>)
       for (Index h = h0; h < h1; ++h) {
         const Head hd = head(ws, it, h);
-        pack_panel(ws, hd, cols);
-        kernels::panel_scores(level, hd.q, g.head_size, rows, ws.kpanel.data(), cols, g.head_size,
-                              hd.s, ld(), next_lines(ws, true, h));
+        pack_panel(ws, hd, cols, rows);
+        tile_scores(ws, hd, rows, 0, rows, 0, cols, next_lines(ws, true, h));
       }
     return;
   }

@@ -108,6 +108,12 @@ struct Engine {
     return !kQuantP && std::is_same_v<Acc, float> && level != simd::Level::Portable &&
            rows > kSmallRows && in.k.stride(3) == 1 && in.v.stride(3) == 1 && !i8();
   }
+  /// Panel items of at most one vector of rows per head (a decode step of a large query group:
+  /// NSA's compressed branch, 16 rows) score with their rows in the vector lanes
+  /// (simd::lane_scores, the same bits), the keys converted but never packed.
+  bool lanes(Index rows) const {
+    return panel(rows) && rows <= kernels::lane_width(level) && g.head_size <= simd::kLaneMaxN;
+  }
   /// Items of one panel row block (rows <= kPanelRows: a decode step of a large query group,
   /// NSA's compressed branch) work on a tile only briefly for the bytes they read, and waited on
   /// each tile's rows from memory as the conversion first read them. Their panel kernels fetch
@@ -136,7 +142,7 @@ struct Engine {
     std::vector<KvAffine> kdq, vdq;         // kv_dequant: the tile's maps, [head - dq_head0][token]
     Index dq_head0 = 0;                     // kv_dequant: the first kv head of the current item
     AlignedVector<Acc> aux, fac, pv;        // quantize_p: row state, tile factors, P·V of a tile
-    AlignedVector<Acc> kpanel;              // panel kernels: the tile's keys of one head, packed
+    AlignedVector<Acc> kpanel;              // panel kernels: packed keys (lanes: q, key rows)
     // int8 kernels: q + 128, packed K and V tiles with their corrections, P + 128
     std::vector<std::uint8_t> q8, p8;
     std::vector<std::int8_t> kp, vp;
@@ -188,7 +194,8 @@ struct Engine {
       ws.vdq.resize(static_cast<size_t>(g.kv_tile * g.num_kv_heads));
     }
     if (panel(rows)) {
-      ws.kpanel.resize(static_cast<size_t>((g.kv_tile + 15) / 16 * 16 * g.head_size));
+      ws.kpanel.resize(static_cast<size_t>(
+          std::max((g.kv_tile + 15) / 16 * 16 * g.head_size, kernels::lane_buffer(g.head_size))));
     }
     if (kQuantP) {
       ws.aux.resize(static_cast<size_t>(rows));
@@ -423,8 +430,13 @@ struct Engine {
   /// keys (flag set): a tile whose values hold inf / NaN, where a masked 0 · NaN would leak.
   void masked_pv(const Head& hd, const ConstRowMap<Acc>& V, Acc* t, Index r0, Index r1,
                  Index cols) const;
-  /// The panel kernels: packs head hd's keys of the current tile into ws.kpanel.
-  void pack_panel(Workspace& ws, const Head& hd, Index cols) const;
+  /// The panel kernels: packs head hd's keys of the current tile into ws.kpanel (gathers them
+  /// into ws.k first when gathered(); packs nothing when lanes(rows)).
+  void pack_panel(Workspace& ws, const Head& hd, Index cols, Index rows) const;
+  /// Scores of rows [r0, r1) of head hd (of `rows` per head) against the tile's keys [c0, c1):
+  /// the panel kernel on ws.kpanel, or the lane kernel on the key rows when lanes(rows).
+  void tile_scores(Workspace& ws, const Head& hd, Index rows, Index r0, Index r1, Index c0,
+                   Index c1, const simd::LineStream& ahead) const;
   /// Rows per step of panel_tile: a block of scores (rows x ld() floats) that stays in the
   /// first-level cache between the score product, the P stage and P·V.
   static constexpr Index kPanelRows = 24;
