@@ -198,6 +198,8 @@ inline void lane_scores(const float* qt, Index rows, const RowOf& row_of, Index 
     // The next block's rows are fetched while this block computes, one line every other step.
     const Index next = std::min<Index>(W, cols - c - W);
     const Index row_bytes = n * static_cast<Index>(sizeof(*row_of(0)));
+    const char* next_row[W];
+    for (Index k = 0; k < next; ++k) next_row[k] = reinterpret_cast<const char*>(row_of(c + W + k));
     Index nk = 0, off = 0;
     typename V::reg acc[W];
     for (int k = 0; k < W; ++k) acc[k] = V::zero();
@@ -205,7 +207,7 @@ inline void lane_scores(const float* qt, Index rows, const RowOf& row_of, Index 
       ahead.step();
       if ((d & 1) == 0 && nk < next) {
 #if defined(__GNUC__)
-        __builtin_prefetch(reinterpret_cast<const char*>(row_of(c + W + nk)) + off, 0, 3);
+        __builtin_prefetch(next_row[nk] + off, 0, 3);
 #endif
         off += 64;
         if (off >= row_bytes) off = 0, ++nk;
