@@ -136,6 +136,30 @@ TEST(Metamorphic, ThreadCountNeverChangesBits) {
   }
 }
 
+// Decode steps of a large query group (16 query heads per kv head: the panel path, rows in the
+// vector lanes) put a sequence's kv heads in one work item when there are at least four
+// sequences per worker, and one head per item otherwise: 8 sequences on 1 or 2 workers share,
+// on 3 or 5 they do not. Which heads share an item never changes a bit, with and without
+// split-KV and with a head size that has a vector tail.
+TEST(Metamorphic, HeadsSharingAnItemNeverChangeBits) {
+  Spec s = base_spec();
+  s.nq = 32, s.nkv = 2, s.d = 40, s.dv = 24;
+  s.q_len = {1, 1, 1, 1, 1, 1, 1, 1};
+  s.kv_len = {300, 45, 250, 17, 64, 129, 1, 200};
+  s.causal = ref::Causal::kNone;
+  for (Index split : {Index(-1), Index(32)}) {
+    s.kv_split = split;
+    s.threads = 1;
+    const auto one = run_o<float>(s);
+    const auto one16 = run_o<attnref::half>(s);
+    for (int t : {2, 3, 5}) {
+      s.threads = t;
+      EXPECT_TRUE(support::bitwise_equal(one, run_o<float>(s))) << t << " threads";
+      EXPECT_TRUE(support::bitwise_equal(one16, run_o<attnref::half>(s))) << t << " threads f16";
+    }
+  }
+}
+
 TEST(Metamorphic, SplitKvMergeEqualsWholeSequence) {
   Spec s = base_spec();
   s.q_len = {1, 2, 1};

@@ -51,14 +51,22 @@ inline constexpr Index kSmallRows = 8;
 /// the same pages; others use one head per item (a head-major cache: each item then streams one
 /// head's keys and values, contiguous runs). Taller row blocks work head by head anyway, and
 /// one item per head lets the workers share a sequence (nsa/compress_attention/B:1 on two
-/// threads: 1.58 -> 0.84 ms; B:20 the same within the noise, AMD Zen 5). Which heads share an
-/// item never changes a row's arithmetic.
+/// threads: 1.58 -> 0.84 ms, AMD Zen 5). With up to kGroupRows rows per kv head (NSA's
+/// branches: 16 query heads per kv head) and at least kSeqsPerWorker sequences per worker, the
+/// heads share an item again: the workers then read different pages instead of the same ones
+/// (nsa/compress_attention/B:20/cmpKV:4096 on two threads 19.1 -> 16.7 ms, one thread within
+/// the noise). Which heads share an item never changes a row's arithmetic.
 struct WorkItem {
   Index seq, head_begin, head_end, q_begin, q_end, kv_begin, kv_end;
   Index partial;  // -1: single split, finalise directly; else index of its partial slot
 };
 
 /// The resolved problem: views, hooks and geometry.
+
+/// Rows per kv head up to which the heads of a sequence share an item when there are at least
+/// kSeqsPerWorker sequences per worker (WorkItem).
+inline constexpr Index kGroupRows = 16;
+inline constexpr Index kSeqsPerWorker = 4;
 
 /// Most split-KV partials of one sequence.
 inline constexpr Index kMaxSplits = 32;
@@ -73,11 +81,14 @@ inline std::vector<WorkItem> make_items(const Geometry& g, Index& num_partials, 
   num_partials = 0;
   max_rows = 1;
   split_rows = 0;
+  Index live = 0;  // sequences with queries
+  for (const ResolvedSeq& s : g.seqs) live += s.q_len > 0 ? 1 : 0;
+  const Index group_rows = live >= kSeqsPerWorker * g.threads ? kGroupRows : kSmallRows;
   for (Index b = 0; b < static_cast<Index>(g.seqs.size()); ++b) {
     const ResolvedSeq& s = g.seqs[static_cast<size_t>(b)];
     if (s.q_len == 0) continue;
     const Index n_qt = (s.q_len + g.q_tile - 1) / g.q_tile;
-    const bool together = n_qt == 1 && !g.kv_head_major && g.group * s.q_len <= kSmallRows;
+    const bool together = n_qt == 1 && !g.kv_head_major && g.group * s.q_len <= group_rows;
     const Index heads = together ? g.num_kv_heads : 1;
     const bool split = allow_split && g.kv_split > 0 && n_qt == 1 && s.kv_len > g.kv_split;
     for (Index h = 0; h < g.num_kv_heads; h += heads) {
