@@ -214,15 +214,22 @@ inline bool with_vector(Level l, F&& f) {
 // ------------------------------------------------------------------------------------------
 // Conversions (exact at every level).
 
+/// fp16 / bf16 / int8 (or float) -> float, n elements, with the vector traits V (a kernel that
+/// already runs at one level).
+template <class V, class T>
+inline void to_float(V, const T* src, Index n, float* dst) {
+  Index i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) V::store(dst + i, V::load(src + i));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 /// fp16 / bf16 / int8 -> float, n elements.
 template <class T>
 inline void to_float(const T* src, Index n, float* dst) {
-  Index i = 0;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  if (level() != Level::Portable)
-    for (; i + 8 <= n; i += 8) V8::store(dst + i, V8::load(src + i));
+  if (level() != Level::Portable) return to_float(V8{}, src, n, dst);
 #endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  for (Index i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
 /// x[i] = float(half(x[i])): rounds n floats to fp16 precision in place (round to nearest

@@ -68,6 +68,7 @@ inline void transpose(V16, __m512 (&r)[16]) {
 /// Packs keys [0, cols) transposed, in blocks of W = V::kWidth keys: panel[(b·n + d)·W + i] is
 /// element d of key b·W + i (row_of(c): its n contiguous elements, converted to float exactly);
 /// keys past `cols` in the last block are zero. The panel holds ceil(cols / W)·n·W floats.
+/// (lane_scores packs q's rows, at most W, the same way.)
 template <class V, class RowOf>
 inline void pack_keys(const RowOf& row_of, Index cols, Index n, float* panel) {
   constexpr int W = V::kWidth;
@@ -75,13 +76,12 @@ inline void pack_keys(const RowOf& row_of, Index cols, Index n, float* panel) {
     const Index keys = std::min<Index>(W, cols - b * W);
     float* dst = panel + b * n * W;
     Index d = 0;
-    if (keys == W)
-      for (; d + W <= n; d += W) {
-        typename V::reg r[W];
-        for (int i = 0; i < W; ++i) r[i] = V::load(row_of(b * W + i) + d);
-        transpose(V{}, r);
-        for (int j = 0; j < W; ++j) V::store(dst + (d + j) * W, r[j]);
-      }
+    for (; d + W <= n; d += W) {
+      typename V::reg r[W];
+      for (int i = 0; i < W; ++i) r[i] = i < keys ? V::load(row_of(b * W + i) + d) : V::zero();
+      transpose(V{}, r);
+      for (int j = 0; j < W; ++j) V::store(dst + (d + j) * W, r[j]);
+    }
     for (; d < n; ++d)
       for (Index i = 0; i < W; ++i)
         dst[d * W + i] = i < keys ? static_cast<float>(row_of(b * W + i)[d]) : 0.0f;
@@ -154,23 +154,8 @@ inline void panel_scores(const float* q, Index ldq, Index rows, const float* pan
 inline constexpr Index kLaneStride = 1040;
 inline constexpr Index kLaneMaxN = 1024;
 
-/// qt[d·W + r] = q[r·ldq + d] for r < rows <= W and d < n, 0 in the other lanes: the rows of q
-/// in the vector lanes, for lane_scores.
-template <class V>
-inline void lane_queries(const float* q, Index ldq, Index rows, Index n, float* qt) {
-  constexpr int W = V::kWidth;
-  Index d = 0;
-  for (; d + W <= n; d += W) {
-    typename V::reg r[W];
-    for (int i = 0; i < W; ++i) r[i] = i < rows ? V::load(q + i * ldq + d) : V::zero();
-    transpose(V{}, r);
-    for (int j = 0; j < W; ++j) V::store(qt + (d + j) * W, r[j]);
-  }
-  for (; d < n; ++d)
-    for (Index i = 0; i < W; ++i) qt[d * W + i] = i < rows ? q[i * ldq + d] : 0.0f;
-}
-
-/// S = Q·Kᵀ with the rows of q in the vector lanes (rows <= W, qt from lane_queries): for each
+/// S = Q·Kᵀ with the rows of q in the vector lanes (rows <= W; qt: q's rows packed by pack_keys,
+/// qt[d·W + r] = q[r][d], 0 in the other lanes): for each
 /// block of W keys, the keys converted to float into kbuf (W rows of stride kLaneStride), then
 /// per d one load of qt and W fused multiply-adds of a broadcast key element, and the W x W
 /// block transposed into the rows of s (stride lds). Columns [0, ceil(cols / W)·W) are written,
@@ -190,10 +175,7 @@ inline void lane_scores(const float* qt, Index rows, const RowOf& row_of, Index 
         std::fill(dst, dst + n, 0.0f);
         continue;
       }
-      const auto* src = row_of(c + k);
-      Index d = 0;
-      for (; d + W <= n; d += W) V::store(dst + d, V::load(src + d));
-      for (; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+      to_float(V{}, row_of(c + k), n, dst);
     }
     // The next block's rows are fetched while this block computes, one line every other step.
     const Index next = std::min<Index>(W, cols - c - W);

@@ -278,7 +278,7 @@ ATTNREF_NOINLINE void lane_scores(simd::Level level, const float* q, Index ldq, 
                                   const simd::LineStream& ahead = {}) {
   simd::with_vector(level, [&](auto vec) {
     using V = decltype(vec);
-    simd::lane_queries<V>(q, ldq, rows, n, buf);
+    simd::pack_keys<V>([q, ldq](Index r) { return q + r * ldq; }, rows, n, buf);
     simd::lane_scores<V>(
         buf, rows, [&k, h, c0](Index c) { return k(h, c0 + c); }, cols, n, buf + 16 * n, s, lds,
         ahead);
