@@ -108,16 +108,16 @@ inline float exp_shift_sum(float* x, Index n, float m) {
   return s;
 }
 
-/// x[i] <- exp(x[i] - m) · s for i < n (m >= every x[i]): the normalised probabilities of a row
-/// whose maximum m and scale s = 1 / l are known, with the exponential of exp_shift_sum (the
-/// same bits in every lane and in the scalar tail).
+/// y[i] <- exp(x[i] - m) · s for i < n (m >= every x[i]; y may be x): the normalised
+/// probabilities of a row whose maximum m and scale s = 1 / l are known, with the exponential of
+/// exp_shift_sum (the same bits in every lane and in the scalar tail).
 template <class V>
-inline void exp_shift_scale(float* x, Index n, float m, float s) {
+inline void exp_shift_scale(const float* x, Index n, float m, float s, float* y) {
   const typename V::reg vm = V::set1(m), vs = V::set1(s);
   Index i = 0;
   for (; i + V::kWidth <= n; i += V::kWidth)
-    V::store(x + i, V::mul(exp_nonpositive(V{}, V::sub(V::load(x + i), vm)), vs));
-  for (; i < n; ++i) x[i] = exp_nonpositive(x[i] - m) * s;
+    V::store(y + i, V::mul(exp_nonpositive(V{}, V::sub(V::load(x + i), vm)), vs));
+  for (; i < n; ++i) y[i] = exp_nonpositive(x[i] - m) * s;
 }
 
 }  // namespace attnref::detail::simd

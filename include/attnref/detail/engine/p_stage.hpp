@@ -240,14 +240,13 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
       for (Index h = h0; h < h1; ++h) {
         const Head hd = head(ws, it, h);
         for (Index r = 0; r < rows; ++r) {
+          // The first pass's scores of this row and tile, turned into P on their way to hd.s.
           const size_t at =
               static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
-          std::copy_n(ws.cache_s.begin() + static_cast<std::ptrdiff_t>(at), cols, hd.s + r * ld());
+          const Acc* kept = ws.cache_s.data() + at;
           if (partial)
             std::copy_n(ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at), cols,
                         hd.f + r * ld());
-        }
-        for (Index r = 0; r < rows; ++r) {
           Acc* srow = hd.s + r * ld();
           const SoftmaxState<Acc>& st = hd.st[r];
           const std::uint8_t* frow = hd.f + r * ld();
@@ -261,9 +260,9 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
             bool vec = false;
             if constexpr (std::is_same_v<Acc, float>)
               vec = simd::with_vector(level, [&](auto v) {
-                simd::exp_shift_scale<decltype(v)>(srow, cols, st.m, inv);
+                simd::exp_shift_scale<decltype(v)>(kept, cols, st.m, inv, srow);
               });
-            if (!vec) row = (row - st.m).exp() * inv;
+            if (!vec) row = (ArrayMap<Acc>(const_cast<Acc*>(kept), cols) - st.m).exp() * inv;
             if (partial)
               for (Index c = 0; c < cols; ++c)
                 if (frow[c]) srow[c] = Acc(0);
