@@ -3,7 +3,8 @@
 // sliding window, a boolean mask with fully masked rows), with NaN in every masked K / V row
 // never reaching the output; the probs it writes are the ordinary ones; a rounding hook changes
 // P·V exactly as rounding the normalised P does (checked against a naive loop); the result does
-// not depend on the thread count; paged == contiguous.
+// not depend on the thread count; paged == contiguous; the item_probs hook hands over each row's
+// probabilities once, with the probs output's bits.
 
 #include <gtest/gtest.h>
 
@@ -196,6 +197,68 @@ TEST(EngineRoundP, RoundingHookMatchesANaiveLoopAndThreadsAndPagingDoNotChangeBi
   pin.seq.kv.assign(z(pr.B), pr.Skv);
   const auto op = run(two, pin, p, pr);
   EXPECT_EQ(std::memcmp(o1.data(), op.data(), o1.size() * sizeof(float)), 0);
+}
+
+// The item_probs hook: records each row it is handed, in the probs output's layout.
+struct Taken : TwoPass {
+  Index B = 0, N = 0, Sq = 0, Skv = 0;
+  std::vector<float>* got = nullptr;  // [B, N, Sq, Skv], -1 where never handed over
+  std::vector<int>* times = nullptr;  // [B, N, Sq]: how often each row was handed over
+  bool hole = false;                  // keys 16-47 of batch 1 hidden: two whole tiles skipped
+  bool in_hole(Index batch, Index kv) const { return hole && batch == 1 && kv >= 16 && kv < 48; }
+  attnref::TileMask classify(const attnref::SeqInfo& s, Index qb, Index qe, Index kb,
+                             Index ke) const {
+    if (in_hole(s.batch, kb) && in_hole(s.batch, ke - 1)) return attnref::TileMask::All;
+    return TwoPass::classify(s, qb, qe, kb, ke);
+  }
+  bool masked(const attnref::SeqInfo& s, const Coord& c) const {
+    return in_hole(s.batch, c.kv) || TwoPass::masked(s, c);
+  }
+  template <class Acc>
+  void item_probs(const attnref::SeqInfo& s, const attnref::ItemProbs<Acc>& p) const {
+    for (Index h = p.head_begin; h < p.head_end; ++h)
+      for (Index gi = 0; gi < p.group; ++gi)
+        for (Index q = p.q_begin; q < p.q_end; ++q) {
+          const Index row = (s.batch * N + h * p.group + gi) * Sq + q;
+          ++(*times)[z(row)];
+          for (Index j = p.kv_begin; j < p.kv_end; ++j)
+            (*got)[z(row * Skv + j)] = static_cast<float>(p.at(h, gi, q)[j - p.kv_begin]);
+        }
+  }
+};
+
+// Every row of every item is handed over once, with the bits the probs output gets; the keys
+// outside the item's range have P 0, and so do the skipped tiles inside it (batch 1's kept rows
+// there are zeroed: the workspace holds batch 0's scores at those places).
+TEST(EngineItemProbs, EachRowOnceWithTheProbsOutputsBits) {
+  for (int m = 0; m < 3; ++m)  // causal + window 9; a boolean mask and two skipped tiles; none
+    for (int threads : {1, 2, 3}) {
+      Problem pr(60 + static_cast<unsigned>(m));
+      attnref::AttentionParams p;
+      p.scale = 0.3;
+      std::vector<float> got(z(pr.B * pr.N * pr.Sq * pr.Skv), -1.0f), probs;
+      std::vector<int> times(z(pr.B * pr.N * pr.Sq), 0);
+      Taken t;
+      t.B = pr.B, t.N = pr.N, t.Sq = pr.Sq, t.Skv = pr.Skv, t.got = &got, t.times = &times;
+      t.coarse = true;
+      if (m == 0) t.causal = {attnref::CausalMode::BottomRight, 9};
+      if (m == 1) t.mask_bool = pr.in(true).mask_bool, t.hole = true;
+      run(t, pr.in(false), p, pr, &probs, threads);
+      for (int n : times) ASSERT_EQ(n, 1) << "mask " << m << ", threads " << threads;
+      Index outside = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i] == -1.0f) {
+          ++outside;
+          ASSERT_EQ(probs[i], 0.0f) << "entry " << i << ", mask " << m;
+        } else {
+          ASSERT_EQ(std::memcmp(&got[i], &probs[i], sizeof(float)), 0)
+              << "entry " << i << ", mask " << m << ", threads " << threads;
+        }
+      }
+      if (m == 0) {
+        EXPECT_GT(outside, 0);  // (the window leaves keys outside the range)
+      }
+    }
 }
 
 // fp16 / bf16 values: the two-pass mode reads whole tiles' value rows straight from the cache

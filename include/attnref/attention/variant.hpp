@@ -42,6 +42,13 @@
 ///       // (0 for masked keys), writes it to the probs output when asked, lets the hook round
 ///       // `row` (the keys c.kv .. c.kv + cols - 1 of one row) and adds P·V to the (already
 ///       // normalised) output. Items are never split; not combinable with quantize_p.
+///   template <class Acc> void item_probs(const SeqInfo& s, const ItemProbs<Acc>& p) const;
+///       // optional, with round_p: the normalised probabilities of one finished work item of
+///       // the two-pass mode (before round_p), handed over by the worker that ran the item while
+///       // they are still in its cache (NSA's importance scores read them there instead of
+///       // through a probs tensor of the whole batch in memory). Every kv head of an item comes
+///       // with all its q heads, and items are never split, so each row is whole. Not called for
+///       // an item without keys.
 ///   bool has_kv_dequant() const;                                   // optional, with:
 ///   void kv_dequant(const SeqInfo& s, Index kv, Index kv_head, KvAffine& k, KvAffine& v) const;
 ///       // Per-token (and per-head) dequantization as the keys and values are loaded (IFA's
@@ -106,6 +113,20 @@ struct SeqInfo {
   Index batch;
   Index q_len;
   Index kv_len;
+};
+
+/// The normalised probabilities of one work item (the item_probs hook): kv heads [head_begin,
+/// head_end) with their `group` q heads each (q head h·group + gi), query positions [q_begin,
+/// q_end), keys [kv_begin, kv_end) of the sequence. at(h, gi, q)[j] is P of key kv_begin + j;
+/// the sequence's keys outside [kv_begin, kv_end) are masked for these rows (P 0).
+template <class Acc>
+struct ItemProbs {
+  Index head_begin, head_end, group, q_begin, q_end, kv_begin, kv_end;
+  const Acc* p;
+  const Acc* at(Index h, Index gi, Index q) const {
+    const Index nq = q_end - q_begin;
+    return p + (((h - head_begin) * group + gi) * nq + (q - q_begin)) * (kv_end - kv_begin);
+  }
 };
 
 /// Half-open key range [begin, end).
@@ -198,6 +219,15 @@ template <class V, class Acc>
 struct has_round_p<V, Acc,
                    std::void_t<decltype(std::declval<const V&>().template round_p<Acc>(
                        std::declval<const Coord&>(), std::declval<Acc*>(), Index{}))>>
+    : std::true_type {};
+
+/// True when V has the optional item_probs hook for accumulator Acc.
+template <class V, class Acc, class = void>
+struct has_item_probs : std::false_type {};
+template <class V, class Acc>
+struct has_item_probs<V, Acc,
+                      std::void_t<decltype(std::declval<const V&>().template item_probs<Acc>(
+                          std::declval<const SeqInfo&>(), std::declval<const ItemProbs<Acc>&>()))>>
     : std::true_type {};
 
 enum class TileMask { None, All, Partial };

@@ -218,16 +218,23 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
   const Index rows = g.group * nq;
   const bool want_probs = !out.probs.absent();
   const Index span = it.kv_end - it.kv_begin;
-  // The probs of keys no tile below writes (outside the item's range, fully masked tiles) are 0.
+  // The probs of keys no tile below writes (outside the item's range, fully masked tiles) are 0;
+  // so are those of the fully masked tiles in the kept rows handed to item_probs.
   Index written = 0;  // keys [0, written) of every row are done
   const auto zero_to = [&](Index j1) {
-    if (want_probs && j1 > written)
-      for (Index hkv = it.head_begin; hkv < it.head_end; ++hkv)
-        for (Index r = 0; r < rows; ++r) {
+    const Index lo = std::max(written, it.kv_begin), hi = std::min(j1, it.kv_end);
+    for (Index hkv = it.head_begin; hkv < it.head_end && j1 > written; ++hkv)
+      for (Index r = 0; r < rows; ++r) {
+        if (want_probs) {
           TS* dst = out.probs.ptr(s.q_batch, hkv * g.group + r / nq, s.q_off + it.q_begin + r % nq,
                                   written);
           for (Index j = 0; j < j1 - written; ++j) dst[j * out.probs.stride(3)] = TS(0);
         }
+        if (kItemProbs && hi > lo)
+          std::fill_n(
+              ws.cache_s.data() + ((hkv - it.head_begin) * rows + r) * span + (lo - it.kv_begin),
+              hi - lo, Acc(0));
+      }
     written = std::max(written, j1);
   };
   const Index step = small(rows) ? it.head_end - it.head_begin : 1;
@@ -243,7 +250,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
           // The first pass's scores of this row and tile, turned into P on their way to hd.s.
           const size_t at =
               static_cast<size_t>(((h - it.head_begin) * rows + r) * span + (j0 - it.kv_begin));
-          const Acc* kept = ws.cache_s.data() + at;
+          Acc* kept = ws.cache_s.data() + at;
           if (partial)
             std::copy_n(ws.cache_f.begin() + static_cast<std::ptrdiff_t>(at), cols,
                         hd.f + r * ld());
@@ -267,6 +274,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
               for (Index c = 0; c < cols; ++c)
                 if (frow[c]) srow[c] = Acc(0);
           }
+          if constexpr (kItemProbs) std::copy_n(srow, cols, kept);  // (P for item_probs)
           if (want_probs) {
             TS* dst = out.probs.ptr(s.q_batch, qh, s.q_off + qi, j0);
             if (std::is_same_v<TS, Acc> && out.probs.stride(3) == 1)
@@ -282,6 +290,10 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
     }
   });
   zero_to(s.kv_len);
+  if constexpr (kItemProbs)
+    var.template item_probs<Acc>(
+        si, ItemProbs<Acc>{it.head_begin, it.head_end, g.group, it.q_begin, it.q_end, it.kv_begin,
+                           it.kv_end, ws.cache_s.data()});
 }
 
 }  // namespace attnref::detail

@@ -42,6 +42,9 @@ struct Engine {
   static constexpr bool kQuantP = has_quantize_p<Variant, Acc>::value;
   static constexpr bool kTwoPass = has_round_p<Variant, Acc>::value;
   static_assert(!(kQuantP && kTwoPass), "quantize_p and round_p do not combine");
+  /// The variant takes each finished item's probabilities (item_probs hook, two-pass only).
+  static constexpr bool kItemProbs = has_item_probs<Variant, Acc>::value;
+  static_assert(!kItemProbs || kTwoPass, "item_probs needs round_p (the two-pass mode)");
   /// int8 q / k / v with quantized P: both products can run on the int8 kernels.
   static constexpr bool kI8 = kQuantP && std::is_same_v<Acc, float> &&
                               std::is_same_v<TQ, std::int8_t> && std::is_same_v<TKV, std::int8_t>;
