@@ -176,6 +176,28 @@ TEST(NsaImportance, TopkTiesNanAndKAboveN) {
   EXPECT_EQ(ref::nsa::topk({kInf, 5, 5, kInf, kInf}, 6), (std::vector<i32>{0, 3, 4, 1, 2, -1}));
 }
 
+// nsa_topk (partition, then sort) against the reference's stable sort: scores from 9 levels
+// (many ties), a NaN (ranked as -inf) and +inf, ascending runs, k from 1 to past n.
+TEST(NsaImportance, TopkMatchesTheReferenceSort) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> level(0, 8);
+  for (Index n : {1, 17, 300, 1025})
+    for (int pattern = 0; pattern < 2; ++pattern) {
+      std::vector<float> s(z(n));
+      for (Index i = 0; i < n; ++i)
+        s[z(i)] = pattern == 1 ? static_cast<float>(i / 3) : static_cast<float>(level(rng));
+      if (n > 10) s[3] = std::numeric_limits<float>::quiet_NaN(), s[7] = kInf, s[9] = kInf;
+      for (Index k : {Index{1}, Index{3}, Index{16}, Index{64}, Index{200}, n, n + 3}) {
+        std::vector<i32> got(z(k), 99);
+        attnref::nsa_topk(s.data(), n, k, got.data());
+        std::vector<double> as_ref(s.begin(), s.end());  // (NaN ranks as -inf, ties by index)
+        for (double& x : as_ref) x = std::isnan(x) ? -kInf : x;
+        EXPECT_EQ(got, ref::nsa::topk(as_ref, k))
+            << "n " << n << ", pattern " << pattern << ", k " << k;
+      }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The operator against the reference
 // ---------------------------------------------------------------------------------------------
