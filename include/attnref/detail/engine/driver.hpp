@@ -57,7 +57,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::run_item(Workspace& ws, const WorkIt
     const size_t n = static_cast<size_t>((it.head_end - it.head_begin) * rows * span);
     if (ws.cache_s.size() < n) ws.cache_s.resize(n), ws.cache_f.resize(n);
   }
-  for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
+  for_each_tile(ws, it, si, kTwoPass, [&](Index j0, Index cols, TileMask tm) {
     const bool partial = tm == TileMask::Partial;
     if (!kTwoPass && panel(rows)) {  // both products and the P stage, row block by row block
       for (Index h = it.head_begin; h < it.head_end; ++h) panel_tile(ws, it, si, h, j0, cols, tm);
@@ -140,7 +140,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::write_probs(Workspace& ws, const Wor
       const Index i = it.q_begin + r % nq;
       for (Index j = 0; j < s.kv_len; ++j) out.probs(s.q_batch, h, s.q_off + i, j) = TS(0);
     }
-    for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
+    for_each_tile(ws, it, si, false, [&](Index j0, Index cols, TileMask tm) {
       raw_scores(ws, it, hkv, hkv + 1, rows, cols);
       apply_hooks(hd, si, it.q_begin, nq, j0, cols, tm, 0, rows);
       for (Index r = 0; r < rows; ++r) {

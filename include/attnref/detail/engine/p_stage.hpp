@@ -238,7 +238,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
     written = std::max(written, j1);
   };
   const Index step = small(rows) ? it.head_end - it.head_begin : 1;
-  for_each_tile(ws, it, si, [&](Index j0, Index cols, TileMask tm) {
+  for_each_tile(ws, it, si, false, [&](Index j0, Index cols, TileMask tm) {
     zero_to(j0);
     written = j0 + cols;  // (every row's probs of the tile are written below)
     const bool partial = tm == TileMask::Partial;
