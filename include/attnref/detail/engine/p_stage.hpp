@@ -269,7 +269,7 @@ void Engine<Acc, TQ, TKV, TO, TS, Variant>::normalised_pass(Workspace& ws,
               vec = simd::with_vector(level, [&](auto v) {
                 simd::exp_shift_scale<decltype(v)>(kept, cols, st.m, inv, srow);
               });
-            if (!vec) row = (ArrayMap<Acc>(const_cast<Acc*>(kept), cols) - st.m).exp() * inv;
+            if (!vec) row = (ArrayMap<Acc>(kept, cols) - st.m).exp() * inv;
             if (partial)
               for (Index c = 0; c < cols; ++c)
                 if (frow[c]) srow[c] = Acc(0);
