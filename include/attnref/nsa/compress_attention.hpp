@@ -529,7 +529,7 @@ void nsa_cmp_run(const NsaCompressAttentionInferParams& p,
 
   NsaSelectScratch x;
   x.scores.resize(static_cast<size_t>(2 * std::max<Index>(1, pl.max_sel_blocks)));
-  x.row.assign(static_cast<size_t>(pl.max_cmp), 0.0f);  // (no item: no visible key, P 0)
+  x.row.assign(static_cast<size_t>(std::max<Index>(1, pl.max_cmp)), 0.0f);  // (no item: P 0)
   for (Index b = 0; b < B; ++b)
     for (Index i = 0; i < (tnd ? pl.qlen[static_cast<size_t>(b)] : S); ++i) {
       const Index row = var.sel.row_of(b, i);
