@@ -58,10 +58,10 @@ inline void nsa_head_scores(const float* p, Index cmp_len, Index compress_block_
   // nsa/compress_attention/B:1 spent a twentieth of its time here)
   const auto taps_over = [&](auto stride) {
     const Index s = stride() > 0 ? Index{stride()} : a;
-    if (hi <= lo) return;  // (p + a·lo − i, below, is then inside the row)
+    if (hi <= lo) return;  // (with an interior block, q below points inside the row)
     for (Index i = 0; i < taps; ++i) {
       const float wi = w[i];
-      const float* q = p + a * lo + a - i;  // block lo + b reads q[a · b]
+      const float* q = p + s * (lo + 1) - i;  // block lo + b reads q[s · b] (s = a)
       float* out = score + lo;
       for (Index b = 0; b < hi - lo; ++b) out[b] += wi * q[s * b];
     }
