@@ -3,7 +3,9 @@
 //    a contiguous run of lines of that file (the whole file or an excerpt), so the README quotes
 //    code that CI compiles instead of carrying its own copy;
 //  * every relative link in README.md and docs/*.md must name an existing file, and a link with
-//    an anchor into a markdown file must name one of that file's headings (GitHub's slug rule).
+//    an anchor into a markdown file must name one of that file's headings (GitHub's slug rule);
+//  * every header under include/ has at most kMaxHeaderLines lines, the size the README's
+//    architecture section promises (a reader sees each piece whole).
 // No attnref include: this checks text only.
 #include <cctype>
 #include <cstdio>
@@ -132,6 +134,19 @@ void check_links(const fs::path& md, int* count) {
   }
 }
 
+constexpr std::size_t kMaxHeaderLines = 600;
+
+void check_header_sizes(const fs::path& root, int* count) {
+  for (const auto& entry : fs::recursive_directory_iterator(root / "include")) {
+    if (entry.path().extension() != ".hpp") continue;
+    ++*count;
+    const std::size_t n = read_lines(entry.path()).size();
+    if (n > kMaxHeaderLines)
+      fail(fs::relative(entry.path(), root).string(),
+           std::to_string(n) + " lines, more than " + std::to_string(kMaxHeaderLines));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,12 +158,13 @@ int main(int argc, char** argv) {
   std::vector<fs::path> pages = {root / "README.md"};
   for (const auto& entry : fs::directory_iterator(root / "docs"))
     if (entry.path().extension() == ".md") pages.push_back(entry.path());
-  int snippets = 0, links = 0;
+  int snippets = 0, links = 0, headers = 0;
   for (const fs::path& md : pages) {
     check_snippets(root, md, &snippets);
     check_links(md, &links);
   }
-  std::printf("%zu pages, %d quoted snippets, %d relative links: %d failures\n", pages.size(),
-              snippets, links, failures);
+  check_header_sizes(root, &headers);
+  std::printf("%zu pages, %d quoted snippets, %d relative links, %d headers: %d failures\n",
+              pages.size(), snippets, links, headers, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -45,7 +45,7 @@
 #include "attnref/core/exec.hpp"
 #include "attnref/core/types.hpp"
 #include "attnref/dsa/detail/sequences.hpp"
-#include "attnref/nsa/compress_attention.hpp"  // NsaVariant: P rounded to T before P·V
+#include "attnref/nsa/detail/variant.hpp"  // NsaVariant: P rounded to T before P·V
 
 namespace attnref {
 

@@ -33,118 +33,18 @@
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/detail/threading.hpp"
+#include "attnref/nsa/compress_attention_io.hpp"
+#include "attnref/nsa/detail/compress_select.hpp"
+#include "attnref/nsa/detail/variant.hpp"
 #include "attnref/nsa/importance.hpp"
 
 namespace attnref {
 
-struct NsaCompressAttentionInferParams {
-  std::int64_t num_heads = 1;               ///< numHeads (N)
-  std::int64_t num_key_value_heads = 1;     ///< numKeyValueHeads (KV_N)
-  std::int64_t select_block_size = 64;      ///< selectBlockSize l'
-  std::int64_t select_block_count = 16;     ///< selectBlockCount k
-  std::int64_t compress_block_size = 32;    ///< compressBlockSize l
-  std::int64_t compress_block_stride = 16;  ///< compressBlockStride d
-  double scale_value = 1.0;                 ///< scaleValue
-  std::string layout = "TND";               ///< layoutOptional: TND or BSND
-  std::int64_t page_block_size = 128;       ///< pageBlockSize
-  std::int64_t sparse_mode = 0;             ///< sparseMode (0; the mask's presence is the flag)
-  bool strict = true;                       ///< the vendor's constraint list (false: relaxed)
-};
-
-/// T: half or bfloat16 (float: attnref extension). The mask's content is not read: its
-/// presence turns on the multi-token rule (as the kernel's attenMaskFlag).
-template <class T>
-struct NsaCompressAttentionInferInputs {
-  StridedView<const T> query{};  ///< TND [T, N, Dqk] or BSND [B, S, N, Dqk]
-  StridedView<const T> key{};    ///< [numBlocks, pageBlockSize, KV_N·Dqk] (compressed keys)
-  StridedView<const T> value{};  ///< [numBlocks, pageBlockSize, KV_N·Dv]
-  StridedView<const std::uint8_t> atten_mask{};
-  StridedView<const std::int32_t> block_table{};      ///< [B, maxBlocks]
-  std::vector<std::int64_t> actual_q_seq_len{};       ///< [B] per batch (empty: 1 each / S)
-  std::vector<std::int64_t> actual_cmp_kv_seq_len{};  ///< [B] compressed lengths (required)
-  std::vector<std::int64_t> actual_sel_kv_seq_len{};  ///< [B] raw lengths (multi-token mask)
-
-  /// Calls f(name, view) for every tensor field.
-  template <class F>
-  void for_each_view(F&& f) {
-    f("query", query), f("key", key), f("value", value), f("atten_mask", atten_mask);
-    f("block_table", block_table);
-  }
-};
-
-template <class T>
-struct NsaCompressAttentionInferOutputs {
-  StridedView<T> output;           ///< TND [T, N, Dv] or BSND [B, S, N, Dv]
-  StridedView<std::int32_t> topk;  ///< TND [T, KV_N, k] or BSND [B, S, KV_N, k]
-  /// Optional debug outputs (fp32): the probabilities [T, N, >= max cmp_len] (BSND: [B, S, N,
-  /// ...]); the per-head scores [T, N, >= max n_sel]; the group scores with the forced blocks
-  /// [T, KV_N, >= max n_sel]. Entries past a row's length are 0.
-  StridedView<float> probs{};
-  StridedView<float> head_scores{};
-  StridedView<float> group_scores{};
-
-  /// Calls f(name, view) for every tensor field.
-  template <class F>
-  void for_each_view(F&& f) {
-    f("output", output), f("topk", topk), f("probs", probs), f("head_scores", head_scores);
-    f("group_scores", group_scores);
-  }
-};
-
 namespace detail {
-
-/// The multi-token mask as an engine hook: the last compressed key gets −3e38 for query rows
-/// with q_len − i − 1 > tail[b].
-template <class T>
-struct NsaVariant {
-  const std::vector<Index>* tail = nullptr;  // null: no mask
-  bool has_transform() const { return tail != nullptr; }
-  KvRange kv_range(const SeqInfo& s, Index, Index) const { return {0, s.kv_len}; }
-  TileMask classify(const SeqInfo&, Index, Index, Index, Index) const { return TileMask::None; }
-  bool row_interval(const SeqInfo& s, const Coord&, KvRange& v) const {
-    v = {0, s.kv_len};
-    return true;
-  }
-  bool masked(const SeqInfo&, const Coord&) const { return false; }
-  /// P·V takes the probabilities rounded to the output type (the engine's two-pass mode).
-  template <class Acc>
-  void round_p(const Coord&, Acc* row, Index cols) const {
-    if constexpr (std::is_same_v<T, half> && std::is_same_v<Acc, float>) {
-      simd::round_to_half(row, cols);  // the same bits as the loop below, vectorised
-    } else if constexpr (std::is_same_v<T, bfloat16> && std::is_same_v<Acc, float>) {
-      simd::round_to_bfloat16(row, cols);  // (likewise)
-    } else {
-      for (Index j = 0; j < cols; ++j)
-        row[j] = static_cast<Acc>(static_cast<float>(T(static_cast<float>(row[j]))));
-    }
-  }
-  template <class Acc>
-  Acc transform(const SeqInfo& s, const Coord& c, Acc score) const {
-    if (c.kv == s.kv_len - 1 && s.q_len - c.q - 1 > (*tail)[static_cast<size_t>(c.batch)])
-      return static_cast<Acc>(-3e38f);
-    return score;
-  }
-};
 
 inline bool nsa_step16(std::int64_t v, std::int64_t hi) {
   return v >= 16 && v <= hi && v % 16 == 0;
 }
-
-}  // namespace detail
-
-namespace detail {
-/// What nsa_compress_attention_infer's checks found: block sizes and heads (params), the batch
-/// and its lengths, the validated compressed cache, the multi-token mask's tails.
-template <class T>
-struct NsaCmpPlan {
-  std::int64_t l = 0, d = 0, ls = 0, k = 0;
-  Index N = 0, KVN = 0, G = 0, B = 0, S = 0, total = 0, max_q = 0, Dqk = 0, Dv = 0;
-  Index max_cmp = 0, max_sel_blocks = 0;
-  bool tnd = false, mask = false;
-  std::string rule;  // appended to the messages of the vendor's rules (params.strict)
-  std::vector<Index> qlen, cmp, tail;
-  PagedKvCache<const T> cache;
-};
 
 /// Block sizes, layout, scale and heads.
 template <class T>
@@ -373,124 +273,6 @@ void nsa_cmp_mask(const NsaCompressAttentionInferInputs<T>& in, NsaCmpPlan<T>& p
     }
   }
 }
-
-/// The output, topk and the optional debug outputs.
-template <class T>
-void nsa_cmp_outputs(const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl) {
-  using detail::shape_str;
-  const bool tnd = pl.tnd;
-  const Index B = pl.B, S = pl.S, total = pl.total, N = pl.N, KVN = pl.KVN, Dv = pl.Dv;
-  const Index max_cmp = pl.max_cmp, max_sel_blocks = pl.max_sel_blocks;
-  const std::int64_t k = pl.k;
-  // Outputs.
-  auto out_shape = [&](Index last, Index heads) {
-    return tnd ? std::vector<Index>{total, heads, last} : std::vector<Index>{B, S, heads, last};
-  };
-  auto dims_str = [](const std::vector<Index>& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    return s + "]";
-  };
-  ATTNREF_CHECK(!out.output.absent() && out.output.shape() == out_shape(Dv, N),
-                std::invalid_argument, "nsa_compress_attention_infer", "output.shape", "mismatch",
-                dims_str(out_shape(Dv, N)), shape_str(out.output));
-  ATTNREF_CHECK(!out.topk.absent() && out.topk.shape() == out_shape(k, KVN), std::invalid_argument,
-                "nsa_compress_attention_infer", "topk.shape", "mismatch",
-                dims_str(out_shape(k, KVN)), shape_str(out.topk));
-  auto debug = [&](const StridedView<float>& t, const char* name, Index heads, Index need) {
-    if (t.absent()) return;
-    const auto want = out_shape(need, heads);
-    ATTNREF_CHECK(
-        !t.absent() && t.rank() == static_cast<Index>(want.size()) &&
-            std::equal(want.begin(), want.end() - 1, t.shape().begin()) && t.shape().back() >= need,
-        std::invalid_argument, "nsa_compress_attention_infer", std::string(name) + ".shape",
-        "mismatch", dims_str(want) + " (last dimension at least)", shape_str(t));
-  };
-  debug(out.probs, "probs", N, max_cmp);
-  debug(out.head_scores, "head_scores", N, max_sel_blocks);
-  debug(out.group_scores, "group_scores", KVN, max_sel_blocks);
-}
-
-/// The selection outputs of query row `row` for kv head kh: the importance of each head of its
-/// group (p_of(g): its probabilities over the row's c compressed keys) summed over the group,
-/// the forced blocks and the top-k, plus the optional probs / head_scores / group_scores rows.
-/// hs, gs: max_sel_blocks floats of scratch each; order: the top-k's scratch.
-template <class T, class P>
-void nsa_cmp_select(const NsaCompressAttentionInferOutputs<T>& out, const NsaCmpPlan<T>& pl,
-                    Index row, Index kh, Index c, const P& p_of, float* hs, float* gs,
-                    std::vector<std::int32_t>& order) {
-  const Index N = pl.N, KVN = pl.KVN, G = pl.G;
-  const Index ns = nsa_select_block_count(c, pl.l, pl.d, pl.ls);
-  const auto put = [](const StridedView<float>& x, Index at, const float* src, Index n) {
-    if (x.absent()) return;
-    const Index w = x.shape().back();
-    float* dst = x.data() + at * w;
-    std::fill(dst, dst + w, 0.0f);
-    std::copy(src, src + n, dst);
-  };
-  std::fill(gs, gs + ns, 0.0f);
-  for (Index g = 0; g < G; ++g) {
-    const Index h = kh * G + g;
-    const float* p_h = p_of(g);
-    nsa_head_scores(p_h, c, pl.l, pl.d, pl.ls, hs);
-    for (Index s2 = 0; s2 < ns; ++s2) gs[s2] += hs[s2];
-    put(out.probs, row * N + h, p_h, c);
-    put(out.head_scores, row * N + h, hs, ns);
-  }
-  nsa_force_blocks(gs, ns);
-  nsa_topk(gs, ns, pl.k, out.topk.data() + (row * KVN + kh) * pl.k, order);
-  put(out.group_scores, row * KVN + kh, gs, ns);
-}
-
-/// The selection's scratch: hs then gs (max_sel_blocks floats each), a row of probabilities
-/// padded with zeros, the top-k's order.
-struct NsaSelectScratch {
-  std::vector<float> scores, row;
-  std::vector<std::int32_t> order;
-};
-
-/// The selection as the engine's item_probs hook: the worker that finishes an item turns its rows
-/// into their kv heads' top-k while the probabilities are still in its cache. (Before, a probs
-/// tensor of the whole batch went to memory and back: nsa/compress_attention/B:20 now takes
-/// 0.90 / 0.88 of that time on one / two threads, AMD Zen 5.) done[row · KV_N + kv head] marks
-/// the rows handed over.
-template <class T>
-struct NsaCmpSelect {
-  const NsaCompressAttentionInferOutputs<T>* out = nullptr;
-  const NsaCmpPlan<T>* pl = nullptr;
-  const std::vector<Index>* q_cu = nullptr;  // TND: each batch's first row
-  std::uint8_t* done = nullptr;
-
-  Index row_of(Index b, Index i) const {
-    return pl->tnd ? (*q_cu)[static_cast<size_t>(b)] + i : b * pl->S + i;
-  }
-  void take(const SeqInfo& s, const ItemProbs<float>& p) const {
-    thread_local NsaSelectScratch x;
-    const Index nsb = std::max<Index>(1, pl->max_sel_blocks), c = s.kv_len;
-    x.scores.resize(static_cast<size_t>(2 * nsb));
-    // (every item holds all c keys: NsaVariant's kv_range is [0, kv_len), p.kv_begin is 0)
-    for (Index i = p.q_begin; i < p.q_end; ++i) {
-      const Index row = row_of(s.batch, i);
-      for (Index kh = p.head_begin; kh < p.head_end; ++kh) {
-        const auto p_of = [&](Index g) { return p.at(kh, g, i); };
-        nsa_cmp_select(*out, *pl, row, kh, c, p_of, x.scores.data(), x.scores.data() + nsb,
-                       x.order);
-        done[static_cast<size_t>(row * pl->KVN + kh)] = 1;
-      }
-    }
-  }
-};
-
-/// NsaVariant with the selection hook (nsa_compress_attention_infer's engine call).
-template <class T>
-struct NsaCmpVariant : NsaVariant<T> {
-  NsaCmpSelect<T> sel;
-  template <class Acc>
-  void item_probs(const SeqInfo& s, const ItemProbs<Acc>& p) const {
-    static_assert(std::is_same_v<Acc, float>, "NSA's engine computes in float");
-    sel.take(s, p);
-  }
-};
 
 /// The engine (P of every batch, head and query token over its compressed keys, and with it the
 /// importance scores, forced blocks and top-k of each item's rows), then the rows it handed none
