@@ -25,7 +25,6 @@
 /// result unspecified).
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>

@@ -31,8 +31,6 @@
 #include "attnref/core/error.hpp"
 #include "attnref/core/layout.hpp"
 #include "attnref/core/types.hpp"
-#include "attnref/detail/simd.hpp"
-#include "attnref/detail/threading.hpp"
 #include "attnref/nsa/compress_attention_io.hpp"
 #include "attnref/nsa/detail/compress_select.hpp"
 #include "attnref/nsa/detail/variant.hpp"

@@ -4,6 +4,7 @@
 /// and left padding, every shape and block-table entry checked. Not part of the API.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
