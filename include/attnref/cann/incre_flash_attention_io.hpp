@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "attnref/cann/prompt_flash_attention.hpp"  // PseOrder
+#include "attnref/cann/prompt_flash_attention_io.hpp"  // PseOrder
 #include "attnref/core/types.hpp"
 #include "attnref/core/view.hpp"
 
