@@ -12,6 +12,7 @@
 
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
+#include "attnref/detail/simd_rows.hpp"
 
 namespace attnref::detail::simd {
 

@@ -11,6 +11,7 @@
 #include "attnref/core/types.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/detail/simd_panel.hpp"
+#include "attnref/detail/simd_rows.hpp"
 
 #if defined(__GNUC__)
 #define ATTNREF_NOINLINE __attribute__((noinline))

@@ -14,6 +14,7 @@
 #include "attnref/detail/engine/state.hpp"
 #include "attnref/detail/gemm_i8.hpp"
 #include "attnref/detail/simd.hpp"
+#include "attnref/detail/simd_rows.hpp"
 
 namespace attnref::detail {
 

@@ -22,6 +22,7 @@
 #include "attnref/detail/gemm_i8.hpp"
 #include "attnref/detail/simd.hpp"
 #include "attnref/detail/simd_panel.hpp"
+#include "attnref/detail/simd_rows.hpp"
 
 namespace attnref::detail {
 
